@@ -1,0 +1,51 @@
+// spmd-inspect: prints a TorchScript module, a JSON graph dump or an artifact.
+#include "spmd/io/graph_json.h"
+#include "spmd/io/load.h"
+#include "spmd/ir/printer.h"
+#include "spmd/ir/verify.h"
+#include "spmd/support/diagnostic.h"
+#include "spmd/support/tool.h"
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  const std::string tool = "spmd-inspect";
+  CLI::App app{"Print an spmd graph: a TorchScript module, a JSON graph dump or an artifact."};
+  std::string in = "-";
+  std::string out = "-";
+  std::vector<std::string> inputSpecs;
+  bool verify = false;
+  app.add_option("IN", in, "input file, '-' for stdin")->capture_default_str();
+  app.add_option("-o,--output", out, "output file, '-' for stdout")->capture_default_str();
+  app.add_option("--input", inputSpecs, "NAME:DTYPE[d0,d1,...] per-rank shape of a forward argument (TorchScript)");
+  app.add_flag("--verify", verify, "verify the graph; list every problem and exit 1 if there is any");
+  auto* stats = app.add_flag("--stats", "node counts by op and role, parameter bytes");
+  auto* dot = app.add_flag("--dot", "Graphviz digraph");
+  auto* json = app.add_flag("--json", "the canonical JSON graph dump");
+  stats->excludes(dot)->excludes(json);
+  dot->excludes(json);
+
+  return spmd::runTool(tool, app, argc, argv, [&] {
+    auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
+    auto problems = spmd::verifyGraph(loaded.graph);
+    if (!problems.empty()) {
+      if (!verify) throw spmd::Diagnostic(problems[0].where, problems[0].what).inFile(loaded.displayName);
+      for (const auto& p : problems) spmd::printError(tool, loaded.displayName + ": " + p.where + ": " + p.what);
+      return 1;
+    }
+    std::string text;
+    if (*json) {
+      text = spmd::writeGraphJson(loaded.graph);
+    } else if (*dot) {
+      text = spmd::printDot(loaded.graph);
+    } else if (*stats) {
+      text = spmd::printStats(loaded.graph);
+    } else if (verify) {
+      text = loaded.displayName + ": verified " + std::to_string(loaded.graph.nodes().size()) + " nodes\n";
+    } else {
+      text = spmd::printListing(loaded.graph);
+    }
+    spmd::writeOutput(out, text);
+    return 0;
+  });
+}

@@ -1,0 +1,23 @@
+// TorchScript import: a module saved with torch.jit.save (scripted or traced)
+// becomes a flat spmd graph specialised to the given input shapes.
+#pragma once
+
+#include "spmd/io/input_spec.h"
+#include "spmd/ir/graph.h"
+
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+// `bytes` is the saved module; `fileName` names it in the graph's weights
+// reference and in diagnostics. Submodule calls are inlined, control flow
+// that depends on attributes or shapes is resolved by running the module on
+// inputs of the given specs (LibTorch's tracer records the ATen calls), and
+// parameters and buffers become graph inputs named as named_parameters() /
+// named_buffers() name them. In-place updates of buffers become explicit
+// StateUpdates. Throws Diagnostic for what cannot be flattened.
+Graph importTorchScript(const std::string& bytes, const std::string& fileName,
+                        const std::vector<InputSpec>& inputs);
+
+}  // namespace spmd

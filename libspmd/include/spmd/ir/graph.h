@@ -1,0 +1,147 @@
+// The spmd graph: an SSA graph of ATen (and spmd) operator calls with static
+// shapes, in the spirit of torch.fx. Values are numbered; nodes refer to them
+// by id. Kept free of ATen headers so that most of the project compiles fast.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+using ValueId = int32_t;
+
+struct Value {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;
+};
+
+enum class InputKind { Data, Parameter, Buffer, State };
+const char* inputKindName(InputKind kind);
+std::optional<InputKind> parseInputKind(const std::string& name);
+
+struct GraphInput {
+  ValueId value = -1;
+  InputKind kind = InputKind::Data;
+  // Parameters only: false for parameters that take no gradient.
+  bool requiresGrad = true;
+};
+
+// One argument of an operator call, in the order of the operator's schema.
+// Constants are kept typed so that the verifier can check them against the
+// schema and the interpreter can box them without guessing.
+struct Arg {
+  enum class Kind {
+    Value,         // a tensor value
+    Values,        // a list of tensor values (aten::cat)
+    None,          // an absent optional
+    Int,
+    Float,
+    Bool,
+    Str,
+    Ints,
+    Floats,
+    Bools,
+    DType,         // i holds the c10::ScalarType
+    Layout,        // i holds the c10::Layout
+    MemoryFormat,  // i holds the c10::MemoryFormat
+    Device,        // s holds the device string ("cpu", "cuda:0")
+  };
+  Kind kind = Kind::None;
+  ValueId value = -1;
+  std::vector<ValueId> values;
+  int64_t i = 0;
+  double f = 0.0;
+  bool b = false;
+  std::string s;
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+  std::vector<bool> bools;
+
+  static Arg tensor(ValueId v) { Arg a; a.kind = Kind::Value; a.value = v; return a; }
+  static Arg none() { return Arg{}; }
+  static Arg ofInt(int64_t v) { Arg a; a.kind = Kind::Int; a.i = v; return a; }
+  static Arg ofFloat(double v) { Arg a; a.kind = Kind::Float; a.f = v; return a; }
+  static Arg ofBool(bool v) { Arg a; a.kind = Kind::Bool; a.b = v; return a; }
+};
+const char* argKindName(Arg::Kind kind);
+
+// Where a node came from and what later stages decided about it.
+struct NodeMeta {
+  std::string source;     // "model.py:12" when known
+  std::string role;       // forward, backward, optimizer, comm
+  int bucket = -1;
+  int partition = -1;
+  std::string iteration;  // setup, main, cleanup
+};
+
+struct Node {
+  std::string op;        // fully qualified: "aten::add"
+  std::string overload;  // "Tensor", or empty for the default overload
+  std::vector<Arg> args;
+  std::vector<ValueId> outputs;
+  NodeMeta meta;
+
+  // "aten::add.Tensor", or "aten::relu" for the default overload.
+  std::string qualifiedName() const;
+};
+
+// A buffer (or other state input) whose value after the step is `value`:
+// in-place updates such as BatchNorm's running statistics made explicit.
+struct StateUpdate {
+  ValueId input = -1;
+  ValueId value = -1;
+};
+
+// Where parameter and buffer values live: weights are referenced, not inlined.
+struct WeightsRef {
+  std::string file;    // as given by the user, resolved against cwd
+  std::string format;  // "torchscript"
+};
+
+class Graph {
+ public:
+  ValueId addValue(Value value);
+  ValueId addInput(Value value, InputKind kind, bool requiresGrad = true);
+  Node& addNode(Node node);
+  void addOutput(ValueId v) { outputs_.push_back(v); }
+  void addUpdate(StateUpdate u) { updates_.push_back(u); }
+
+  const Value& value(ValueId id) const { return values_.at(id); }
+  Value& value(ValueId id) { return values_.at(id); }
+  size_t numValues() const { return values_.size(); }
+  std::optional<ValueId> findValue(const std::string& name) const;
+
+  const std::vector<GraphInput>& inputs() const { return inputs_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  std::vector<Node>& nodes() { return nodes_; }
+  const std::vector<ValueId>& outputs() const { return outputs_; }
+  const std::vector<StateUpdate>& updates() const { return updates_; }
+  const WeightsRef& weights() const { return weights_; }
+  void setWeights(WeightsRef w) { weights_ = std::move(w); }
+
+  // A value name not used yet, derived from `base` the way FX does
+  // (relu, relu_1, relu_2, ...).
+  std::string freshName(const std::string& base);
+
+ private:
+  std::vector<Value> values_;
+  std::map<std::string, ValueId> byName_;
+  std::vector<GraphInput> inputs_;
+  std::vector<Node> nodes_;
+  std::vector<ValueId> outputs_;
+  std::vector<StateUpdate> updates_;
+  WeightsRef weights_;
+  std::map<std::string, int> nextSuffix_;
+};
+
+// Element size in bytes, numel and total bytes of a value.
+int64_t numel(const Value& v);
+int64_t bytes(const Value& v);
+
+}  // namespace spmd

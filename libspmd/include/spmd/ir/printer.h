@@ -1,0 +1,26 @@
+// Human-readable forms of a graph: the FX-like listing, Graphviz, and stats.
+#pragma once
+
+#include "spmd/ir/graph.h"
+
+#include <string>
+
+namespace spmd {
+
+// One line per input, node, output and state update:
+//   %linear: f32[100,100] = aten::linear(%x, %mod.0.weight, %mod.0.bias)  # models.py:25
+std::string printListing(const Graph& graph);
+
+// A Graphviz digraph: inputs as ellipses, ops as boxes, edges labelled with shapes.
+std::string printDot(const Graph& graph);
+
+// Node counts by op and by role, input counts and parameter bytes.
+std::string printStats(const Graph& graph);
+
+// "f32[100,100]"
+std::string typeText(const Value& v);
+
+// Shortest text that reads back as the same double ("0.1", "1e-05", "-inf").
+std::string floatText(double f);
+
+}  // namespace spmd

@@ -1,0 +1,14 @@
+// The spmd operator library, registered with LibTorch's dispatcher under the
+// `spmd::` namespace so that the verifier and interpreter treat spmd ops and
+// ATen ops alike.
+//
+//   spmd::batch_norm_train  BatchNorm in training mode with its running-stat
+//                           update returned as outputs instead of done in place.
+#pragma once
+
+namespace spmd {
+
+// Referencing this pulls the registration's object file into the link.
+void ensureSpmdOpsRegistered();
+
+}  // namespace spmd

@@ -1,0 +1,22 @@
+// The shared shape of every spmd-* front end: CLI11 parsing with usage errors
+// mapped to exit 2, and every failure turned into one line on stderr
+// ("<tool>: error: <file>: <where>: <what>") with exit 1. No exception escapes.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace spmd {
+
+// The version every tool prints for --version.
+const char* versionString();
+
+// Parses argv into `app`, then runs `body`, whose return is the exit code.
+int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+// "<tool>: error: <message>" on stderr.
+void printError(const std::string& tool, const std::string& message);
+
+}  // namespace spmd

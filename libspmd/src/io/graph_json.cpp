@@ -1,0 +1,387 @@
+#include "spmd/io/graph_json.h"
+
+#include "spmd/ir/dtype.h"
+#include "spmd/support/diagnostic.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <limits>
+#include <set>
+
+namespace spmd {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+const std::vector<std::string>& layoutNames() {
+  static const std::vector<std::string> names = {"strided", "sparse_coo"};  // c10::Layout order
+  return names;
+}
+const std::vector<std::string>& memoryFormatNames() {
+  static const std::vector<std::string> names = {"contiguous_format", "preserve_format", "channels_last",
+                                                 "channels_last_3d"};  // c10::MemoryFormat order
+  return names;
+}
+
+// ---- writing ---------------------------------------------------------------
+
+// JSON has no inf or nan: those floats are written as strings.
+ojson floatJson(double f) {
+  if (std::isnan(f)) return "nan";
+  if (std::isinf(f)) return f > 0 ? "inf" : "-inf";
+  return f;
+}
+
+ojson valueJson(const Graph& g, ValueId id) {
+  const Value& v = g.value(id);
+  return ojson{{"name", v.name}, {"dtype", dtypeName(v.dtype)}, {"shape", v.shape}};
+}
+
+ojson argJson(const Graph& g, const Arg& a) {
+  ojson out = ojson::object();
+  const char* key = argKindName(a.kind);
+  switch (a.kind) {
+    case Arg::Kind::Value: out[key] = g.value(a.value).name; break;
+    case Arg::Kind::Values: {
+      ojson names = ojson::array();
+      for (ValueId v : a.values) names.push_back(g.value(v).name);
+      out[key] = names;
+      break;
+    }
+    case Arg::Kind::None: out[key] = nullptr; break;
+    case Arg::Kind::Int: out[key] = a.i; break;
+    case Arg::Kind::Float: out[key] = floatJson(a.f); break;
+    case Arg::Kind::Bool: out[key] = a.b; break;
+    case Arg::Kind::Str:
+    case Arg::Kind::Device: out[key] = a.s; break;
+    case Arg::Kind::Ints: out[key] = a.ints; break;
+    case Arg::Kind::Floats: {
+      ojson items = ojson::array();
+      for (double f : a.floats) items.push_back(floatJson(f));
+      out[key] = items;
+      break;
+    }
+    case Arg::Kind::Bools: {
+      ojson items = ojson::array();
+      for (bool b : a.bools) items.push_back(b);
+      out[key] = items;
+      break;
+    }
+    case Arg::Kind::DType: out[key] = dtypeName(static_cast<c10::ScalarType>(a.i)); break;
+    case Arg::Kind::Layout: out[key] = layoutName(a.i); break;
+    case Arg::Kind::MemoryFormat: out[key] = memoryFormatName(a.i); break;
+  }
+  return out;
+}
+
+ojson metaJson(const NodeMeta& m) {
+  ojson out = ojson::object();
+  if (!m.source.empty()) out["source"] = m.source;
+  if (!m.role.empty()) out["role"] = m.role;
+  if (m.bucket >= 0) out["bucket"] = m.bucket;
+  if (m.partition >= 0) out["partition"] = m.partition;
+  if (!m.iteration.empty()) out["iteration"] = m.iteration;
+  return out;
+}
+
+ojson nodeJson(const Graph& g, const Node& n) {
+  ojson args = ojson::array();
+  for (const Arg& a : n.args) args.push_back(argJson(g, a));
+  ojson outs = ojson::array();
+  for (ValueId v : n.outputs) outs.push_back(valueJson(g, v));
+  ojson out{{"op", n.qualifiedName()}, {"args", args}, {"outputs", outs}};
+  ojson meta = metaJson(n.meta);
+  if (!meta.empty()) out["meta"] = meta;
+  return out;
+}
+
+ojson inputJson(const Graph& g, const GraphInput& in) {
+  ojson out = valueJson(g, in.value);
+  out["kind"] = inputKindName(in.kind);
+  if (in.kind == InputKind::Parameter) out["requires_grad"] = in.requiresGrad;
+  return out;
+}
+
+// One array element per line keeps diffs of dumps readable.
+void writeArray(std::string& out, const char* key, const std::vector<ojson>& items, bool last) {
+  out += std::string("  \"") + key + "\": [";
+  for (size_t i = 0; i < items.size(); ++i) {
+    out += (i ? ",\n    " : "\n    ") + items[i].dump();
+  }
+  out += items.empty() ? "]" : "\n  ]";
+  out += last ? "\n" : ",\n";
+}
+
+}  // namespace
+
+std::string layoutName(int64_t layout) {
+  return layout >= 0 && layout < static_cast<int64_t>(layoutNames().size()) ? layoutNames()[layout]
+                                                                             : std::to_string(layout);
+}
+
+std::string memoryFormatName(int64_t format) {
+  return format >= 0 && format < static_cast<int64_t>(memoryFormatNames().size()) ? memoryFormatNames()[format]
+                                                                                   : std::to_string(format);
+}
+
+std::string writeGraphJson(const Graph& g) {
+  std::string out = "{\n";
+  out += "  \"format\": \"spmd-graph\",\n";
+  out += "  \"version\": " + std::to_string(kGraphFormatVersion) + ",\n";
+  ojson weights{{"file", g.weights().file}, {"format", g.weights().format}};
+  out += "  \"weights\": " + weights.dump() + ",\n";
+  std::vector<ojson> items;
+  for (const auto& in : g.inputs()) items.push_back(inputJson(g, in));
+  writeArray(out, "inputs", items, false);
+  items.clear();
+  for (const auto& n : g.nodes()) items.push_back(nodeJson(g, n));
+  writeArray(out, "nodes", items, false);
+  items.clear();
+  for (ValueId v : g.outputs()) items.push_back(g.value(v).name);
+  writeArray(out, "outputs", items, false);
+  items.clear();
+  for (const auto& u : g.updates()) {
+    items.push_back(ojson{{"input", g.value(u.input).name}, {"value", g.value(u.value).name}});
+  }
+  writeArray(out, "updates", items, true);
+  return out + "}\n";
+}
+
+// ---- reading ---------------------------------------------------------------
+
+namespace {
+
+class Reader {
+ public:
+  Graph read(const json& doc) {
+    expectObject(doc, "", {"format", "version", "weights", "inputs", "nodes", "outputs", "updates"},
+                 {"format", "version", "inputs", "nodes", "outputs"});
+    if (!doc["format"].is_string() || doc["format"] != "spmd-graph") {
+      fail("/format", "expected \"spmd-graph\"");
+    }
+    if (!doc["version"].is_number_integer() || doc["version"] != kGraphFormatVersion) {
+      fail("/version", "unsupported version " + doc["version"].dump() + " (this build reads " +
+                           std::to_string(kGraphFormatVersion) + ")");
+    }
+    if (doc.contains("weights")) readWeights(doc["weights"]);
+    const json& inputs = expectArray(doc["inputs"], "/inputs");
+    for (size_t i = 0; i < inputs.size(); ++i) readInput(inputs[i], "/inputs/" + std::to_string(i));
+    const json& nodes = expectArray(doc["nodes"], "/nodes");
+    for (size_t i = 0; i < nodes.size(); ++i) readNode(nodes[i], "/nodes/" + std::to_string(i));
+    const json& outputs = expectArray(doc["outputs"], "/outputs");
+    for (size_t i = 0; i < outputs.size(); ++i) graph_.addOutput(ref(outputs[i], "/outputs/" + std::to_string(i)));
+    if (doc.contains("updates")) {
+      const json& updates = expectArray(doc["updates"], "/updates");
+      for (size_t i = 0; i < updates.size(); ++i) readUpdate(updates[i], "/updates/" + std::to_string(i));
+    }
+    return std::move(graph_);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& where, const std::string& what) {
+    throw Diagnostic(where.empty() ? "/" : where, what);
+  }
+
+  void expectObject(const json& j, const std::string& where, const std::set<std::string>& allowed,
+                    const std::set<std::string>& required) {
+    if (!j.is_object()) fail(where, "expected an object, got " + std::string(j.type_name()));
+    for (const auto& [key, _] : j.items()) {
+      if (!allowed.count(key)) fail(where + "/" + key, "unknown key '" + key + "'");
+    }
+    for (const auto& key : required) {
+      if (!j.contains(key)) fail(where, "missing key '" + key + "'");
+    }
+  }
+
+  const json& expectArray(const json& j, const std::string& where) {
+    if (!j.is_array()) fail(where, "expected an array, got " + std::string(j.type_name()));
+    return j;
+  }
+
+  std::string str(const json& j, const std::string& where) {
+    if (!j.is_string()) fail(where, "expected a string, got " + std::string(j.type_name()));
+    return j.get<std::string>();
+  }
+
+  int64_t integer(const json& j, const std::string& where) {
+    if (!j.is_number_integer()) fail(where, "expected an integer, got " + j.dump());
+    return j.get<int64_t>();
+  }
+
+  double number(const json& j, const std::string& where) {
+    if (j.is_number()) return j.get<double>();
+    if (j == "inf") return std::numeric_limits<double>::infinity();
+    if (j == "-inf") return -std::numeric_limits<double>::infinity();
+    if (j == "nan") return std::numeric_limits<double>::quiet_NaN();
+    fail(where, "expected a number, \"inf\", \"-inf\" or \"nan\", got " + j.dump());
+  }
+
+  ValueId ref(const json& j, const std::string& where) {
+    std::string name = str(j, where);
+    auto id = graph_.findValue(name);
+    if (!id) fail(where, "unknown value '" + name + "'");
+    return *id;
+  }
+
+  Value value(const json& j, const std::string& where, const std::set<std::string>& extraKeys) {
+    std::set<std::string> allowed = {"name", "dtype", "shape"};
+    allowed.insert(extraKeys.begin(), extraKeys.end());
+    expectObject(j, where, allowed, {"name", "dtype", "shape"});
+    Value v;
+    v.name = str(j["name"], where + "/name");
+    if (v.name.empty()) fail(where + "/name", "empty value name");
+    if (graph_.findValue(v.name)) fail(where + "/name", "value '" + v.name + "' defined twice");
+    std::string dtype = str(j["dtype"], where + "/dtype");
+    auto parsed = parseDtype(dtype);
+    if (!parsed) fail(where + "/dtype", "unknown dtype '" + dtype + "'");
+    v.dtype = *parsed;
+    const json& shape = expectArray(j["shape"], where + "/shape");
+    for (size_t i = 0; i < shape.size(); ++i) {
+      int64_t d = integer(shape[i], where + "/shape/" + std::to_string(i));
+      if (d < 0) fail(where + "/shape/" + std::to_string(i), "negative dimension " + std::to_string(d));
+      v.shape.push_back(d);
+    }
+    return v;
+  }
+
+  void readWeights(const json& j) {
+    expectObject(j, "/weights", {"file", "format"}, {"file", "format"});
+    WeightsRef w{str(j["file"], "/weights/file"), str(j["format"], "/weights/format")};
+    if (w.format != "torchscript" && w.format != "torch.save") {
+      fail("/weights/format", "unknown weights format '" + w.format + "'");
+    }
+    graph_.setWeights(w);
+  }
+
+  void readInput(const json& j, const std::string& where) {
+    Value v = value(j, where, {"kind", "requires_grad"});
+    if (!j.contains("kind")) fail(where, "missing key 'kind'");
+    std::string kindName = str(j["kind"], where + "/kind");
+    auto kind = parseInputKind(kindName);
+    if (!kind) fail(where + "/kind", "unknown input kind '" + kindName + "'");
+    bool requiresGrad = *kind == InputKind::Parameter;
+    if (j.contains("requires_grad")) {
+      if (*kind != InputKind::Parameter) fail(where + "/requires_grad", "only parameters take requires_grad");
+      if (!j["requires_grad"].is_boolean()) fail(where + "/requires_grad", "expected a boolean");
+      requiresGrad = j["requires_grad"].get<bool>();
+    }
+    graph_.addInput(std::move(v), *kind, requiresGrad);
+  }
+
+  void readNode(const json& j, const std::string& where) {
+    expectObject(j, where, {"op", "args", "outputs", "meta"}, {"op", "args", "outputs"});
+    Node node;
+    std::string op = str(j["op"], where + "/op");
+    size_t sep = op.find("::");
+    if (sep == std::string::npos || sep == 0 || sep + 2 >= op.size()) {
+      fail(where + "/op", "expected a qualified operator name such as aten::relu, got '" + op + "'");
+    }
+    size_t dot = op.find('.', sep);
+    node.op = op.substr(0, dot);
+    node.overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+    const json& args = expectArray(j["args"], where + "/args");
+    for (size_t i = 0; i < args.size(); ++i) node.args.push_back(arg(args[i], where + "/args/" + std::to_string(i)));
+    if (j.contains("meta")) node.meta = meta(j["meta"], where + "/meta");
+    const json& outs = expectArray(j["outputs"], where + "/outputs");
+    for (size_t i = 0; i < outs.size(); ++i) {
+      node.outputs.push_back(graph_.addValue(value(outs[i], where + "/outputs/" + std::to_string(i), {})));
+    }
+    graph_.addNode(std::move(node));
+  }
+
+  Arg arg(const json& j, const std::string& where) {
+    if (!j.is_object() || j.size() != 1) fail(where, "expected an object with exactly one key, such as {\"value\": \"x\"}");
+    const std::string key = j.begin().key();
+    const json& v = j.begin().value();
+    const std::string at = where + "/" + key;
+    Arg a;
+    if (key == "value") return Arg::tensor(ref(v, at));
+    if (key == "none") {
+      if (!v.is_null()) fail(at, "expected null");
+      return Arg::none();
+    }
+    if (key == "int") return Arg::ofInt(integer(v, at));
+    if (key == "float") return Arg::ofFloat(number(v, at));
+    if (key == "bool") {
+      if (!v.is_boolean()) fail(at, "expected a boolean");
+      return Arg::ofBool(v.get<bool>());
+    }
+    if (key == "str" || key == "device") {
+      a.kind = key == "str" ? Arg::Kind::Str : Arg::Kind::Device;
+      a.s = str(v, at);
+      return a;
+    }
+    if (key == "values" || key == "ints" || key == "floats" || key == "bools") {
+      expectArray(v, at);
+      for (size_t i = 0; i < v.size(); ++i) {
+        std::string item = at + "/" + std::to_string(i);
+        if (key == "values") a.values.push_back(ref(v[i], item));
+        if (key == "ints") a.ints.push_back(integer(v[i], item));
+        if (key == "floats") a.floats.push_back(number(v[i], item));
+        if (key == "bools") {
+          if (!v[i].is_boolean()) fail(item, "expected a boolean");
+          a.bools.push_back(v[i].get<bool>());
+        }
+      }
+      a.kind = key == "values" ? Arg::Kind::Values
+               : key == "ints" ? Arg::Kind::Ints
+               : key == "floats" ? Arg::Kind::Floats
+                                 : Arg::Kind::Bools;
+      return a;
+    }
+    if (key == "dtype") {
+      auto t = parseDtype(str(v, at));
+      if (!t) fail(at, "unknown dtype " + v.dump());
+      a.kind = Arg::Kind::DType;
+      a.i = static_cast<int64_t>(*t);
+      return a;
+    }
+    if (key == "layout" || key == "memory_format") {
+      const auto& names = key == "layout" ? layoutNames() : memoryFormatNames();
+      std::string name = str(v, at);
+      auto it = std::find(names.begin(), names.end(), name);
+      if (it == names.end()) fail(at, "unknown " + key + " '" + name + "'");
+      a.kind = key == "layout" ? Arg::Kind::Layout : Arg::Kind::MemoryFormat;
+      a.i = it - names.begin();
+      return a;
+    }
+    fail(at, "unknown argument kind '" + key + "'");
+  }
+
+  NodeMeta meta(const json& j, const std::string& where) {
+    expectObject(j, where, {"source", "role", "bucket", "partition", "iteration"}, {});
+    NodeMeta m;
+    if (j.contains("source")) m.source = str(j["source"], where + "/source");
+    if (j.contains("role")) m.role = str(j["role"], where + "/role");
+    if (j.contains("bucket")) m.bucket = static_cast<int>(integer(j["bucket"], where + "/bucket"));
+    if (j.contains("partition")) m.partition = static_cast<int>(integer(j["partition"], where + "/partition"));
+    if (j.contains("iteration")) m.iteration = str(j["iteration"], where + "/iteration");
+    return m;
+  }
+
+  void readUpdate(const json& j, const std::string& where) {
+    expectObject(j, where, {"input", "value"}, {"input", "value"});
+    StateUpdate u{ref(j["input"], where + "/input"), ref(j["value"], where + "/value")};
+    graph_.addUpdate(u);
+  }
+
+  Graph graph_;
+};
+
+}  // namespace
+
+Graph readGraphJson(const std::string& text) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    size_t at = what.find("parse error");
+    throw Diagnostic("", "invalid JSON: " + (at == std::string::npos ? what : what.substr(at)));
+  }
+  return Reader().read(doc);
+}
+
+}  // namespace spmd

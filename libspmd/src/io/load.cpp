@@ -1,0 +1,86 @@
+#include "spmd/io/load.h"
+
+#include "spmd/io/graph_json.h"
+#include "spmd/io/torchscript.h"
+#include "spmd/support/diagnostic.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <sstream>
+
+namespace spmd {
+namespace {
+
+std::string readAll(const std::string& path) {
+  if (path == "-") {
+    std::ostringstream buffer;
+    buffer << std::cin.rdbuf();
+    return buffer.str();
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Diagnostic("", std::string("cannot open: ") + std::strerror(errno));
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+bool isZip(const std::string& bytes) { return bytes.size() >= 4 && bytes.compare(0, 4, "PK\x03\x04") == 0; }
+
+char firstNonSpace(const std::string& bytes) {
+  for (char c : bytes) {
+    if (!std::isspace(static_cast<unsigned char>(c))) return c;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string displayNameOf(const std::string& path) { return path == "-" ? "<stdin>" : path; }
+
+LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& specs) {
+  LoadedGraph loaded;
+  loaded.displayName = displayNameOf(path);
+  try {
+    std::string bytes = readAll(path);
+    if (bytes.empty()) throw Diagnostic("", "empty input");
+    if (isZip(bytes)) {
+      loaded.format = InputFormat::TorchScript;
+      loaded.graph = importTorchScript(bytes, loaded.displayName, specs);
+    } else if (firstNonSpace(bytes) == '{') {
+      loaded.format = InputFormat::Json;
+      loaded.graph = readGraphJson(bytes);
+    } else {
+      throw Diagnostic("", "neither a TorchScript module (zip) nor a JSON graph dump");
+    }
+  } catch (Diagnostic& d) {
+    throw d.inFile(loaded.displayName);
+  }
+  return loaded;
+}
+
+void writeOutput(const std::string& path, const std::string& content) {
+  if (path == "-") {
+    std::cout << content << std::flush;
+    return;
+  }
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out << content;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Diagnostic("", std::string("cannot write: ") + std::strerror(errno)).inFile(path);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Diagnostic("", std::string("cannot write: ") + std::strerror(errno)).inFile(path);
+  }
+}
+
+}  // namespace spmd

@@ -1,0 +1,95 @@
+#include "spmd/ir/graph.h"
+
+#include <stdexcept>
+
+namespace spmd {
+
+const char* inputKindName(InputKind kind) {
+  switch (kind) {
+    case InputKind::Data: return "data";
+    case InputKind::Parameter: return "parameter";
+    case InputKind::Buffer: return "buffer";
+    case InputKind::State: return "state";
+  }
+  return "?";
+}
+
+std::optional<InputKind> parseInputKind(const std::string& name) {
+  for (InputKind k : {InputKind::Data, InputKind::Parameter, InputKind::Buffer, InputKind::State}) {
+    if (name == inputKindName(k)) return k;
+  }
+  return std::nullopt;
+}
+
+const char* argKindName(Arg::Kind kind) {
+  switch (kind) {
+    case Arg::Kind::Value: return "value";
+    case Arg::Kind::Values: return "values";
+    case Arg::Kind::None: return "none";
+    case Arg::Kind::Int: return "int";
+    case Arg::Kind::Float: return "float";
+    case Arg::Kind::Bool: return "bool";
+    case Arg::Kind::Str: return "str";
+    case Arg::Kind::Ints: return "ints";
+    case Arg::Kind::Floats: return "floats";
+    case Arg::Kind::Bools: return "bools";
+    case Arg::Kind::DType: return "dtype";
+    case Arg::Kind::Layout: return "layout";
+    case Arg::Kind::MemoryFormat: return "memory_format";
+    case Arg::Kind::Device: return "device";
+  }
+  return "?";
+}
+
+std::string Node::qualifiedName() const {
+  return overload.empty() ? op : op + "." + overload;
+}
+
+ValueId Graph::addValue(Value value) {
+  if (byName_.count(value.name)) {
+    throw std::logic_error("duplicate value name '" + value.name + "'");
+  }
+  ValueId id = static_cast<ValueId>(values_.size());
+  byName_.emplace(value.name, id);
+  values_.push_back(std::move(value));
+  return id;
+}
+
+ValueId Graph::addInput(Value value, InputKind kind, bool requiresGrad) {
+  ValueId id = addValue(std::move(value));
+  inputs_.push_back(GraphInput{id, kind, requiresGrad});
+  return id;
+}
+
+Node& Graph::addNode(Node node) {
+  nodes_.push_back(std::move(node));
+  return nodes_.back();
+}
+
+std::optional<ValueId> Graph::findValue(const std::string& name) const {
+  auto it = byName_.find(name);
+  if (it == byName_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string Graph::freshName(const std::string& base) {
+  if (!byName_.count(base)) return base;
+  int& next = nextSuffix_[base];
+  std::string name;
+  do {
+    name = base + "_" + std::to_string(++next);
+  } while (byName_.count(name));
+  return name;
+}
+
+int64_t numel(const Value& v) {
+  int64_t n = 1;
+  for (int64_t d : v.shape) n *= d;
+  return n;
+}
+
+int64_t bytes(const Value& v) {
+  return numel(v) * static_cast<int64_t>(c10::elementSize(v.dtype));
+}
+
+}  // namespace spmd

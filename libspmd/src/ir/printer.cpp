@@ -1,0 +1,169 @@
+#include "spmd/ir/printer.h"
+
+#include "spmd/io/graph_json.h"
+#include "spmd/ir/dtype.h"
+
+#include <charconv>
+#include <cmath>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+namespace spmd {
+
+std::string floatText(double f) {
+  if (std::isnan(f)) return "nan";
+  if (std::isinf(f)) return f > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof buf, f);
+  std::string s(buf, res.ptr);
+  // Keep floats visibly floats: 1 -> 1.0
+  if (s.find_first_of(".einf") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string typeText(const Value& v) {
+  std::string s = dtypeShortName(v.dtype) + "[";
+  for (size_t i = 0; i < v.shape.size(); ++i) s += (i ? "," : "") + std::to_string(v.shape[i]);
+  return s + "]";
+}
+
+namespace {
+
+template <typename T, typename F>
+std::string listText(const std::vector<T>& items, F&& each) {
+  std::string s = "[";
+  for (size_t i = 0; i < items.size(); ++i) s += (i ? ", " : "") + each(items[i]);
+  return s + "]";
+}
+
+std::string argText(const Graph& g, const Arg& a) {
+  auto ref = [&](ValueId v) { return "%" + g.value(v).name; };
+  switch (a.kind) {
+    case Arg::Kind::Value: return ref(a.value);
+    case Arg::Kind::Values: return listText(a.values, ref);
+    case Arg::Kind::None: return "None";
+    case Arg::Kind::Int: return std::to_string(a.i);
+    case Arg::Kind::Float: return floatText(a.f);
+    case Arg::Kind::Bool: return a.b ? "True" : "False";
+    case Arg::Kind::Str: return "\"" + a.s + "\"";
+    case Arg::Kind::Device: return "device(\"" + a.s + "\")";
+    case Arg::Kind::Ints: return listText(a.ints, [](int64_t i) { return std::to_string(i); });
+    case Arg::Kind::Floats: return listText(a.floats, floatText);
+    case Arg::Kind::Bools: return listText(a.bools, [](bool b) { return std::string(b ? "True" : "False"); });
+    case Arg::Kind::DType: return "torch." + dtypeName(static_cast<c10::ScalarType>(a.i));
+    case Arg::Kind::Layout: return "torch." + layoutName(a.i);
+    case Arg::Kind::MemoryFormat: return "torch." + memoryFormatName(a.i);
+  }
+  return "?";
+}
+
+std::string metaText(const NodeMeta& m) {
+  std::vector<std::string> parts;
+  if (!m.source.empty()) parts.push_back(m.source);
+  if (!m.role.empty()) parts.push_back("role=" + m.role);
+  if (m.bucket >= 0) parts.push_back("bucket=" + std::to_string(m.bucket));
+  if (m.partition >= 0) parts.push_back("partition=" + std::to_string(m.partition));
+  if (!m.iteration.empty()) parts.push_back("iteration=" + m.iteration);
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? " " : "") + parts[i];
+  return s.empty() ? s : "  # " + s;
+}
+
+}  // namespace
+
+std::string printListing(const Graph& g) {
+  std::ostringstream out;
+  out << "graph {weights: " << g.weights().file << "}\n";
+  for (const auto& in : g.inputs()) {
+    const Value& v = g.value(in.value);
+    out << "  input %" << v.name << ": " << typeText(v) << " " << inputKindName(in.kind);
+    if (in.kind == InputKind::Parameter && !in.requiresGrad) out << " frozen";
+    out << "\n";
+  }
+  for (const auto& n : g.nodes()) {
+    out << "  ";
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const Value& v = g.value(n.outputs[k]);
+      out << (k ? ", " : "") << "%" << v.name << ": " << typeText(v);
+    }
+    out << " = " << n.qualifiedName() << "(";
+    for (size_t i = 0; i < n.args.size(); ++i) out << (i ? ", " : "") << argText(g, n.args[i]);
+    out << ")" << metaText(n.meta) << "\n";
+  }
+  out << "  return (";
+  for (size_t i = 0; i < g.outputs().size(); ++i) out << (i ? ", " : "") << "%" << g.value(g.outputs()[i]).name;
+  out << ")\n";
+  for (const auto& u : g.updates()) {
+    out << "  update %" << g.value(u.input).name << " <- %" << g.value(u.value).name << "\n";
+  }
+  return out.str();
+}
+
+std::string printDot(const Graph& g) {
+  std::ostringstream out;
+  out << "digraph spmd {\n  rankdir=TB;\n  node [fontname=\"monospace\", fontsize=10];\n";
+  std::vector<std::string> producer(g.numValues());
+  for (size_t i = 0; i < g.inputs().size(); ++i) {
+    const Value& v = g.value(g.inputs()[i].value);
+    std::string id = "in" + std::to_string(i);
+    producer[g.inputs()[i].value] = id;
+    out << "  " << id << " [shape=ellipse, label=\"" << v.name << "\\n" << typeText(v) << "\\n"
+        << inputKindName(g.inputs()[i].kind) << "\"];\n";
+  }
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    std::string id = "n" + std::to_string(i);
+    out << "  " << id << " [shape=box, label=\"" << n.qualifiedName() << "\"];\n";
+    auto edge = [&](ValueId v) {
+      out << "  " << producer[v] << " -> " << id << " [label=\"" << typeText(g.value(v)) << "\"];\n";
+    };
+    for (const Arg& a : n.args) {
+      if (a.kind == Arg::Kind::Value) edge(a.value);
+      for (ValueId v : a.values) edge(v);
+    }
+    for (ValueId v : n.outputs) producer[v] = id;
+  }
+  out << "  out [shape=doubleoctagon, label=\"return\"];\n";
+  for (ValueId v : g.outputs()) out << "  " << producer[v] << " -> out [label=\"" << typeText(g.value(v)) << "\"];\n";
+  for (const auto& u : g.updates()) {
+    out << "  " << producer[u.value] << " -> " << producer[u.input] << " [style=dashed, label=\"update\"];\n";
+  }
+  out << "}\n";
+  return out.str();
+}
+
+std::string printStats(const Graph& g) {
+  std::map<InputKind, std::pair<int64_t, int64_t>> inputs;  // count, bytes
+  for (const auto& in : g.inputs()) {
+    auto& entry = inputs[in.kind];
+    entry.first += 1;
+    entry.second += bytes(g.value(in.value));
+  }
+  std::map<std::string, int> byOp;
+  std::map<std::string, int> byRole;
+  for (const auto& n : g.nodes()) {
+    byOp[n.qualifiedName()] += 1;
+    byRole[n.meta.role.empty() ? "(none)" : n.meta.role] += 1;
+  }
+  std::ostringstream out;
+  out << "nodes: " << g.nodes().size() << "\n";
+  out << "inputs:\n";
+  for (InputKind k : {InputKind::Data, InputKind::Parameter, InputKind::Buffer, InputKind::State}) {
+    auto it = inputs.find(k);
+    if (it == inputs.end()) continue;
+    out << "  " << std::left << std::setw(10) << inputKindName(k) << std::right << std::setw(6) << it->second.first
+        << "  " << it->second.second << " bytes\n";
+  }
+  out << "outputs: " << g.outputs().size() << "\n";
+  out << "updates: " << g.updates().size() << "\n";
+  size_t width = 0;
+  for (const auto& [op, _] : byOp) width = std::max(width, op.size());
+  out << "by op:\n";
+  for (const auto& [op, count] : byOp) out << "  " << std::left << std::setw(width) << op << std::right << std::setw(6) << count << "\n";
+  out << "by role:\n";
+  for (const auto& [role, count] : byRole) out << "  " << std::left << std::setw(width) << role << std::right << std::setw(6) << count << "\n";
+  return out.str();
+}
+
+}  // namespace spmd

@@ -1,0 +1,230 @@
+#include "spmd/ir/verify.h"
+
+#include "spmd/ir/dtype.h"
+#include "spmd/runtime/op_call.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+namespace spmd {
+namespace {
+
+std::string shapeText(c10::ArrayRef<int64_t> shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? "," : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Whether a constant or value argument fits the schema's type.
+bool argFits(const Arg& a, const c10::TypePtr& formal) {
+  c10::TypePtr type = formal;
+  if (auto opt = type->cast<c10::OptionalType>()) {
+    if (a.kind == Arg::Kind::None) return true;
+    type = opt->getElementType();
+  }
+  using K = Arg::Kind;
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType: return a.kind == K::Value;
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: return a.kind == K::Int;
+    case c10::TypeKind::FloatType: return a.kind == K::Float;
+    case c10::TypeKind::NumberType: return a.kind == K::Int || a.kind == K::Float || a.kind == K::Bool;
+    case c10::TypeKind::BoolType: return a.kind == K::Bool;
+    case c10::TypeKind::StringType: return a.kind == K::Str;
+    case c10::TypeKind::ScalarTypeType: return a.kind == K::DType;
+    case c10::TypeKind::LayoutType: return a.kind == K::Layout;
+    case c10::TypeKind::MemoryFormatType: return a.kind == K::MemoryFormat;
+    case c10::TypeKind::DeviceObjType: return a.kind == K::Device;
+    case c10::TypeKind::ListType: {
+      auto elem = type->castRaw<c10::ListType>()->getElementType();
+      switch (elem->kind()) {
+        case c10::TypeKind::TensorType: return a.kind == K::Values;
+        case c10::TypeKind::IntType:
+        case c10::TypeKind::SymIntType: return a.kind == K::Ints;
+        case c10::TypeKind::FloatType: return a.kind == K::Floats;
+        case c10::TypeKind::BoolType: return a.kind == K::Bools;
+        default: return false;
+      }
+    }
+    default: return false;
+  }
+}
+
+bool returnsList(const c10::FunctionSchema& schema) {
+  return schema.returns().size() == 1 && schema.returns()[0].type()->kind() == c10::TypeKind::ListType;
+}
+
+class Verifier {
+ public:
+  explicit Verifier(const Graph& graph) : graph_(graph), defined_(graph.numValues(), false),
+                                          meta_(graph.numValues()) {}
+
+  std::vector<Problem> run() {
+    for (size_t i = 0; i < graph_.inputs().size(); ++i) defineInput(i);
+    for (size_t i = 0; i < graph_.nodes().size(); ++i) checkNode(i);
+    for (size_t i = 0; i < graph_.outputs().size(); ++i) {
+      if (!defined_[graph_.outputs()[i]]) problem("/outputs/" + std::to_string(i), "output is not defined");
+    }
+    for (size_t i = 0; i < graph_.updates().size(); ++i) checkUpdate(i);
+    return std::move(problems_);
+  }
+
+ private:
+  void problem(std::string where, std::string what) { problems_.push_back({std::move(where), std::move(what)}); }
+
+  void defineInput(size_t i) {
+    ValueId id = graph_.inputs()[i].value;
+    defined_[id] = true;
+    const Value& v = graph_.value(id);
+    meta_[id] = at::empty(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kMeta));
+  }
+
+  void checkNode(size_t index) {
+    const Node& node = graph_.nodes()[index];
+    const std::string where = "/nodes/" + std::to_string(index);
+    const std::string label = node.qualifiedName() + (node.meta.source.empty() ? "" : " at " + node.meta.source);
+    bool argsDefined = checkArgsDefined(node, where);
+    for (size_t k = 0; k < node.outputs.size(); ++k) {
+      if (defined_[node.outputs[k]]) {
+        problem(where + "/outputs/" + std::to_string(k), "value '" + graph_.value(node.outputs[k]).name + "' defined twice");
+      }
+    }
+    auto op = findOperator(node);
+    bool ok = argsDefined && op && checkSignature(node, op->schema(), where, label);
+    if (!op) problem(where + "/op", "unknown operator '" + node.qualifiedName() + "' in this LibTorch");
+    if (ok) checkShapes(node, *op, where, label);
+    for (ValueId out : node.outputs) defined_[out] = true;
+  }
+
+  bool checkArgsDefined(const Node& node, const std::string& where) {
+    bool ok = true;
+    auto check = [&](ValueId v, const std::string& at) {
+      if (!defined_[v]) {
+        problem(at, "value '" + graph_.value(v).name + "' is used before it is defined");
+        ok = false;
+      }
+    };
+    for (size_t i = 0; i < node.args.size(); ++i) {
+      const Arg& a = node.args[i];
+      std::string at = where + "/args/" + std::to_string(i);
+      if (a.kind == Arg::Kind::Value) check(a.value, at + "/value");
+      for (size_t k = 0; k < a.values.size(); ++k) check(a.values[k], at + "/values/" + std::to_string(k));
+    }
+    return ok;
+  }
+
+  bool checkSignature(const Node& node, const c10::FunctionSchema& schema, const std::string& where,
+                      const std::string& label) {
+    const auto& formals = schema.arguments();
+    if (node.args.size() != formals.size()) {
+      problem(where + "/args", label + " takes " + std::to_string(formals.size()) + " arguments, got " +
+                                   std::to_string(node.args.size()));
+      return false;
+    }
+    bool ok = true;
+    for (size_t i = 0; i < formals.size(); ++i) {
+      if (!argFits(node.args[i], formals[i].real_type())) {
+        problem(where + "/args/" + std::to_string(i),
+                label + ": argument '" + formals[i].name() + "' must be " + formals[i].real_type()->str() +
+                    ", got " + argKindName(node.args[i].kind));
+        ok = false;
+      }
+    }
+    if (!returnsList(schema) && node.outputs.size() != schema.returns().size()) {
+      problem(where + "/outputs", label + " returns " + std::to_string(schema.returns().size()) +
+                                      " values, the node has " + std::to_string(node.outputs.size()));
+      ok = false;
+    }
+    return ok;
+  }
+
+  std::vector<at::Tensor> runOn(const Node& node, const c10::OperatorHandle& op, bool onCpu) {
+    auto tensorOf = [&](ValueId v) {
+      const at::Tensor& m = meta_[v];
+      if (!onCpu) return m;
+      return at::zeros_like(m, at::TensorOptions().device(at::kCPU));
+    };
+    return callOperator(op, boxArguments(node, tensorOf));
+  }
+
+  void checkShapes(const Node& node, const c10::OperatorHandle& op, const std::string& where,
+                   const std::string& label) {
+    std::vector<at::Tensor> results;
+    try {
+      results = runOn(node, op, /*onCpu=*/false);
+    } catch (const std::exception&) {
+      // No meta kernel (or one that reads data) in this LibTorch: compute the
+      // shapes from zero-filled CPU tensors instead.
+      try {
+        results = runOn(node, op, /*onCpu=*/true);
+      } catch (const c10::Error& e) {
+        problem(where, label + " rejects its arguments: " + firstLine(e.what_without_backtrace()));
+        return;
+      } catch (const std::exception& e) {
+        problem(where, label + " rejects its arguments: " + firstLine(e.what()));
+        return;
+      }
+    }
+    if (results.size() != node.outputs.size()) {
+      problem(where + "/outputs", label + " produced " + std::to_string(results.size()) + " tensors, the node has " +
+                                      std::to_string(node.outputs.size()) + " outputs");
+      return;
+    }
+    for (size_t k = 0; k < results.size(); ++k) checkOutput(node, k, results[k], where, label);
+  }
+
+  void checkOutput(const Node& node, size_t k, const at::Tensor& got, const std::string& where,
+                   const std::string& label) {
+    ValueId id = node.outputs[k];
+    const Value& v = graph_.value(id);
+    const std::string at = where + "/outputs/" + std::to_string(k);
+    bool same = got.sizes() == c10::IntArrayRef(v.shape) && got.scalar_type() == v.dtype;
+    if (got.scalar_type() != v.dtype) {
+      problem(at, label + " gives dtype " + dtypeName(got.scalar_type()) + ", the graph says " + dtypeName(v.dtype));
+    } else if (got.sizes() != c10::IntArrayRef(v.shape)) {
+      problem(at, label + " gives shape " + shapeText(got.sizes()) + ", the graph says " + shapeText(v.shape));
+    }
+    // Carry the op's own strides on, so later views see what eager would.
+    meta_[id] = same ? at::empty_strided(got.sizes(), got.strides(), got.options().device(at::kMeta))
+                     : at::empty(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kMeta));
+  }
+
+  void checkUpdate(size_t i) {
+    const StateUpdate& u = graph_.updates()[i];
+    const std::string where = "/updates/" + std::to_string(i);
+    bool isState = false;
+    for (const auto& in : graph_.inputs()) {
+      if (in.value == u.input) isState = in.kind == InputKind::Buffer || in.kind == InputKind::State || in.kind == InputKind::Parameter;
+    }
+    if (!isState) problem(where + "/input", "'" + graph_.value(u.input).name + "' is not a parameter, buffer or state input");
+    if (!defined_[u.value]) problem(where + "/value", "value '" + graph_.value(u.value).name + "' is not defined");
+    const Value& a = graph_.value(u.input);
+    const Value& b = graph_.value(u.value);
+    if (a.dtype != b.dtype || a.shape != b.shape) {
+      problem(where, "update of '" + a.name + "' " + dtypeShortName(a.dtype) + shapeText(a.shape) + " with '" + b.name +
+                         "' " + dtypeShortName(b.dtype) + shapeText(b.shape));
+    }
+  }
+
+  const Graph& graph_;
+  std::vector<bool> defined_;
+  std::vector<at::Tensor> meta_;
+  std::vector<Problem> problems_;
+};
+
+}  // namespace
+
+std::vector<Problem> verifyGraph(const Graph& graph) { return Verifier(graph).run(); }
+
+void verifyGraphOrThrow(const Graph& graph) {
+  auto problems = verifyGraph(graph);
+  if (!problems.empty()) throw Diagnostic(problems[0].where, problems[0].what);
+}
+
+}  // namespace spmd

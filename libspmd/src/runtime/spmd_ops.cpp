@@ -1,0 +1,41 @@
+#include "spmd/runtime/spmd_ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace spmd {
+namespace {
+
+// Training-mode BatchNorm whose running statistics stay functional: the
+// kernel updates copies of them and returns those, so the graph stays SSA.
+// It calls the same native_batch_norm that aten::batch_norm reaches on CPU,
+// so results and updated statistics equal PyTorch's bit for bit there.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batchNormTrain(
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, const at::Tensor& runningMean,
+    const at::Tensor& runningVar, double momentum, double eps) {
+  at::Tensor mean = runningMean.clone();
+  at::Tensor var = runningVar.clone();
+  auto out = at::native_batch_norm(input, weight, bias, mean, var, /*training=*/true, momentum, eps);
+  return {std::get<0>(out), std::get<1>(out), std::get<2>(out), mean, var};
+}
+
+}  // namespace
+
+void ensureSpmdOpsRegistered() {}
+
+}  // namespace spmd
+
+TORCH_LIBRARY(spmd, m) {
+  m.def(
+      "batch_norm_train(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, "
+      "Tensor running_var, float momentum, float eps) -> "
+      "(Tensor output, Tensor save_mean, Tensor save_invstd, Tensor new_running_mean, "
+      "Tensor new_running_var)");
+}
+
+TORCH_LIBRARY_IMPL(spmd, CompositeExplicitAutograd, m) {
+  m.impl("batch_norm_train", &spmd::batchNormTrain);
+}
