@@ -130,8 +130,10 @@ std::string writeGraphJson(const Graph& g) {
   std::string out = "{\n";
   out += "  \"format\": \"spmd-graph\",\n";
   out += "  \"version\": " + std::to_string(kGraphFormatVersion) + ",\n";
-  ojson weights{{"file", g.weights().file}, {"format", g.weights().format}};
-  out += "  \"weights\": " + weights.dump() + ",\n";
+  if (!g.weights().file.empty()) {
+    ojson weights{{"file", g.weights().file}, {"format", g.weights().format}};
+    out += "  \"weights\": " + weights.dump() + ",\n";
+  }
   std::vector<ojson> items;
   for (const auto& in : g.inputs()) items.push_back(inputJson(g, in));
   writeArray(out, "inputs", items, false);
@@ -207,7 +209,17 @@ class Reader {
 
   int64_t integer(const json& j, const std::string& where) {
     if (!j.is_number_integer()) fail(where, "expected an integer, got " + j.dump());
+    if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      fail(where, "integer " + j.dump() + " does not fit in 64 bits");
+    }
     return j.get<int64_t>();
+  }
+
+  // A bucket or partition number.
+  int index(const json& j, const std::string& where) {
+    int64_t v = integer(j, where);
+    if (v < 0 || v > std::numeric_limits<int>::max()) fail(where, "expected an index >= 0, got " + j.dump());
+    return static_cast<int>(v);
   }
 
   double number(const json& j, const std::string& where) {
@@ -279,6 +291,9 @@ class Reader {
       fail(where + "/op", "expected a qualified operator name such as aten::relu, got '" + op + "'");
     }
     size_t dot = op.find('.', sep);
+    if (dot != std::string::npos && (dot + 1 == op.size() || op.find('.', dot + 1) != std::string::npos)) {
+      fail(where + "/op", "malformed overload in '" + op + "'");
+    }
     node.op = op.substr(0, dot);
     node.overload = dot == std::string::npos ? "" : op.substr(dot + 1);
     const json& args = expectArray(j["args"], where + "/args");
@@ -355,8 +370,8 @@ class Reader {
     NodeMeta m;
     if (j.contains("source")) m.source = str(j["source"], where + "/source");
     if (j.contains("role")) m.role = str(j["role"], where + "/role");
-    if (j.contains("bucket")) m.bucket = static_cast<int>(integer(j["bucket"], where + "/bucket"));
-    if (j.contains("partition")) m.partition = static_cast<int>(integer(j["partition"], where + "/partition"));
+    if (j.contains("bucket")) m.bucket = index(j["bucket"], where + "/bucket");
+    if (j.contains("partition")) m.partition = index(j["partition"], where + "/partition");
     if (j.contains("iteration")) m.iteration = str(j["iteration"], where + "/iteration");
     return m;
   }

@@ -522,6 +522,31 @@ std::vector<InputSpec> orderSpecs(const std::vector<std::string>& names, const s
   return ordered;
 }
 
+// The TorchScript interpreter reports a failing op with both tracebacks; the
+// user needs the innermost line of their own code and the error's last line.
+Diagnostic forwardFailure(const std::string& report) {
+  std::istringstream lines(report);
+  std::string line, lastLine, where = "forward";
+  bool original = false;
+  while (std::getline(lines, line)) {
+    if (line.find("original code") != std::string::npos) original = true;
+    size_t file = line.find("File \"");
+    size_t lineNo = line.find("\", line ");
+    if (original && file != std::string::npos && lineNo != std::string::npos) {
+      std::string path = line.substr(file + 6, lineNo - file - 6);
+      if (!isLibraryFile(path)) {
+        std::string number = line.substr(lineNo + 8);
+        number = number.substr(0, number.find_first_not_of("0123456789"));
+        where = path.substr(path.find_last_of('/') + 1) + ":" + number;
+      }
+    }
+    if (line.find_first_not_of(" ") != std::string::npos) lastLine = line;
+  }
+  size_t start = lastLine.find_first_not_of(" ");
+  lastLine = start == std::string::npos ? report : lastLine.substr(start);
+  return Diagnostic(where, "running forward on the given input shapes failed: " + lastLine);
+}
+
 jit::Module loadModule(const std::string& bytes) {
   std::istringstream in(bytes);
   try {
@@ -555,9 +580,9 @@ Graph importTorchScript(const std::string& bytes, const std::string& fileName,
   try {
     traced = traceForward(module, forward, dataInputs, state);
   } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    throw Diagnostic("forward", "running the module on the given input shapes failed: " +
-                                    what.substr(0, what.find('\n')));
+    throw forwardFailure(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw forwardFailure(e.what());
   }
 
   Graph graph;

@@ -74,7 +74,9 @@ std::string metaText(const NodeMeta& m) {
 
 std::string printListing(const Graph& g) {
   std::ostringstream out;
-  out << "graph {weights: " << g.weights().file << "}\n";
+  out << "graph";
+  if (!g.weights().file.empty()) out << " {weights: " << g.weights().file << "}";
+  out << "\n";
   for (const auto& in : g.inputs()) {
     const Value& v = g.value(in.value);
     out << "  input %" << v.name << ": " << typeText(v) << " " << inputKindName(in.kind);

@@ -82,7 +82,11 @@ class Verifier {
     ValueId id = graph_.inputs()[i].value;
     defined_[id] = true;
     const Value& v = graph_.value(id);
-    meta_[id] = at::empty(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kMeta));
+    meta_[id] = declaredMeta(v);
+  }
+
+  static at::Tensor declaredMeta(const Value& v) {
+    return at::empty(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kMeta));
   }
 
   void checkNode(size_t index) {
@@ -99,7 +103,12 @@ class Verifier {
     bool ok = argsDefined && op && checkSignature(node, op->schema(), where, label);
     if (!op) problem(where + "/op", "unknown operator '" + node.qualifiedName() + "' in this LibTorch");
     if (ok) checkShapes(node, *op, where, label);
-    for (ValueId out : node.outputs) defined_[out] = true;
+    for (ValueId out : node.outputs) {
+      defined_[out] = true;
+      // A node that could not be checked still gives later nodes tensors of
+      // its declared types, so that one defect is reported once.
+      if (!meta_[out].defined()) meta_[out] = declaredMeta(graph_.value(out));
+    }
   }
 
   bool checkArgsDefined(const Node& node, const std::string& where) {
@@ -192,7 +201,7 @@ class Verifier {
     }
     // Carry the op's own strides on, so later views see what eager would.
     meta_[id] = same ? at::empty_strided(got.sizes(), got.strides(), got.options().device(at::kMeta))
-                     : at::empty(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kMeta));
+                     : declaredMeta(v);
   }
 
   void checkUpdate(size_t i) {

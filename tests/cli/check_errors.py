@@ -1,0 +1,127 @@
+"""Bad input to spmd-inspect: each case asserts the exit code and the one-line
+message on stderr, and that nothing reaches stdout or the -o file.
+
+  check_errors.py BIN_DIR      (run from the repository root)
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+BIN = os.path.join(sys.argv[1], "spmd-inspect")
+MLP = ["samples/mlp.pt", "--input", "x:f32[100,100]"]
+passed = failed = 0
+
+
+def check(name, args, code, pattern, stdin=None):
+    """Runs spmd-inspect ARGS; stderr must be one line matching `pattern`."""
+    global passed, failed
+    proc = subprocess.run([BIN] + args, input=stdin, capture_output=True)
+    err = proc.stderr.decode(errors="replace")
+    problems = []
+    if proc.returncode != code:
+        problems.append(f"exit {proc.returncode}, want {code}")
+    if code == 1 and (err.count("\n") != 1 or not re.fullmatch(pattern, err.strip())):
+        problems.append(f"stderr {err!r} does not match {pattern!r}")
+    if code == 2 and not re.search(pattern, err):
+        problems.append(f"stderr {err!r} lacks {pattern!r}")
+    if proc.stdout:
+        problems.append(f"stdout not empty: {proc.stdout[:80]!r}")
+    if problems:
+        failed += 1
+        print(f"FAIL {name}: " + "; ".join(problems))
+    else:
+        passed += 1
+        print(f"PASS {name}")
+
+
+def graph_json(mutate):
+    with open("tests/golden/inspect/mlp.json") as f:
+        doc = json.load(f)
+    mutate(doc)
+    return json.dumps(doc)
+
+
+def main():
+    tmp = tempfile.mkdtemp()
+
+    def write(name, data):
+        path = os.path.join(tmp, name)
+        with open(path, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode())
+        return path
+
+    E = r"spmd-inspect: error: "
+    check("missing file", [os.path.join(tmp, "nope.pt")], 1, E + r".*/nope\.pt: cannot open: No such file or directory")
+    check("empty file", [write("empty.pt", b"")], 1, E + r".*/empty\.pt: empty input")
+    check("empty stdin", ["-"], 1, E + r"<stdin>: empty input", stdin=b"")
+    with open("samples/mlp.pt", "rb") as f:
+        module = f.read()
+    check("truncated zip", [write("cut.pt", module[: len(module) // 2]), "--input", "x:f32[100,100]"], 1,
+          E + r".*/cut\.pt: not a loadable TorchScript module: .*")
+    check("neither format", [write("x.txt", "hello\n")], 1,
+          E + r".*/x\.txt: neither a TorchScript module \(zip\) nor a JSON graph dump")
+    check("invalid JSON", [write("bad.json", '{"format": ')], 1, E + r".*/bad\.json: invalid JSON: parse error.*")
+    check("schema violation", [write("schema.json", graph_json(lambda d: d.update(version="1")))], 1,
+          E + r".*/schema\.json: /version: unsupported version \"1\".*")
+
+    def unknown_op(d):
+        d["nodes"][1]["op"] = "aten::frobnicate"
+    check("unknown op", [write("op.json", graph_json(unknown_op))], 1,
+          E + r".*/op\.json: /nodes/1/op: unknown operator 'aten::frobnicate' in this LibTorch")
+
+    def wrong_arity(d):
+        d["nodes"][0]["args"].pop()
+    check("wrong arity", [write("arity.json", graph_json(wrong_arity))], 1,
+          E + r".*/arity\.json: /nodes/0/args: aten::linear at models.py:24 takes 3 arguments, got 2")
+
+    def bad_shape(d):
+        d["inputs"][0]["shape"] = [100, 7]
+    check("shape mismatch", [write("shape.json", graph_json(bad_shape))], 1,
+          E + r".*/shape\.json: /nodes/0: aten::linear at models.py:24 rejects its arguments: .*")
+
+    def unknown_value(d):
+        d["nodes"][1]["args"][0] = {"value": "x9"}
+    check("unknown value", [write("value.json", graph_json(unknown_value))], 1,
+          E + r".*/value\.json: /nodes/1/args/0/value: unknown value 'x9'")
+    check("missing --input", ["samples/mlp.pt"], 1, E + r"samples/mlp\.pt: forward\(x\): missing --input spec for 'x'")
+    check("unknown --input", MLP + ["--input", "y:f32[1]"], 1,
+          E + r"samples/mlp\.pt: --input y: forward has no argument 'y'")
+    check("bad spec syntax", ["samples/mlp.pt", "--input", "x:f32[100,"], 1,
+          E + r"--input 'x:f32\[100,': expected NAME:DTYPE\[d0,d1,...\]")
+    check("bad spec dtype", ["samples/mlp.pt", "--input", "x:f33[100,100]"], 1,
+          E + r"--input 'x:f33\[100,100\]': unknown dtype 'f33'")
+    check("wrong input shape", ["samples/mlp.pt", "--input", "x:f32[100,7]"], 1,
+          E + r"samples/mlp\.pt: models\.py:24: running forward on the given input shapes failed: .*mat1 and mat2.*")
+
+    # --verify lists every problem, one line each, and still exits 1.
+    def two_problems(d):
+        d["nodes"][1]["op"] = "aten::frobnicate"
+        d["nodes"][3]["outputs"][0]["shape"] = [1]
+    proc = subprocess.run([BIN, write("two.json", graph_json(two_problems)), "--verify"], capture_output=True, text=True)
+    lines = proc.stderr.strip().split("\n")
+    global passed, failed
+    if proc.returncode == 1 and len(lines) == 2 and all(l.startswith("spmd-inspect: error: ") for l in lines):
+        passed += 1
+        print("PASS --verify lists every problem")
+    else:
+        failed += 1
+        print(f"FAIL --verify lists every problem: exit {proc.returncode}, stderr {proc.stderr!r}")
+
+    # A failed run leaves no output file behind.
+    out = os.path.join(tmp, "out.json")
+    check("no partial output", [write("op2.json", graph_json(unknown_op)), "--json", "-o", out], 1, E + r".*unknown operator.*")
+    if os.path.exists(out):
+        failed += 1
+        print("FAIL no partial output: the -o file exists")
+
+    check("usage: unknown flag", MLP + ["--frobnicate"], 2, r"frobnicate")
+    check("usage: exclusive modes", MLP + ["--json", "--dot"], 2, r"excludes")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
