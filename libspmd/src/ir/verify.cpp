@@ -193,15 +193,15 @@ class Verifier {
     ValueId id = node.outputs[k];
     const Value& v = graph_.value(id);
     const std::string at = where + "/outputs/" + std::to_string(k);
-    bool same = got.sizes() == c10::IntArrayRef(v.shape) && got.scalar_type() == v.dtype;
     if (got.scalar_type() != v.dtype) {
       problem(at, label + " gives dtype " + dtypeName(got.scalar_type()) + ", the graph says " + dtypeName(v.dtype));
     } else if (got.sizes() != c10::IntArrayRef(v.shape)) {
       problem(at, label + " gives shape " + shapeText(got.sizes()) + ", the graph says " + shapeText(v.shape));
     }
-    // Carry the op's own strides on, so later views see what eager would.
-    meta_[id] = same ? at::empty_strided(got.sizes(), got.strides(), got.options().device(at::kMeta))
-                     : declaredMeta(v);
+    // Carry what the op really produced (strides included) to later nodes:
+    // views then see what eager would, and a wrong declaration is reported
+    // once rather than again at every consumer.
+    meta_[id] = at::empty_strided(got.sizes(), got.strides(), got.options().device(at::kMeta));
   }
 
   void checkUpdate(size_t i) {
