@@ -182,8 +182,8 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(seq, dim)
-        self.blocks = nn.ModuleList(
-            [TransformerBlock(dim, heads, causal, approximate, scale_buffer) for _ in range(layers)])
+        self.blocks = nn.ModuleList([TransformerBlock(dim, heads, causal, approximate, scale_buffer)
+                                     for _ in range(layers)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
         if tie_weights:
@@ -412,6 +412,7 @@ MODULES = [
                                     approximate="tanh", tie_weights=True, ignore_index=-1,
                                     reduction="sum", scale_buffer=True)),
      [i64("tokens", [2, 6], 31), i64("targets", [2, 6], 31, ignore=-1)]),
+    # Traced `scores * float`: the tracer records the float as a 0-dim tensor constant.
     ("lm_nll_tuple", "trace",
      lambda: LanguageModel(vocab=20, dim=8, heads=2, layers=2, seq=12, loss="nll",
                            ignore_index=0),
@@ -422,6 +423,7 @@ MODULES = [
      [i64("tokens", [2, 8], 40), i64("targets", [2, 8], 40, ignore=-100)]),
     ("cnn_strided", "script",
      lambda: StridedCNN(3, 6, 4), [f32("x", 4, 3, 15, 13), f32("y", 4, 4)]),
+    # Traced BatchNorm2d in training mode: num_batches_tracked.add_(1) gets a tensor constant too.
     ("cnn_grouped", "trace",
      lambda: GroupedCNN(4, 8), [f32("x", 3, 4, 10, 10)]),
     ("cnn_depthwise", "script",

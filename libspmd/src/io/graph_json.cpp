@@ -308,8 +308,9 @@ class Reader {
 
   Arg arg(const json& j, const std::string& where) {
     if (!j.is_object() || j.size() != 1) fail(where, "expected an object with exactly one key, such as {\"value\": \"x\"}");
-    const std::string key = j.begin().key();
-    const json& v = j.begin().value();
+    const auto item = j.begin();
+    const std::string key = item.key();
+    const json& v = *item;
     const std::string at = where + "/" + key;
     Arg a;
     if (key == "value") return Arg::tensor(ref(v, at));

@@ -361,10 +361,39 @@ class Converter {
     return id;
   }
 
+  // torch.jit.trace records Python numbers in tensor arithmetic (x * 0.5,
+  // buf.add_(1)) as 0-dim tensor constants; they become aten::scalar_tensor
+  // nodes of the same dtype and value.
+  ValueId scalarTensor(const jit::Node* user, const jit::Value* v, const at::Tensor& t) {
+    Node node;
+    node.op = "aten::scalar_tensor";
+    node.meta.source = sourceOf(user);
+    const bool integral = !c10::isFloatingType(t.scalar_type()) && t.scalar_type() != c10::ScalarType::Bool;
+    node.args.push_back(integral ? Arg::ofInt(t.item<int64_t>())
+                        : t.scalar_type() == c10::ScalarType::Bool ? Arg::ofBool(t.item<bool>())
+                                                                   : Arg::ofFloat(t.item<double>()));
+    Arg dtype;
+    dtype.kind = Arg::Kind::DType;
+    dtype.i = static_cast<int64_t>(t.scalar_type());
+    node.args.push_back(dtype);
+    node.args.push_back(Arg::none());  // layout
+    node.args.push_back(Arg::none());  // device
+    node.args.push_back(Arg::none());  // pin_memory
+    ValueId id = newValue("scalar_tensor", t.scalar_type(), {});
+    node.outputs.push_back(id);
+    values_[v] = id;
+    graph_.addNode(std::move(node));
+    return id;
+  }
+
   ValueId tensorValue(const jit::Node* n, const jit::Value* v) {
     auto it = values_.find(v);
     if (it != values_.end()) return it->second;
     if (v->node()->kind() == c10::prim::Constant) {
+      auto constant = jit::toIValue(v);
+      if (constant && constant->isTensor() && constant->toTensor().dim() == 0) {
+        return scalarTensor(n, v, constant->toTensor());
+      }
       throw Diagnostic(describe(n), std::string(n->kind().toQualString()) +
                                         " uses a tensor constant; register it as a buffer instead");
     }
