@@ -90,7 +90,7 @@ ojson nodeJson(const Graph& g, const Node& n) {
   ojson args = ojson::array();
   for (const Arg& a : n.args) args.push_back(argJson(g, a));
   ojson outs = ojson::array();
-  for (ValueId v : n.outputs) outs.push_back(valueJson(g, v));
+  for (ValueId v : n.outputs) outs.push_back(v == kNoValue ? ojson(nullptr) : valueJson(g, v));
   ojson out{{"op", n.qualifiedName()}, {"args", args}, {"outputs", outs}};
   ojson meta = metaJson(n.meta);
   if (!meta.empty()) out["meta"] = meta;
@@ -147,7 +147,14 @@ std::string writeGraphJson(const Graph& g) {
   for (const auto& u : g.updates()) {
     items.push_back(ojson{{"input", g.value(u.input).name}, {"value", g.value(u.value).name}});
   }
-  writeArray(out, "updates", items, true);
+  writeArray(out, "updates", items, false);
+  items.clear();
+  for (const auto& grad : g.gradients()) {
+    ojson item{{"parameter", g.value(grad.parameter).name}, {"value", g.value(grad.value).name}};
+    if (grad.reduced != kNoValue) item["reduced"] = g.value(grad.reduced).name;
+    items.push_back(item);
+  }
+  writeArray(out, "gradients", items, true);
   return out + "}\n";
 }
 
@@ -158,7 +165,7 @@ namespace {
 class Reader {
  public:
   Graph read(const json& doc) {
-    expectObject(doc, "", {"format", "version", "weights", "inputs", "nodes", "outputs", "updates"},
+    expectObject(doc, "", {"format", "version", "weights", "inputs", "nodes", "outputs", "updates", "gradients"},
                  {"format", "version", "inputs", "nodes", "outputs"});
     if (!doc["format"].is_string() || doc["format"] != "spmd-graph") {
       fail("/format", "expected \"spmd-graph\"");
@@ -177,6 +184,10 @@ class Reader {
     if (doc.contains("updates")) {
       const json& updates = expectArray(doc["updates"], "/updates");
       for (size_t i = 0; i < updates.size(); ++i) readUpdate(updates[i], "/updates/" + std::to_string(i));
+    }
+    if (doc.contains("gradients")) {
+      const json& grads = expectArray(doc["gradients"], "/gradients");
+      for (size_t i = 0; i < grads.size(); ++i) readGradient(grads[i], "/gradients/" + std::to_string(i));
     }
     return std::move(graph_);
   }
@@ -301,7 +312,8 @@ class Reader {
     if (j.contains("meta")) node.meta = meta(j["meta"], where + "/meta");
     const json& outs = expectArray(j["outputs"], where + "/outputs");
     for (size_t i = 0; i < outs.size(); ++i) {
-      node.outputs.push_back(graph_.addValue(value(outs[i], where + "/outputs/" + std::to_string(i), {})));
+      node.outputs.push_back(outs[i].is_null() ? kNoValue
+                                               : graph_.addValue(value(outs[i], where + "/outputs/" + std::to_string(i), {})));
     }
     graph_.addNode(std::move(node));
   }
@@ -381,6 +393,18 @@ class Reader {
     expectObject(j, where, {"input", "value"}, {"input", "value"});
     StateUpdate u{ref(j["input"], where + "/input"), ref(j["value"], where + "/value")};
     graph_.addUpdate(u);
+  }
+
+  void readGradient(const json& j, const std::string& where) {
+    expectObject(j, where, {"parameter", "value", "reduced"}, {"parameter", "value"});
+    ValueId parameter = ref(j["parameter"], where + "/parameter");
+    const GraphInput* input = graph_.inputOf(parameter);
+    if (!input || input->kind != InputKind::Parameter) {
+      fail(where + "/parameter", "'" + graph_.value(parameter).name + "' is not a parameter input");
+    }
+    Gradient gradient{parameter, ref(j["value"], where + "/value")};
+    if (j.contains("reduced")) gradient.reduced = ref(j["reduced"], where + "/reduced");
+    graph_.addGradient(gradient);
   }
 
   Graph graph_;

@@ -513,7 +513,7 @@ void eliminateDeadNodes(Graph& graph) {
   auto& nodes = graph.nodes();
   std::vector<bool> keep(nodes.size(), false);
   for (size_t i = nodes.size(); i-- > 0;) {
-    for (ValueId out : nodes[i].outputs) keep[i] = keep[i] || live[out];
+    for (ValueId out : nodes[i].outputs) keep[i] = keep[i] || (out != kNoValue && live[out]);
     if (!keep[i]) continue;
     for (const Arg& a : nodes[i].args) {
       if (a.kind == Arg::Kind::Value) live[a.value] = true;

@@ -72,6 +72,19 @@ std::optional<ValueId> Graph::findValue(const std::string& name) const {
   return it->second;
 }
 
+const GraphInput* Graph::inputOf(ValueId v) const {
+  for (const auto& in : inputs_) {
+    if (in.value == v) return &in;
+  }
+  return nullptr;
+}
+
+std::vector<Node> Graph::takeNodes() {
+  std::vector<Node> nodes = std::move(nodes_);
+  nodes_.clear();
+  return nodes;
+}
+
 std::string Graph::freshName(const std::string& base) {
   if (!byName_.count(base)) return base;
   int& next = nextSuffix_[base];

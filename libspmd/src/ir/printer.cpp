@@ -86,8 +86,13 @@ std::string printListing(const Graph& g) {
   for (const auto& n : g.nodes()) {
     out << "  ";
     for (size_t k = 0; k < n.outputs.size(); ++k) {
+      out << (k ? ", " : "");
+      if (n.outputs[k] == kNoValue) {
+        out << "_";
+        continue;
+      }
       const Value& v = g.value(n.outputs[k]);
-      out << (k ? ", " : "") << "%" << v.name << ": " << typeText(v);
+      out << "%" << v.name << ": " << typeText(v);
     }
     out << " = " << n.qualifiedName() << "(";
     for (size_t i = 0; i < n.args.size(); ++i) out << (i ? ", " : "") << argText(g, n.args[i]);
@@ -98,6 +103,11 @@ std::string printListing(const Graph& g) {
   out << ")\n";
   for (const auto& u : g.updates()) {
     out << "  update %" << g.value(u.input).name << " <- %" << g.value(u.value).name << "\n";
+  }
+  for (const auto& grad : g.gradients()) {
+    out << "  gradient %" << g.value(grad.parameter).name << " = %" << g.value(grad.value).name;
+    if (grad.reduced != kNoValue) out << ", reduced %" << g.value(grad.reduced).name;
+    out << "\n";
   }
   return out.str();
 }
@@ -124,7 +134,9 @@ std::string printDot(const Graph& g) {
       if (a.kind == Arg::Kind::Value) edge(a.value);
       for (ValueId v : a.values) edge(v);
     }
-    for (ValueId v : n.outputs) producer[v] = id;
+    for (ValueId v : n.outputs) {
+      if (v != kNoValue) producer[v] = id;
+    }
   }
   out << "  out [shape=doubleoctagon, label=\"return\"];\n";
   for (ValueId v : g.outputs()) out << "  " << producer[v] << " -> out [label=\"" << typeText(g.value(v)) << "\"];\n";
@@ -159,6 +171,7 @@ std::string printStats(const Graph& g) {
   }
   out << "outputs: " << g.outputs().size() << "\n";
   out << "updates: " << g.updates().size() << "\n";
+  out << "gradients: " << g.gradients().size() << "\n";
   size_t width = 0;
   for (const auto& [op, _] : byOp) width = std::max(width, op.size());
   out << "by op:\n";

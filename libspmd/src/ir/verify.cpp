@@ -2,6 +2,7 @@
 
 #include "spmd/ir/dtype.h"
 #include "spmd/runtime/op_call.h"
+#include "spmd/runtime/shape_infer.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -72,6 +73,7 @@ class Verifier {
       if (!defined_[graph_.outputs()[i]]) problem("/outputs/" + std::to_string(i), "output is not defined");
     }
     for (size_t i = 0; i < graph_.updates().size(); ++i) checkUpdate(i);
+    for (size_t i = 0; i < graph_.gradients().size(); ++i) checkGradient(i);
     return std::move(problems_);
   }
 
@@ -82,11 +84,7 @@ class Verifier {
     ValueId id = graph_.inputs()[i].value;
     defined_[id] = true;
     const Value& v = graph_.value(id);
-    meta_[id] = declaredMeta(v);
-  }
-
-  static at::Tensor declaredMeta(const Value& v) {
-    return at::empty(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kMeta));
+    meta_[id] = metaTensorOf(v);
   }
 
   void checkNode(size_t index) {
@@ -95,7 +93,7 @@ class Verifier {
     const std::string label = node.qualifiedName() + (node.meta.source.empty() ? "" : " at " + node.meta.source);
     bool argsDefined = checkArgsDefined(node, where);
     for (size_t k = 0; k < node.outputs.size(); ++k) {
-      if (defined_[node.outputs[k]]) {
+      if (node.outputs[k] != kNoValue && defined_[node.outputs[k]]) {
         problem(where + "/outputs/" + std::to_string(k), "value '" + graph_.value(node.outputs[k]).name + "' defined twice");
       }
     }
@@ -104,10 +102,11 @@ class Verifier {
     if (!op) problem(where + "/op", "unknown operator '" + node.qualifiedName() + "' in this LibTorch");
     if (ok) checkShapes(node, *op, where, label);
     for (ValueId out : node.outputs) {
+      if (out == kNoValue) continue;
       defined_[out] = true;
       // A node that could not be checked still gives later nodes tensors of
       // its declared types, so that one defect is reported once.
-      if (!meta_[out].defined()) meta_[out] = declaredMeta(graph_.value(out));
+      if (!meta_[out].defined()) meta_[out] = metaTensorOf(graph_.value(out));
     }
   }
 
@@ -153,32 +152,17 @@ class Verifier {
     return ok;
   }
 
-  std::vector<at::Tensor> runOn(const Node& node, const c10::OperatorHandle& op, bool onCpu) {
-    auto tensorOf = [&](ValueId v) {
-      const at::Tensor& m = meta_[v];
-      if (!onCpu) return m;
-      return at::zeros_like(m, at::TensorOptions().device(at::kCPU));
-    };
-    return callOperator(op, boxArguments(node, tensorOf));
-  }
-
   void checkShapes(const Node& node, const c10::OperatorHandle& op, const std::string& where,
                    const std::string& label) {
     std::vector<at::Tensor> results;
     try {
-      results = runOn(node, op, /*onCpu=*/false);
-    } catch (const std::exception&) {
-      // No meta kernel (or one that reads data) in this LibTorch: compute the
-      // shapes from zero-filled CPU tensors instead.
-      try {
-        results = runOn(node, op, /*onCpu=*/true);
-      } catch (const c10::Error& e) {
-        problem(where, label + " rejects its arguments: " + firstLine(e.what_without_backtrace()));
-        return;
-      } catch (const std::exception& e) {
-        problem(where, label + " rejects its arguments: " + firstLine(e.what()));
-        return;
-      }
+      results = inferOnMeta(node, op, [&](ValueId v) { return meta_[v]; });
+    } catch (const c10::Error& e) {
+      problem(where, label + " rejects its arguments: " + firstLine(e.what_without_backtrace()));
+      return;
+    } catch (const std::exception& e) {
+      problem(where, label + " rejects its arguments: " + firstLine(e.what()));
+      return;
     }
     if (results.size() != node.outputs.size()) {
       problem(where + "/outputs", label + " produced " + std::to_string(results.size()) + " tensors, the node has " +
@@ -191,8 +175,13 @@ class Verifier {
   void checkOutput(const Node& node, size_t k, const at::Tensor& got, const std::string& where,
                    const std::string& label) {
     ValueId id = node.outputs[k];
+    if (id == kNoValue) return;  // the graph does not use this result
     const Value& v = graph_.value(id);
     const std::string at = where + "/outputs/" + std::to_string(k);
+    if (!got.defined()) {
+      problem(at, label + " leaves this result undefined; the graph needs it as '" + v.name + "'");
+      return;
+    }
     if (got.scalar_type() != v.dtype) {
       problem(at, label + " gives dtype " + dtypeName(got.scalar_type()) + ", the graph says " + dtypeName(v.dtype));
     } else if (got.sizes() != c10::IntArrayRef(v.shape)) {
@@ -201,7 +190,7 @@ class Verifier {
     // Carry what the op really produced (strides included) to later nodes:
     // views then see what eager would, and a wrong declaration is reported
     // once rather than again at every consumer.
-    meta_[id] = at::empty_strided(got.sizes(), got.strides(), got.options().device(at::kMeta));
+    meta_[id] = got;
   }
 
   void checkUpdate(size_t i) {
@@ -218,6 +207,25 @@ class Verifier {
     if (a.dtype != b.dtype || a.shape != b.shape) {
       problem(where, "update of '" + a.name + "' " + dtypeShortName(a.dtype) + shapeText(a.shape) + " with '" + b.name +
                          "' " + dtypeShortName(b.dtype) + shapeText(b.shape));
+    }
+  }
+
+  void checkGradient(size_t i) {
+    const Gradient& g = graph_.gradients()[i];
+    const std::string where = "/gradients/" + std::to_string(i);
+    const GraphInput* input = graph_.inputOf(g.parameter);
+    if (!input || input->kind != InputKind::Parameter) {
+      problem(where + "/parameter", "'" + graph_.value(g.parameter).name + "' is not a parameter input");
+    }
+    if (!defined_[g.value]) problem(where + "/value", "value '" + graph_.value(g.value).name + "' is not defined");
+    if (g.reduced != kNoValue && !defined_[g.reduced]) {
+      problem(where + "/reduced", "value '" + graph_.value(g.reduced).name + "' is not defined");
+    }
+    const Value& p = graph_.value(g.parameter);
+    const Value& v = graph_.value(g.value);
+    if (p.dtype != v.dtype || p.shape != v.shape) {
+      problem(where, "gradient of '" + p.name + "' " + dtypeShortName(p.dtype) + shapeText(p.shape) + " is '" + v.name +
+                         "' " + dtypeShortName(v.dtype) + shapeText(v.shape));
     }
   }
 

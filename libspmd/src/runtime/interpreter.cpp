@@ -40,7 +40,9 @@ RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs) cons
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     const Node& node = graph_.nodes()[i];
     auto results = callOperator(ops_[i], boxArguments(node, tensorOf));
-    for (size_t k = 0; k < node.outputs.size() && k < results.size(); ++k) env[node.outputs[k]] = results[k];
+    for (size_t k = 0; k < node.outputs.size() && k < results.size(); ++k) {
+      if (node.outputs[k] != kNoValue) env[node.outputs[k]] = results[k];
+    }
     for (ValueId v : releaseAfter_[i]) env[v].reset();
   }
   RunResult result;

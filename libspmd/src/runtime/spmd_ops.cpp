@@ -22,6 +22,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batchNorm
   return {std::get<0>(out), std::get<1>(out), std::get<2>(out), mean, var};
 }
 
+// Collectives on one rank: the identity. A multi-rank runtime executes these
+// nodes with its process group instead of through these kernels.
+at::Tensor allReduceOneRank(const at::Tensor& self, c10::string_view reduce) {
+  TORCH_CHECK(reduce == "mean" || reduce == "sum", "spmd::all_reduce: reduce must be 'mean' or 'sum'");
+  return self.clone();
+}
+
+at::Tensor broadcastOneRank(const at::Tensor& self, int64_t src) {
+  TORCH_CHECK(src == 0, "spmd::broadcast: source rank ", src, " does not exist on one rank");
+  return self.clone();
+}
+
 }  // namespace
 
 void ensureSpmdOpsRegistered() {}
@@ -34,8 +46,17 @@ TORCH_LIBRARY(spmd, m) {
       "Tensor running_var, float momentum, float eps) -> "
       "(Tensor output, Tensor save_mean, Tensor save_invstd, Tensor new_running_mean, "
       "Tensor new_running_var)");
+  m.def("all_reduce(Tensor self, str reduce) -> Tensor");
+  m.def("broadcast(Tensor self, int src) -> Tensor");
+}
+
+// Composite of differentiable ATen ops, so LibTorch autograd (the tests'
+// oracle) differentiates it as it would aten::batch_norm.
+TORCH_LIBRARY_IMPL(spmd, CompositeImplicitAutograd, m) {
+  m.impl("batch_norm_train", &spmd::batchNormTrain);
 }
 
 TORCH_LIBRARY_IMPL(spmd, CompositeExplicitAutograd, m) {
-  m.impl("batch_norm_train", &spmd::batchNormTrain);
+  m.impl("all_reduce", &spmd::allReduceOneRank);
+  m.impl("broadcast", &spmd::broadcastOneRank);
 }

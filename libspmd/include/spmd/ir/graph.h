@@ -14,6 +14,9 @@
 namespace spmd {
 
 using ValueId = int32_t;
+// In Node::outputs: a result the op leaves undefined (a backward op's output
+// masked off by its output_mask).
+constexpr ValueId kNoValue = -1;
 
 struct Value {
   std::string name;
@@ -98,6 +101,15 @@ struct StateUpdate {
   ValueId value = -1;
 };
 
+// Marks `value` as the gradient of the parameter input `parameter` on this
+// rank (what spmd-split buckets), and `reduced` as that gradient after the
+// reduction across ranks (what the optimizer reads), once grad-sync made it.
+struct Gradient {
+  ValueId parameter = -1;
+  ValueId value = -1;
+  ValueId reduced = kNoValue;
+};
+
 // Where parameter and buffer values live: weights are referenced, not inlined.
 struct WeightsRef {
   std::string file;    // as given by the user, resolved against cwd
@@ -111,6 +123,8 @@ class Graph {
   Node& addNode(Node node);
   void addOutput(ValueId v) { outputs_.push_back(v); }
   void addUpdate(StateUpdate u) { updates_.push_back(u); }
+  void addGradient(Gradient g) { gradients_.push_back(g); }
+  std::vector<Gradient>& gradients() { return gradients_; }
 
   const Value& value(ValueId id) const { return values_.at(id); }
   Value& value(ValueId id) { return values_.at(id); }
@@ -122,6 +136,14 @@ class Graph {
   std::vector<Node>& nodes() { return nodes_; }
   const std::vector<ValueId>& outputs() const { return outputs_; }
   const std::vector<StateUpdate>& updates() const { return updates_; }
+  std::vector<StateUpdate>& updates() { return updates_; }
+  const std::vector<Gradient>& gradients() const { return gradients_; }
+  std::vector<ValueId>& outputs() { return outputs_; }
+  // The graph input that defines `v`, or nullptr.
+  const GraphInput* inputOf(ValueId v) const;
+  // Moves the nodes out, leaving none: passes that rewrite node by node
+  // take them and add back what they keep.
+  std::vector<Node> takeNodes();
   const WeightsRef& weights() const { return weights_; }
   void setWeights(WeightsRef w) { weights_ = std::move(w); }
 
@@ -136,6 +158,7 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<ValueId> outputs_;
   std::vector<StateUpdate> updates_;
+  std::vector<Gradient> gradients_;
   WeightsRef weights_;
   std::map<std::string, int> nextSuffix_;
 };

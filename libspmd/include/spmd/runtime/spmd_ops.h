@@ -4,6 +4,9 @@
 //
 //   spmd::batch_norm_train  BatchNorm in training mode with its running-stat
 //                           update returned as outputs instead of done in place.
+//   spmd::all_reduce        a gradient reduced across ranks ("mean" or "sum").
+//   spmd::broadcast         a buffer as rank `src` holds it.
+// On one rank the collectives are the identity.
 #pragma once
 
 namespace spmd {

@@ -1,0 +1,59 @@
+// Appending typed nodes to a graph: each new node's output dtypes and shapes
+// come from running its op on LibTorch's meta device, so passes never work
+// out shapes by hand.
+#pragma once
+
+#include "spmd/ir/graph.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace spmd {
+
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(Graph& graph) : graph_(graph) {}
+
+  // Metadata stamped on every node appended from now on.
+  void setMeta(NodeMeta meta) { meta_ = std::move(meta); }
+  const NodeMeta& meta() const { return meta_; }
+
+  // Appends `op` ("aten::add.Tensor") called on `args`; returns one value per
+  // result (kNoValue for results the op leaves undefined). Output names are
+  // `base` (default: the op's name) made unique. Throws std::logic_error when
+  // the op rejects the arguments: a bug in the pass, not in the user's input.
+  std::vector<ValueId> callMulti(const std::string& op, std::vector<Arg> args, const std::string& base = "");
+  ValueId call(const std::string& op, std::vector<Arg> args, const std::string& base = "");
+
+  const Value& value(ValueId v) const { return graph_.value(v); }
+  const std::vector<int64_t>& shape(ValueId v) const { return graph_.value(v).shape; }
+  Graph& graph() { return graph_; }
+
+  // Frequently used forms.
+  ValueId add(ValueId a, ValueId b, double alpha = 1.0);
+  ValueId mul(ValueId a, ValueId b);
+  ValueId mulScalar(ValueId a, double s);
+  ValueId neg(ValueId a);
+  ValueId reshape(ValueId a, const std::vector<int64_t>& shape);
+  ValueId transpose(ValueId a, int64_t d0, int64_t d1);
+  // Sums `a` down to `shape` (undoing broadcasting); `a` itself if it fits.
+  ValueId sumTo(ValueId a, const std::vector<int64_t>& shape);
+  ValueId zerosLike(ValueId a);
+
+ private:
+  at::Tensor metaOf(ValueId v);
+
+  Graph& graph_;
+  NodeMeta meta_;
+  std::unordered_map<ValueId, at::Tensor> metaCache_;  // results with their real strides
+};
+
+Arg intsArg(std::vector<int64_t> v);
+Arg boolsArg(std::vector<bool> v);
+Arg strArg(std::string s);
+Arg dtypeArg(c10::ScalarType t);
+
+}  // namespace spmd

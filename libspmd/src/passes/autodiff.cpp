@@ -1,0 +1,167 @@
+// autodiff: reverse-mode differentiation of a forward graph whose first
+// output is the scalar loss.
+//
+// Appends the backward nodes (role "backward", each carrying the source line
+// of the forward node it differentiates) and records one Gradient per
+// parameter that requires one and reaches the loss. Forward calls whose
+// backward needs saved results are first rewritten to the forms that return
+// them. Integer values and frozen parameters get no gradient; fan-out
+// accumulates with aten::add. Does not reduce gradients across ranks
+// (grad-sync) or update parameters (optimizer).
+#include "spmd/passes/builder.h"
+#include "spmd/passes/derivatives.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include "spmd/ir/printer.h"
+
+#include <map>
+#include <set>
+
+namespace spmd {
+namespace {
+
+bool isFloating(const Value& v) { return c10::isFloatingType(v.dtype); }
+
+template <typename F>
+void forEachTensorArg(const Node& n, F&& f) {
+  for (const Arg& a : n.args) {
+    if (a.kind == Arg::Kind::Value) f(a.value);
+    for (ValueId v : a.values) f(v);
+  }
+}
+
+// Which values depend on a trainable parameter, and which feed the loss.
+struct Activity {
+  std::vector<bool> requiresGrad;
+  std::vector<bool> reachesLoss;
+
+  bool active(const Node& n) const {
+    for (ValueId o : n.outputs) {
+      if (o != kNoValue && o < static_cast<ValueId>(requiresGrad.size()) && requiresGrad[o] && reachesLoss[o]) return true;
+    }
+    return false;
+  }
+};
+
+Activity analyse(const Graph& g, ValueId loss) {
+  Activity a{std::vector<bool>(g.numValues(), false), std::vector<bool>(g.numValues(), false)};
+  for (const auto& in : g.inputs()) {
+    a.requiresGrad[in.value] = in.kind == InputKind::Parameter && in.requiresGrad && isFloating(g.value(in.value));
+  }
+  for (const Node& n : g.nodes()) {
+    bool any = false;
+    forEachTensorArg(n, [&](ValueId v) { any = any || a.requiresGrad[v]; });
+    for (ValueId o : n.outputs) {
+      if (o != kNoValue) a.requiresGrad[o] = any && isFloating(g.value(o));
+    }
+  }
+  a.reachesLoss[loss] = true;
+  for (auto it = g.nodes().rbegin(); it != g.nodes().rend(); ++it) {
+    bool reaches = false;
+    for (ValueId o : it->outputs) reaches = reaches || (o != kNoValue && a.reachesLoss[o]);
+    if (reaches) forEachTensorArg(*it, [&](ValueId v) { a.reachesLoss[v] = true; });
+  }
+  return a;
+}
+
+ValueId checkedLoss(const Graph& g) {
+  if (g.outputs().empty()) {
+    throw Diagnostic("/outputs", "the forward returns nothing; spmd-expand needs the loss as its first output");
+  }
+  ValueId loss = g.outputs()[0];
+  const Value& v = g.value(loss);
+  if (!v.shape.empty() || !isFloating(v)) {
+    throw Diagnostic("/outputs/0", "the loss must be a floating-point scalar, got %" + v.name + ": " + typeText(v));
+  }
+  if (!g.gradients().empty()) throw Diagnostic("/gradients", "the graph already has gradients: it is a train step");
+  return loss;
+}
+
+// Every active node must be differentiable; all that are not are reported
+// together, each with its source line.
+void requireRules(const Graph& g, const Activity& activity) {
+  static const std::set<std::string> rewritten = {"aten::layer_norm", "aten::max_pool2d", "aten::cross_entropy_loss",
+                                                  "aten::nll_loss", "aten::nll_loss_nd"};
+  std::vector<std::string> missing;
+  for (const Node& n : g.nodes()) {
+    if (!activity.active(n)) continue;
+    const DerivativeRule* rule = findDerivative(n);
+    std::string why;
+    if (!rule && !rewritten.count(n.qualifiedName())) why = "no derivative rule";
+    if (rule && rule->unsupported) why = rule->unsupported(n);
+    if (why.empty()) continue;
+    missing.push_back(n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source) + " (" + why + ")");
+  }
+  if (missing.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < missing.size(); ++i) list += (i ? "; " : "") + missing[i];
+  throw Diagnostic("", "cannot differentiate the path from the parameters to the loss: " + list);
+}
+
+// Rewrites active nodes whose backward needs saved results; marks every
+// forward node's role.
+void prepareForward(Graph& g, const Activity& activity) {
+  std::vector<Node> nodes = g.takeNodes();
+  GraphBuilder b(g);
+  for (Node& n : nodes) {
+    if (n.meta.role.empty()) n.meta.role = "forward";
+    NodeMeta meta = n.meta;
+    b.setMeta(meta);
+    if (activity.active(n) && rewriteForBackward(b, n)) continue;
+    g.addNode(std::move(n));
+  }
+}
+
+void accumulate(GraphBuilder& b, std::map<ValueId, ValueId>& grads, ValueId input, ValueId grad) {
+  auto it = grads.find(input);
+  if (it == grads.end()) {
+    grads.emplace(input, grad);
+  } else {
+    it->second = b.add(it->second, grad);
+  }
+}
+
+void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
+  const size_t forwardCount = g.nodes().size();
+  GraphBuilder b(g);
+  b.setMeta(NodeMeta{"", "backward"});
+  std::map<ValueId, ValueId> grads;
+  grads[loss] = b.call("aten::ones_like", {Arg::tensor(loss), Arg::none(), Arg::none(), Arg::none(), Arg::none(), Arg::none()},
+                       "grad_loss");
+  auto needsGrad = [&](ValueId v) { return v < static_cast<ValueId>(activity.requiresGrad.size()) && activity.requiresGrad[v]; };
+  for (size_t i = forwardCount; i-- > 0;) {
+    const Node node = g.nodes()[i];  // a copy: appending may reallocate the node list
+    if (!activity.active(node)) continue;
+    std::vector<ValueId> outGrads;
+    bool any = false;
+    for (ValueId o : node.outputs) {
+      auto it = o == kNoValue ? grads.end() : grads.find(o);
+      outGrads.push_back(it == grads.end() ? kNoValue : it->second);
+      any = any || it != grads.end();
+    }
+    if (!any) continue;
+    b.setMeta(NodeMeta{node.meta.source, "backward"});
+    RuleInput input{b, node, outGrads, needsGrad};
+    for (const Contribution& c : findDerivative(node)->backward(input)) {
+      if (needsGrad(c.input)) accumulate(b, grads, c.input, c.grad);
+    }
+  }
+  for (const auto& in : g.inputs()) {
+    auto it = grads.find(in.value);
+    if (in.kind == InputKind::Parameter && it != grads.end()) g.addGradient(Gradient{in.value, it->second});
+  }
+}
+
+}  // namespace
+
+bool runAutodiff(Graph& g, const PipelineOptions&) {
+  const ValueId loss = checkedLoss(g);
+  const Activity activity = analyse(g, loss);
+  requireRules(g, activity);
+  prepareForward(g, activity);
+  appendBackward(g, analyse(g, loss), loss);  // again: rewrites added values
+  return true;
+}
+
+}  // namespace spmd

@@ -1,0 +1,117 @@
+#include "spmd/passes/builder.h"
+
+#include "spmd/runtime/op_call.h"
+#include "spmd/runtime/shape_infer.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+namespace spmd {
+
+Arg intsArg(std::vector<int64_t> v) {
+  Arg a;
+  a.kind = Arg::Kind::Ints;
+  a.ints = std::move(v);
+  return a;
+}
+
+Arg boolsArg(std::vector<bool> v) {
+  Arg a;
+  a.kind = Arg::Kind::Bools;
+  a.bools = std::move(v);
+  return a;
+}
+
+Arg strArg(std::string s) {
+  Arg a;
+  a.kind = Arg::Kind::Str;
+  a.s = std::move(s);
+  return a;
+}
+
+Arg dtypeArg(c10::ScalarType t) {
+  Arg a;
+  a.kind = Arg::Kind::DType;
+  a.i = static_cast<int64_t>(t);
+  return a;
+}
+
+at::Tensor GraphBuilder::metaOf(ValueId v) {
+  auto it = metaCache_.find(v);
+  if (it != metaCache_.end()) return it->second;
+  return metaTensorOf(graph_.value(v));
+}
+
+std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<Arg> args, const std::string& base) {
+  Node node;
+  size_t sep = op.find("::");
+  size_t dot = op.find('.', sep);
+  node.op = op.substr(0, dot);
+  node.overload = dot == std::string::npos ? "" : op.substr(dot + 1);
+  node.args = std::move(args);
+  node.meta = meta_;
+  auto handle = findOperator(node);
+  if (!handle) throw std::logic_error("GraphBuilder: unknown operator " + op);
+  std::vector<at::Tensor> results;
+  try {
+    results = inferOnMeta(node, *handle, [&](ValueId v) { return metaOf(v); });
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    throw std::logic_error("GraphBuilder: " + op + " rejected its arguments: " + what.substr(0, what.find('\n')));
+  }
+  std::string name = base.empty() ? node.op.substr(sep + 2) : base;
+  for (const at::Tensor& r : results) {
+    if (!r.defined()) {
+      node.outputs.push_back(kNoValue);
+      continue;
+    }
+    ValueId id = graph_.addValue(Value{graph_.freshName(name), r.scalar_type(), r.sizes().vec()});
+    metaCache_[id] = r;
+    node.outputs.push_back(id);
+  }
+  std::vector<ValueId> outputs = node.outputs;
+  graph_.addNode(std::move(node));
+  return outputs;
+}
+
+ValueId GraphBuilder::call(const std::string& op, std::vector<Arg> args, const std::string& base) {
+  auto outputs = callMulti(op, std::move(args), base);
+  if (outputs.size() != 1 || outputs[0] == kNoValue) {
+    throw std::logic_error("GraphBuilder: " + op + " does not return one tensor");
+  }
+  return outputs[0];
+}
+
+ValueId GraphBuilder::add(ValueId a, ValueId b, double alpha) {
+  Arg scale = alpha == 1.0 ? Arg::ofInt(1) : Arg::ofFloat(alpha);
+  return call("aten::add.Tensor", {Arg::tensor(a), Arg::tensor(b), scale});
+}
+
+ValueId GraphBuilder::mul(ValueId a, ValueId b) { return call("aten::mul.Tensor", {Arg::tensor(a), Arg::tensor(b)}); }
+
+ValueId GraphBuilder::mulScalar(ValueId a, double s) {
+  return call("aten::mul.Scalar", {Arg::tensor(a), Arg::ofFloat(s)});
+}
+
+ValueId GraphBuilder::neg(ValueId a) { return call("aten::neg", {Arg::tensor(a)}); }
+
+ValueId GraphBuilder::reshape(ValueId a, const std::vector<int64_t>& shape) {
+  if (graph_.value(a).shape == shape) return a;
+  return call("aten::reshape", {Arg::tensor(a), intsArg(shape)});
+}
+
+ValueId GraphBuilder::transpose(ValueId a, int64_t d0, int64_t d1) {
+  return call("aten::transpose.int", {Arg::tensor(a), Arg::ofInt(d0), Arg::ofInt(d1)});
+}
+
+ValueId GraphBuilder::sumTo(ValueId a, const std::vector<int64_t>& shape) {
+  if (graph_.value(a).shape == shape) return a;
+  return call("aten::sum_to_size", {Arg::tensor(a), intsArg(shape)});
+}
+
+ValueId GraphBuilder::zerosLike(ValueId a) {
+  return call("aten::zeros_like", {Arg::tensor(a), Arg::none(), Arg::none(), Arg::none(), Arg::none(), Arg::none()});
+}
+
+}  // namespace spmd

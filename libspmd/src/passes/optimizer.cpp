@@ -1,0 +1,119 @@
+// optimizer: the parameter update of torch.optim's SGD, Adam and AdamW as
+// explicit nodes (role "optimizer"), with torch.optim's formulas, in its
+// order of operations.
+//
+// Reads each gradient's reduced value (or the gradient itself when grad-sync
+// did not run). Optimizer state becomes graph inputs of kind "state", all
+// starting at zero as torch.optim's lazily created state does, and the new
+// parameter and state values become state updates:
+//   Adam/AdamW: <param>.step (f32[]), <param>.exp_avg, <param>.exp_avg_sq
+//               and, with amsgrad, <param>.max_exp_avg_sq
+//   SGD with momentum: <param>.momentum_buffer, and one sgd.step counter
+//               that makes the first step take the gradient itself as the
+//               buffer, as torch.optim does.
+// Parameters without a gradient are left alone, as torch.optim skips them.
+#include "spmd/passes/builder.h"
+#include "spmd/passes/pass.h"
+
+namespace spmd {
+namespace {
+
+ValueId stateInput(Graph& g, const std::string& name, c10::ScalarType dtype, std::vector<int64_t> shape) {
+  return g.addInput(Value{g.freshName(name), dtype, std::move(shape)}, InputKind::State);
+}
+
+ValueId zeroDimLike(GraphBuilder& b, ValueId like, double fill, c10::ScalarType dtype) {
+  return b.call("aten::full_like", {Arg::tensor(like), Arg::ofFloat(fill), dtypeArg(dtype), Arg::none(), Arg::none(),
+                                    Arg::none(), Arg::none()});
+}
+
+ValueId addScalar(GraphBuilder& b, ValueId a, double s) {
+  return b.call("aten::add.Scalar", {Arg::tensor(a), Arg::ofFloat(s), Arg::ofInt(1)});
+}
+
+void adam(Graph& g, GraphBuilder& b, const Gradient& grad, const OptimizerOptions& o) {
+  const Value p = g.value(grad.parameter);
+  ValueId param = grad.parameter;
+  ValueId gv = grad.reduced != kNoValue ? grad.reduced : grad.value;
+  ValueId step = stateInput(g, p.name + ".step", c10::ScalarType::Float, {});
+  ValueId expAvg = stateInput(g, p.name + ".exp_avg", p.dtype, p.shape);
+  ValueId expAvgSq = stateInput(g, p.name + ".exp_avg_sq", p.dtype, p.shape);
+  ValueId maxExpAvgSq = o.amsgrad ? stateInput(g, p.name + ".max_exp_avg_sq", p.dtype, p.shape) : kNoValue;
+
+  ValueId step1 = b.call("aten::add.Scalar", {Arg::tensor(step), Arg::ofInt(1), Arg::ofInt(1)}, "step");
+  if (o.kind == OptimizerKind::AdamW) {
+    param = b.mulScalar(param, 1.0 - o.lr * o.weightDecay);
+  } else if (o.weightDecay != 0.0) {
+    gv = b.add(gv, param, o.weightDecay);
+  }
+  // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
+  ValueId m = b.add(b.mulScalar(expAvg, o.beta1), gv, 1.0 - o.beta1);
+  // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+  ValueId v = b.call("aten::addcmul", {Arg::tensor(b.mulScalar(expAvgSq, o.beta2)), Arg::tensor(gv), Arg::tensor(gv),
+                                       Arg::ofFloat(1.0 - o.beta2)});
+  // Bias corrections in float64, as Python computes them from step.item().
+  ValueId stepF64 = b.call("aten::_to_copy", {Arg::tensor(step1), dtypeArg(c10::ScalarType::Double), Arg::none(),
+                                              Arg::none(), Arg::none(), Arg::ofBool(false), Arg::none()});
+  auto oneMinusPow = [&](double beta) {
+    ValueId pw = b.call("aten::pow.Scalar", {Arg::ofFloat(beta), Arg::tensor(stepF64)});
+    return b.call("aten::rsub.Scalar", {Arg::tensor(pw), Arg::ofInt(1), Arg::ofInt(1)}, "bias_correction");
+  };
+  ValueId bc1 = oneMinusPow(o.beta1);
+  ValueId bc2Sqrt = b.call("aten::sqrt", {Arg::tensor(oneMinusPow(o.beta2))});
+  ValueId lr = zeroDimLike(b, bc1, o.lr, c10::ScalarType::Double);
+  ValueId negStepSize = b.neg(b.call("aten::div.Tensor", {Arg::tensor(lr), Arg::tensor(bc1)}));
+  ValueId second = v;
+  if (o.amsgrad) second = b.call("aten::maximum", {Arg::tensor(maxExpAvgSq), Arg::tensor(v)});
+  // denom = (second.sqrt() / bias_correction2_sqrt).add_(eps)
+  ValueId denom = b.call("aten::div.Tensor", {Arg::tensor(b.call("aten::sqrt", {Arg::tensor(second)})), Arg::tensor(bc2Sqrt)});
+  denom = addScalar(b, denom, o.eps);
+  // param.addcdiv_(exp_avg, denom, value=-step_size): value * exp_avg first, as the kernel does
+  ValueId scaled = b.mul(m, negStepSize);
+  ValueId updated = b.call("aten::addcdiv", {Arg::tensor(param), Arg::tensor(scaled), Arg::tensor(denom), Arg::ofInt(1)},
+                           p.name + ".new");
+  g.addUpdate({grad.parameter, updated});
+  g.addUpdate({step, step1});
+  g.addUpdate({expAvg, m});
+  g.addUpdate({expAvgSq, v});
+  if (o.amsgrad) g.addUpdate({maxExpAvgSq, second});
+}
+
+void sgd(Graph& g, GraphBuilder& b, const Gradient& grad, const OptimizerOptions& o, ValueId firstStep) {
+  const Value p = g.value(grad.parameter);
+  ValueId dp = grad.reduced != kNoValue ? grad.reduced : grad.value;
+  if (o.weightDecay != 0.0) dp = b.add(dp, grad.parameter, o.weightDecay);
+  if (o.momentum != 0.0) {
+    ValueId buf = stateInput(g, p.name + ".momentum_buffer", p.dtype, p.shape);
+    // buf.mul_(momentum).add_(d_p, alpha=1 - dampening), or d_p itself on the first step
+    ValueId blended = b.add(b.mulScalar(buf, o.momentum), dp, 1.0 - o.dampening);
+    ValueId newBuf = b.call("aten::where.self", {Arg::tensor(firstStep), Arg::tensor(dp), Arg::tensor(blended)},
+                            p.name + ".momentum");
+    g.addUpdate({buf, newBuf});
+    dp = o.nesterov ? b.add(dp, newBuf, o.momentum) : newBuf;
+  }
+  g.addUpdate({grad.parameter, b.add(grad.parameter, dp, -o.lr)});
+}
+
+}  // namespace
+
+bool runOptimizer(Graph& g, const PipelineOptions& options) {
+  const OptimizerOptions& o = options.optimizer;
+  validateOptimizer(o);
+  GraphBuilder b(g);
+  b.setMeta(NodeMeta{"", "optimizer"});
+  const std::vector<Gradient> gradients = g.gradients();
+  if (o.kind == OptimizerKind::Sgd) {
+    ValueId firstStep = kNoValue;
+    if (o.momentum != 0.0 && !gradients.empty()) {
+      ValueId step = stateInput(g, "sgd.step", c10::ScalarType::Float, {});
+      firstStep = b.call("aten::eq.Scalar", {Arg::tensor(step), Arg::ofInt(0)}, "first_step");
+      g.addUpdate({step, b.call("aten::add.Scalar", {Arg::tensor(step), Arg::ofInt(1), Arg::ofInt(1)}, "step")});
+    }
+    for (const Gradient& grad : gradients) sgd(g, b, grad, o, firstStep);
+  } else {
+    for (const Gradient& grad : gradients) adam(g, b, grad, o);
+  }
+  return !gradients.empty();
+}
+
+}  // namespace spmd

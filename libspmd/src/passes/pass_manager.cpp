@@ -1,0 +1,75 @@
+#include "spmd/ir/printer.h"
+#include "spmd/ir/verify.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+namespace spmd {
+
+const std::vector<PassInfo>& registeredPasses() {
+  static const std::vector<PassInfo> passes = {
+      {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", runAutodiff},
+      {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", runGradSync},
+      {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", runOptimizer},
+  };
+  return passes;
+}
+
+const PassInfo& findPass(const std::string& name) {
+  for (const auto& p : registeredPasses()) {
+    if (name == p.name) return p;
+  }
+  throw std::logic_error("no pass named " + name);
+}
+
+const std::vector<std::string>& expandPipeline() {
+  static const std::vector<std::string> names = {"autodiff", "grad-sync", "optimizer"};
+  return names;
+}
+
+std::string listPasses() {
+  std::string out;
+  for (const auto& p : registeredPasses()) {
+    std::string name = p.name;
+    out += "  " + name + std::string(name.size() < 12 ? 12 - name.size() : 1, ' ') + p.summary + "\n";
+  }
+  return out;
+}
+
+namespace {
+
+void dumpAfter(const Graph& graph, const std::string& pass, size_t index, const DebugOptions& debug) {
+  const std::string listing = printListing(graph);
+  if (debug.printIrAfterAll && debug.log) *debug.log << "// ----- IR after " << pass << " ----- //\n" << listing;
+  if (debug.dumpDir.empty()) return;
+  ::mkdir(debug.dumpDir.c_str(), 0777);
+  char prefix[16];
+  std::snprintf(prefix, sizeof prefix, "%04zu", index);
+  const std::string path = debug.dumpDir + "/" + prefix + ".after_" + pass + ".txt";
+  std::ofstream out(path);
+  out << listing;
+  if (!out) throw Diagnostic("--dump-dir", "cannot write " + path);
+}
+
+}  // namespace
+
+void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
+               const DebugOptions& debug) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    const PassInfo& pass = findPass(names[i]);
+    pass.run(graph, options);
+    auto problems = verifyGraph(graph);
+    if (!problems.empty()) {
+      throw std::logic_error(std::string("internal error: the graph is invalid after pass ") + pass.name + ": " +
+                             problems[0].where + ": " + problems[0].what);
+    }
+    dumpAfter(graph, pass.name, i, debug);
+  }
+}
+
+}  // namespace spmd

@@ -1,0 +1,339 @@
+// loadTorchSave reads what Python's torch.save writes. The fixtures are
+// written at test time by PyTorch (SPMD_TORCH_PYTHON), with the expected
+// tensors as JSON (shape, strides, offset, and the values listed exactly) so
+// that the check does not go through the reader under test.
+#include "spmd/io/torch_save.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+
+// Last: LibTorch built with glog defines a CHECK macro of its own (which
+// aborts), and Catch's CHECK must be the one in force.
+#undef CHECK
+#include "catch.h"
+
+using namespace spmd;
+using nlohmann::json;
+
+namespace {
+
+const char* const kFixtureScript = R"PY(
+import collections, io, json, os, sys, zipfile
+import torch
+
+out = sys.argv[1]
+torch.manual_seed(0)
+expected = {}
+DTYPES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+          torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int",
+          torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool"}
+
+def describe(t):
+    return {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "stride": list(t.stride()),
+            "offset": t.storage_offset(), "requires_grad": t.requires_grad,
+            "values": t.detach().reshape(-1).tolist()}
+
+def save(name, obj, tensors, **kw):
+    torch.save(obj, os.path.join(out, name), **kw)
+    expected[name] = {path: describe(t) for path, t in tensors.items()}
+
+x = torch.randn(3, 4)
+save("one.pt", {"x": x}, {"x": x})
+
+multi = {"f32": torch.randn(2, 3), "f64": torch.randn(4, dtype=torch.float64),
+         "f16": torch.randn(3).half(), "bf16": torch.randn(3, 2).to(torch.bfloat16),
+         "i64": torch.tensor([-2**62, -1, 0, 2**40, 2**62]), "i32": torch.randint(-1000, 1000, (4,), dtype=torch.int32),
+         "i16": torch.tensor([-300, 300], dtype=torch.int16), "i8": torch.tensor([-7, 7], dtype=torch.int8),
+         "u8": torch.tensor([0, 255], dtype=torch.uint8), "b": torch.randn(6) > 0,
+         "empty": torch.zeros(0, 3)}
+save("multi.pt", multi, multi)
+
+scalar = torch.tensor(3.25)
+save("scalar.pt", scalar, {"": scalar})
+
+base = torch.randn(4, 5)
+views = {"base": base, "t": base.t(), "row": base[2], "col": base[:, 1], "step": base[1:, ::2]}
+save("views.pt", views, views)
+
+a, b, c = torch.randn(2, 2), torch.randint(0, 9, (3,)), torch.randn(1)
+nested = {"inputs": {"a": a, "b": b}, "outputs": [c], "buffers": {},
+          "meta": {"ints": [1, -5, 2**40, -2**62, 255, 65535, -2**31], "floats": (0.5, -1e300, 3.0),
+                   "str": "h\u00e9llo", "none": None, "flag": True, "off": False, "empty_list": [],
+                   "empty_tuple": (), "one_tuple": (7,), "by_int": {1: "one", 2: "two"}, "mixed": [1, "x"]}}
+save("nested.pt", nested, {"inputs/a": a, "inputs/b": b, "outputs/0": c})
+
+p, q = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2), requires_grad=False)
+save("param.pt", {"p": p, "frozen": q}, {"p": p, "frozen": q})
+
+y = torch.randn(2)
+save("list1.pt", [y], {"0": y})
+
+torch.manual_seed(1)
+model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+state = model.state_dict()
+save("state_dict.pt", state, dict(state))
+
+z = torch.arange(6).reshape(2, 3)
+save("proto4.pt", {"z": z, "s": "\u00e9", "zt": (z.t(),)}, {"z": z, "zt/0": z.t()}, pickle_protocol=4)
+
+# Files the reader must reject.
+data = open(os.path.join(out, "one.pt"), "rb").read()
+open(os.path.join(out, "truncated.pt"), "wb").write(data[: len(data) // 2])
+open(os.path.join(out, "notzip.pt"), "wb").write(b"hello, this is not a zip file\n")
+torch.save(torch.device("cpu"), os.path.join(out, "device.pt"))
+torch.save({"x": x}, os.path.join(out, "legacy.pt"), _use_new_zipfile_serialization=False)
+class Point:
+    pass
+torch.save({"p": Point()}, os.path.join(out, "custom.pt"))
+with zipfile.ZipFile(os.path.join(out, "one.pt")) as z1:
+    prefix = z1.namelist()[0].split("/")[0] + "/"
+    pkl, version = z1.read(prefix + "data.pkl"), z1.read(prefix + "version")
+def write_zip(name, records):
+    with zipfile.ZipFile(os.path.join(out, name), "w") as zf:
+        for record, content in records.items():
+            zf.writestr("archive/" + record, content)
+write_zip("truncated_pickle.pt", {"data.pkl": pkl[: len(pkl) // 2], "version": version})
+write_zip("no_storage.pt", {"data.pkl": pkl, "version": version})
+write_zip("no_pickle.pt", {"version": version})
+write_zip("opcode.pt", {"data.pkl": b"\x80\x02B\x03\x00\x00\x00abc.", "version": version})
+
+json.dump(expected, open(os.path.join(out, "expected.json"), "w"))
+)PY";
+
+// The fixtures, written once per run into a temporary folder removed at exit.
+class Fixtures {
+ public:
+  static const Fixtures& get() {
+    static Fixtures fixtures;
+    return fixtures;
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  const json& expected(const std::string& file) const { return expected_.at(file); }
+
+ private:
+  Fixtures() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "spmd-torch-save-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    dir_ = pattern;
+    std::ofstream(path("make.py")) << kFixtureScript;
+    std::string command = std::string(SPMD_TORCH_PYTHON) + " " + path("make.py") + " " + dir_;
+    REQUIRE(std::system(command.c_str()) == 0);
+    std::ifstream in(path("expected.json"));
+    expected_ = json::parse(in);
+  }
+  ~Fixtures() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  std::string dir_;
+  json expected_;
+};
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The saved values, built from JSON in a type that holds them exactly.
+at::Tensor valuesOf(const json& values, at::ScalarType dtype) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  if (dtype == at::kBool) {
+    at::Tensor t = at::empty({n}, at::kBool);
+    for (int64_t i = 0; i < n; ++i) t[i] = values[i].get<bool>();
+    return t;
+  }
+  if (c10::isFloatingType(dtype)) {
+    std::vector<double> v = values.get<std::vector<double>>();
+    return at::tensor(v, at::kDouble).to(dtype);
+  }
+  std::vector<int64_t> v = values.get<std::vector<int64_t>>();
+  return at::tensor(v, at::kLong).to(dtype);
+}
+
+void checkTensor(const c10::IValue& got, const json& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(got.isTensor());
+  const at::Tensor t = got.toTensor();
+  CHECK(std::string(c10::toString(t.scalar_type())) == want["dtype"].get<std::string>());
+  REQUIRE(t.sizes().vec() == want["shape"].get<std::vector<int64_t>>());
+  CHECK(t.strides().vec() == want["stride"].get<std::vector<int64_t>>());
+  CHECK(t.storage_offset() == want["offset"].get<int64_t>());
+  CHECK(t.requires_grad() == want["requires_grad"].get<bool>());
+  CHECK(t.device().is_cpu());
+  at::Tensor values = valuesOf(want["values"], t.scalar_type());
+  CHECK(at::equal(t.detach().reshape(-1), values));
+}
+
+c10::IValue load(const std::string& name) { return loadTorchSave(Fixtures::get().path(name)); }
+
+// Every tensor of a {name: tensor} file, checked against the expectations.
+c10::impl::GenericDict checkTensorDict(const std::string& file) {
+  c10::IValue value = load(file);
+  REQUIRE(value.isGenericDict());
+  c10::impl::GenericDict dict = value.toGenericDict();
+  const json& want = Fixtures::get().expected(file);
+  CHECK(dict.size() == want.size());
+  for (const auto& [name, tensor] : want.items()) {
+    REQUIRE(dict.contains(name));
+    checkTensor(dict.at(name), tensor, file + ": " + name);
+  }
+  return dict;
+}
+
+struct Caught {
+  bool thrown = false;
+  std::string where, message, file;
+};
+
+// What f throws, caught without Catch assertions (they must not nest).
+Caught caught(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Diagnostic& d) {
+    return {true, d.where(), d.message(), d.file()};
+  }
+  return {};
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+void checkError(const std::function<void()>& f, const std::string& part) {
+  const Caught c = caught(f);
+  INFO("expected a Diagnostic containing: " << part);
+  INFO("got: " << c.message);
+  CHECK(c.thrown);
+  CHECK(c.where.empty());
+  CHECK(contains(c.message, part));
+}
+
+}  // namespace
+
+TEST_CASE("a one-element dict, the case torch::pickle_load of 1.13 cannot read", "[torch_save]") {
+  c10::impl::GenericDict dict = checkTensorDict("one.pt");
+  CHECK(dict.keyType()->kind() == c10::TypeKind::StringType);
+  CHECK(dict.valueType()->kind() == c10::TypeKind::TensorType);
+  for (const auto& item : dict) CHECK(item.key().toStringRef() == "x");
+}
+
+TEST_CASE("tensors of every common dtype", "[torch_save]") {
+  checkTensorDict("multi.pt");
+}
+
+TEST_CASE("a 0-dim tensor at the top level", "[torch_save]") {
+  checkTensor(load("scalar.pt"), Fixtures::get().expected("scalar.pt")[""], "scalar");
+}
+
+TEST_CASE("views keep their strides and share one storage", "[torch_save]") {
+  c10::impl::GenericDict dict = checkTensorDict("views.pt");
+  at::Tensor base = dict.at("base").toTensor();
+  for (const char* view : {"t", "row", "col", "step"}) {
+    INFO(view);
+    CHECK(dict.at(view).toTensor().is_alias_of(base));
+  }
+  CHECK_FALSE(dict.at("t").toTensor().is_contiguous());
+  base.zero_();
+  CHECK(dict.at("t").toTensor().abs().sum().item<double>() == 0.0);
+}
+
+TEST_CASE("nested dicts, lists and tuples of plain values", "[torch_save]") {
+  c10::IValue value = load("nested.pt");
+  REQUIRE(value.isGenericDict());
+  auto dict = value.toGenericDict();
+  const json& want = Fixtures::get().expected("nested.pt");
+  auto inputs = dict.at("inputs").toGenericDict();
+  checkTensor(inputs.at("a"), want["inputs/a"], "inputs/a");
+  checkTensor(inputs.at("b"), want["inputs/b"], "inputs/b");
+  auto outputs = dict.at("outputs").toList();
+  REQUIRE(outputs.size() == 1);
+  CHECK(dict.at("outputs").isTensorList());
+  checkTensor(outputs.get(0), want["outputs/0"], "outputs/0");
+  CHECK(dict.at("buffers").toGenericDict().empty());
+
+  auto meta = dict.at("meta").toGenericDict();
+  auto ints = meta.at("ints").toList();
+  std::vector<int64_t> wantInts = {1, -5, int64_t(1) << 40, -(int64_t(1) << 62), 255, 65535, -(int64_t(1) << 31)};
+  REQUIRE(ints.size() == wantInts.size());
+  for (size_t i = 0; i < ints.size(); ++i) CHECK(ints.get(i).toInt() == wantInts[i]);
+  auto floats = meta.at("floats").toTupleRef().elements();
+  REQUIRE(floats.size() == 3);
+  CHECK(floats[0].toDouble() == 0.5);
+  CHECK(floats[1].toDouble() == -1e300);
+  CHECK(floats[2].toDouble() == 3.0);
+  CHECK(meta.at("str").toStringRef() == "h\xc3\xa9llo");
+  CHECK(meta.at("none").isNone());
+  CHECK(meta.at("flag").toBool());
+  CHECK_FALSE(meta.at("off").toBool());
+  CHECK(meta.at("empty_list").toList().empty());
+  CHECK(meta.at("empty_tuple").toTupleRef().elements().empty());
+  CHECK(meta.at("one_tuple").toTupleRef().elements().at(0).toInt() == 7);
+  auto byInt = meta.at("by_int").toGenericDict();
+  CHECK(byInt.keyType()->kind() == c10::TypeKind::IntType);
+  CHECK(byInt.at(int64_t(1)).toStringRef() == "one");
+  CHECK(byInt.at(int64_t(2)).toStringRef() == "two");
+  auto mixed = meta.at("mixed").toList();
+  CHECK(mixed.elementType()->kind() == c10::TypeKind::AnyType);
+  CHECK(mixed.get(0).toInt() == 1);
+  CHECK(mixed.get(1).toStringRef() == "x");
+}
+
+TEST_CASE("nn.Parameter becomes its tensor, with its requires_grad", "[torch_save]") {
+  checkTensorDict("param.pt");
+}
+
+TEST_CASE("a one-element list", "[torch_save]") {
+  c10::IValue value = load("list1.pt");
+  REQUIRE(value.isList());
+  REQUIRE(value.toList().size() == 1);
+  checkTensor(value.toList().get(0), Fixtures::get().expected("list1.pt")["0"], "list1");
+}
+
+TEST_CASE("a module's state_dict(), an OrderedDict with _metadata", "[torch_save]") {
+  checkTensorDict("state_dict.pt");
+}
+
+TEST_CASE("pickle protocol 4", "[torch_save]") {
+  c10::IValue value = load("proto4.pt");
+  const json& want = Fixtures::get().expected("proto4.pt");
+  auto dict = value.toGenericDict();
+  checkTensor(dict.at("z"), want["z"], "z");
+  CHECK(dict.at("s").toStringRef() == "\xc3\xa9");
+  const auto& zt = dict.at("zt").toTupleRef().elements().at(0);
+  checkTensor(zt, want["zt/0"], "zt/0");
+  CHECK(zt.toTensor().is_alias_of(dict.at("z").toTensor()));
+}
+
+TEST_CASE("from bytes as from a file", "[torch_save]") {
+  c10::IValue value = loadTorchSaveBytes(readFile(Fixtures::get().path("one.pt")));
+  checkTensor(value.toGenericDict().at("x"), Fixtures::get().expected("one.pt")["x"], "x");
+}
+
+TEST_CASE("bad torch.save files are diagnostics", "[torch_save]") {
+  const auto& fx = Fixtures::get();
+  checkError([&] { load("truncated.pt"); }, "not a torch.save zip file: ");
+  checkError([&] { load("notzip.pt"); }, "not a torch.save zip file: ");
+  checkError([&] { loadTorchSaveBytes(""); }, "not a torch.save zip file: ");
+  const std::string notZip = readFile(fx.path("notzip.pt"));
+  checkError([&] { loadTorchSaveBytes(notZip); }, "not a torch.save zip file: ");
+  checkError([&] { load("legacy.pt"); }, "legacy format");
+  checkError([&] { load("device.pt"); }, "unsupported global 'torch.device' at byte 2 of data.pkl");
+  checkError([&] { load("custom.pt"); }, "unsupported global '__main__.Point'");
+  checkError([&] { load("truncated_pickle.pt"); }, "truncated pickle");
+  checkError([&] { load("no_storage.pt"); }, "missing storage record 'data/0'");
+  checkError([&] { load("no_pickle.pt"); }, "no data.pkl");
+  checkError([&] { load("does-not-exist.pt"); }, "cannot open file");
+  // BINBYTES, a pickle opcode torch.save does not write.
+  checkError([&] { load("opcode.pt"); }, "unsupported pickle opcode 0x42 ('B') at byte 2 of data.pkl");
+
+  const Caught c = caught([&] { load("notzip.pt"); });
+  CHECK(c.file == fx.path("notzip.pt"));
+  CHECK(caught([&] { loadTorchSaveBytes(notZip); }).file.empty());
+}
