@@ -1,5 +1,6 @@
-"""Bad input to spmd-inspect: each case asserts the exit code and the one-line
-message on stderr, and that nothing reaches stdout or the -o file.
+"""Bad input to spmd-inspect and spmd-expand: each case asserts the exit code
+and the one-line message on stderr, and that nothing reaches stdout or the -o
+file.
 
   check_errors.py BIN_DIR      (run from the repository root)
 """
@@ -10,15 +11,17 @@ import subprocess
 import sys
 import tempfile
 
-BIN = os.path.join(sys.argv[1], "spmd-inspect")
+BIN_DIR = sys.argv[1]
+BIN = os.path.join(BIN_DIR, "spmd-inspect")
+EXPAND = os.path.join(BIN_DIR, "spmd-expand")
 MLP = ["samples/mlp.pt", "--input", "x:f32[100,100]"]
 passed = failed = 0
 
 
-def check(name, args, code, pattern, stdin=None):
-    """Runs spmd-inspect ARGS; stderr must be one line matching `pattern`."""
+def check(name, args, code, pattern, stdin=None, tool=BIN):
+    """Runs TOOL ARGS; stderr must be one line matching `pattern`."""
     global passed, failed
-    proc = subprocess.run([BIN] + args, input=stdin, capture_output=True)
+    proc = subprocess.run([tool] + args, input=stdin, capture_output=True)
     err = proc.stderr.decode(errors="replace")
     problems = []
     if proc.returncode != code:
@@ -42,6 +45,55 @@ def graph_json(mutate):
         doc = json.load(f)
     mutate(doc)
     return json.dumps(doc)
+
+
+def expand_errors(write, graph_json):
+    E = r"spmd-expand: error: "
+
+    def expand(name, args, code, pattern, stdin=None):
+        check("spmd-expand " + name, args, code, pattern, stdin, tool=EXPAND)
+
+    expand("missing --optimizer", MLP, 1, E + r"--optimizer: required: sgd, adam or adamw")
+    expand("unknown optimizer", MLP + ["--optimizer", "rmsprop"], 1,
+           E + r"--optimizer: unknown optimizer 'rmsprop' \(sgd, adam, adamw\)")
+    expand("negative lr", MLP + ["--optimizer", "adam", "--lr", "-1"], 1, E + r"--lr: Invalid learning rate: -1\.0")
+    expand("beta out of range", MLP + ["--optimizer", "adam", "--betas", "1.5,0.9"], 1,
+           E + r"--betas: Invalid beta parameter at index 0: 1\.5")
+    expand("bad betas syntax", MLP + ["--optimizer", "adam", "--betas", "0.9"], 1,
+           E + r"--betas '0\.9': expected two numbers B1,B2")
+    expand("negative eps", MLP + ["--optimizer", "adamw", "--eps", "-1e-8"], 1, E + r"--eps: Invalid epsilon value: -1e-08")
+    expand("negative weight decay", MLP + ["--optimizer", "sgd", "--lr", "0.1", "--weight-decay", "-0.1"], 1,
+           E + r"--weight-decay: Invalid weight_decay value: -0\.1")
+    expand("nesterov without momentum", MLP + ["--optimizer", "sgd", "--lr", "0.1", "--nesterov"], 1,
+           E + r"--nesterov: Nesterov momentum requires a momentum and zero dampening")
+    expand("sgd without lr", MLP + ["--optimizer", "sgd"], 1, E + r"--lr: required for sgd.*")
+    expand("momentum with adam", MLP + ["--optimizer", "adam", "--momentum", "0.9"], 1,
+           E + r"--momentum: applies to --optimizer sgd only")
+    expand("amsgrad with sgd", MLP + ["--optimizer", "sgd", "--lr", "1", "--amsgrad"], 1,
+           E + r"--amsgrad: applies to --optimizer adam and adamw only")
+    expand("usage: bad grad-reduce", MLP + ["--optimizer", "adam", "--grad-reduce", "max"], 2, r"max")
+
+    def non_scalar(d):
+        d["outputs"] = [d["nodes"][1]["outputs"][0]["name"]]
+    expand("non-scalar loss", [write("nonscalar.json", graph_json(non_scalar)), "--optimizer", "adam"], 1,
+           E + r".*/nonscalar\.json: /outputs/0: the loss must be a floating-point scalar, got %relu: f32\[100,100\]")
+
+    def no_outputs(d):
+        d["outputs"] = []
+    expand("missing loss", [write("noloss.json", graph_json(no_outputs)), "--optimizer", "adam"], 1,
+           E + r".*/noloss\.json: /outputs: the forward returns nothing; .*")
+
+    def no_rule(d):
+        d["nodes"][1]["op"] = "aten::sin"
+        d["nodes"][5]["op"] = "aten::cos"
+    expand("ops without rules", [write("norule.json", graph_json(no_rule)), "--optimizer", "adam"], 1,
+           E + r".*/norule\.json: cannot differentiate the path from the parameters to the loss: "
+           r"aten::sin at models\.py:24 \(no derivative rule\); aten::cos at models\.py:24 \(no derivative rule\)")
+    step = subprocess.run([EXPAND] + MLP + ["--optimizer", "adam"], capture_output=True).stdout
+    expand("already a train step", ["-", "--optimizer", "adam"], 1,
+           E + r"<stdin>: /gradients: the graph already has gradients: it is a train step", stdin=step)
+    expand("missing --input", ["samples/mlp.pt", "--optimizer", "adam"], 1,
+           E + r"samples/mlp\.pt: forward\(x\): missing --input spec for 'x'")
 
 
 def main():
@@ -119,6 +171,7 @@ def main():
 
     check("usage: unknown flag", MLP + ["--frobnicate"], 2, r"frobnicate")
     check("usage: exclusive modes", MLP + ["--json", "--dot"], 2, r"excludes")
+    expand_errors(write, graph_json)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

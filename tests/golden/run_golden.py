@@ -1,9 +1,9 @@
 """Golden-file tests for the spmd tools' text outputs.
 
-cases.txt holds one case per line: `EXPECTED-FILE TOOL ARGS...`, run from the
-repository root with TOOL taken from --bin-dir; `$(cat samples/X.inputs)`-style
-expansions are not used: a case lists its flags itself, or names a samples
-input file with @samples/X.inputs, whose flags are spliced in.
+cases.txt holds one case per line: `EXPECTED-FILE TOOL ARGS... [| TOOL ARGS...]`,
+run from the repository root with each TOOL taken from --bin-dir and the stages
+piped together as a shell would. A case names a samples input file with
+@samples/X.inputs to splice in its --input flags.
 
   run_golden.py --bin-dir build [--case EXPECTED-FILE] [--update]
 
@@ -32,37 +32,52 @@ def load_cases():
     return cases
 
 
-def expand(command, bin_dir):
-    tool, *args = command
-    out = [os.path.join(bin_dir, tool)]
-    for a in args:
-        if a.startswith("@"):
-            with open(os.path.join(ROOT, a[1:])) as f:
-                out.extend(shlex.split(f.read()))
+def stages(command, bin_dir):
+    """The case's pipeline as a list of argv lists."""
+    pipeline, argv = [], None
+    for word in command + ["|"]:
+        if word == "|":
+            pipeline.append(argv)
+            argv = None
+        elif argv is None:
+            argv = [os.path.join(bin_dir, word)]
+        elif word.startswith("@"):
+            with open(os.path.join(ROOT, word[1:])) as f:
+                argv.extend(shlex.split(f.read()))
         else:
-            out.append(a)
-    return out
+            argv.append(word)
+    return pipeline
+
+
+def run_pipeline(pipeline):
+    """Runs the stages piped together; returns (failed stage's message or None, stdout)."""
+    data = None
+    for argv in pipeline:
+        proc = subprocess.run(argv, cwd=ROOT, input=data, capture_output=True)
+        if proc.returncode != 0:
+            return f"{os.path.basename(argv[0])} exit {proc.returncode}: {proc.stderr.decode().strip()}", ""
+        data = proc.stdout
+    return None, data.decode()
 
 
 def run_case(expected, command, bin_dir, update):
-    argv = expand(command, bin_dir)
-    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        print(f"FAIL {expected}: exit {proc.returncode}: {proc.stderr.strip()}")
+    error, stdout = run_pipeline(stages(command, bin_dir))
+    if error:
+        print(f"FAIL {expected}: {error}")
         return False
     path = os.path.join(HERE, expected)
     if update:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
-            f.write(proc.stdout)
+            f.write(stdout)
         print(f"wrote {expected}")
         return True
     with open(path) as f:
         want = f.read()
-    if want == proc.stdout:
+    if want == stdout:
         print(f"PASS {expected}")
         return True
-    diff = difflib.unified_diff(want.splitlines(True), proc.stdout.splitlines(True), expected, "actual")
+    diff = difflib.unified_diff(want.splitlines(True), stdout.splitlines(True), expected, "actual")
     print(f"FAIL {expected}: output differs\n" + "".join(list(diff)[:60]))
     return False
 

@@ -2,8 +2,6 @@
 // loss = sum_k sum(output_k * w_k), differentiated by the autodiff pass and
 // run by the interpreter, must give the gradients autograd computes through
 // the same forward graph, in float64, with broadcasting and odd shapes.
-#include "catch.h"
-
 #include "spmd/ir/verify.h"
 #include "spmd/passes/builder.h"
 #include "spmd/passes/derivatives.h"
@@ -13,6 +11,9 @@
 #include <torch/torch.h>
 
 #include <set>
+
+// Last: glog (via LibTorch) defines CHECK too, and Catch's must win.
+#include "catch.h"
 
 using namespace spmd;
 
@@ -228,7 +229,8 @@ TEST_CASE("derivative rules equal LibTorch autograd", "[autodiff]") {
     const bool internal = op == "aten::native_layer_norm" || op == "aten::max_pool2d_with_indices" ||
                           op == "aten::nll_loss_forward" || op == "aten::_softmax" || op == "aten::_log_softmax" ||
                           op == "aten::_unsafe_view" || op == "aten::squeeze" || op == "aten::clone" ||
-                          op == "aten::split_with_sizes" || op == "aten::nll_loss_nd" || op == "aten::conv3d";
+                          op == "aten::split_with_sizes" || op == "aten::nll_loss_nd" || op == "aten::conv3d" ||
+                          op == "aten::scaled_dot_product_attention";  // its own test case below
     CHECK((covered.count(op) || internal));
   }
 }
@@ -279,4 +281,28 @@ TEST_CASE("a non-scalar loss is rejected", "[autodiff]") {
   } catch (const std::exception& e) {
     CHECK(std::string(e.what()) == "the loss must be a floating-point scalar, got %relu: f32[3]");
   }
+}
+
+// LibTorch 2.x only (1.13 has no such op): the rewrite into its math
+// definition is checked against autograd through the fused op itself.
+TEST_CASE("scaled_dot_product_attention, where this LibTorch has it", "[autodiff]") {
+  auto schema = c10::Dispatcher::singleton().findSchema({"aten::scaled_dot_product_attention", ""});
+  if (!schema) {
+    WARN("aten::scaled_dot_product_attention is not in this LibTorch; its rule is not exercised");
+    return;
+  }
+  const size_t arity = schema->schema().arguments().size();
+  auto sdpaArgs = [arity](const Ids& p, std::optional<ValueId> mask, bool causal) {
+    std::vector<Arg> args{v(p[0]), v(p[1]), v(p[2]), mask ? v(*mask) : none(), f(0.0), b(causal)};
+    if (arity > 6) args.push_back(none());     // scale
+    if (arity > 7) args.push_back(b(false));   // enable_gqa
+    return args;
+  };
+  checkCase({"sdpa causal", "aten::scaled_dot_product_attention", {{2, 3, 5, 4}, {2, 3, 5, 4}, {2, 3, 5, 4}},
+             [&](const Ids& p, const Ids&) { return sdpaArgs(p, std::nullopt, true); }});
+  checkCase({"sdpa float mask, cross lengths", "aten::scaled_dot_product_attention", {{2, 6, 4}, {2, 7, 4}, {2, 7, 3}},
+             [&](const Ids& p, const Ids& d) { return sdpaArgs(p, d[0], false); }, {torch::randn({6, 7}, torch::kFloat64)}});
+  checkCase({"sdpa bool mask", "aten::scaled_dot_product_attention", {{2, 6, 4}, {2, 6, 4}, {2, 6, 4}},
+             [&](const Ids& p, const Ids& d) { return sdpaArgs(p, d[0], false); },
+             {torch::ones({6, 6}, torch::kBool).tril()}});
 }

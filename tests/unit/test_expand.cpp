@@ -2,8 +2,6 @@
 // TorchScript module: forward, backward(), torch::optim. N steps of the
 // expanded graph on one rank, run by the interpreter, must leave parameters,
 // buffers and optimizer state equal to LibTorch's within 1e-5 relative.
-#include "catch.h"
-
 #include "spmd/io/input_spec.h"
 #include "spmd/io/torchscript.h"
 #include "spmd/ir/verify.h"
@@ -17,6 +15,9 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+
+// Last: glog (via LibTorch) defines CHECK too, and Catch's must win.
+#include "catch.h"
 
 using namespace spmd;
 

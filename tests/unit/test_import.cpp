@@ -2,10 +2,9 @@
 // interpreter, equals the module's own forward exactly on CPU, for the
 // samples (oracle: LibTorch running the module) and for modules generated at
 // test time (oracle: PyTorch's outputs saved by tests/modules/gen_modules.py).
-#include "catch.h"
-
 #include "spmd/io/graph_json.h"
 #include "spmd/io/input_spec.h"
+#include "spmd/io/torch_save.h"
 #include "spmd/io/torchscript.h"
 #include "spmd/ir/verify.h"
 #include "spmd/runtime/interpreter.h"
@@ -19,6 +18,9 @@
 #include <fstream>
 #include <iterator>
 #include <sstream>
+
+// Last: glog (via LibTorch) defines CHECK too, and Catch's must win.
+#include "catch.h"
 
 using namespace spmd;
 
@@ -135,8 +137,7 @@ TEST_CASE("modules never seen before run exactly as PyTorch ran them") {
       CHECK(parameterNames(graph, InputKind::Parameter) == entry["parameters"].get<std::vector<std::string>>());
       CHECK(parameterNames(graph, InputKind::Buffer) == entry["buffers"].get<std::vector<std::string>>());
 
-      std::string bytes = readFile(dir + "/" + entry["expected"].get<std::string>());
-      c10::IValue expected = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+      c10::IValue expected = loadTorchSave(dir + "/" + entry["expected"].get<std::string>());
       auto dict = expected.toGenericDict();
       std::map<std::string, at::Tensor> data;
       for (const auto& item : dict.at("inputs").toGenericDict()) data[item.key().toStringRef()] = item.value().toTensor();

@@ -18,6 +18,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/istream_adapter.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -564,7 +565,7 @@ c10::IValue loadTorchSaveBytes(const std::string& bytes) {
 c10::IValue loadTorchSave(const std::string& path) {
   try {
     std::ifstream in(path, std::ios::binary);
-    if (!in) fail("cannot open file");
+    if (!in) fail(std::string("cannot open: ") + std::strerror(errno));
     char first = 0;
     in.get(first);
     in.clear();

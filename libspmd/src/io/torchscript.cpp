@@ -505,28 +505,6 @@ class Converter {
   std::unordered_map<ValueId, std::string> producers_;
 };
 
-// Removes nodes whose outputs reach neither a graph output nor a state update.
-void eliminateDeadNodes(Graph& graph) {
-  std::vector<bool> live(graph.numValues(), false);
-  for (ValueId v : graph.outputs()) live[v] = true;
-  for (const auto& u : graph.updates()) live[u.value] = true;
-  auto& nodes = graph.nodes();
-  std::vector<bool> keep(nodes.size(), false);
-  for (size_t i = nodes.size(); i-- > 0;) {
-    for (ValueId out : nodes[i].outputs) keep[i] = keep[i] || (out != kNoValue && live[out]);
-    if (!keep[i]) continue;
-    for (const Arg& a : nodes[i].args) {
-      if (a.kind == Arg::Kind::Value) live[a.value] = true;
-      for (ValueId v : a.values) live[v] = true;
-    }
-  }
-  std::vector<Node> kept;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (keep[i]) kept.push_back(std::move(nodes[i]));
-  }
-  nodes = std::move(kept);
-}
-
 std::vector<std::string> forwardArgumentNames(const jit::Module& module) {
   std::vector<std::string> names;
   const auto& args = module.get_method("forward").function().getSchema().arguments();

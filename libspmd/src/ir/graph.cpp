@@ -95,6 +95,35 @@ std::string Graph::freshName(const std::string& base) {
   return name;
 }
 
+bool eliminateDeadNodes(Graph& graph) {
+  std::vector<bool> live(graph.numValues(), false);
+  for (ValueId v : graph.outputs()) live[v] = true;
+  for (const auto& u : graph.updates()) live[u.value] = true;
+  for (const auto& g : graph.gradients()) {
+    live[g.value] = true;
+    if (g.reduced != kNoValue) live[g.reduced] = true;
+  }
+  std::vector<Node> nodes = graph.takeNodes();
+  std::vector<bool> keep(nodes.size(), false);
+  for (size_t i = nodes.size(); i-- > 0;) {
+    for (ValueId out : nodes[i].outputs) keep[i] = keep[i] || (out != kNoValue && live[out]);
+    if (!keep[i]) continue;
+    for (const Arg& a : nodes[i].args) {
+      if (a.kind == Arg::Kind::Value) live[a.value] = true;
+      for (ValueId v : a.values) live[v] = true;
+    }
+  }
+  bool removed = false;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (keep[i]) {
+      graph.addNode(std::move(nodes[i]));
+    } else {
+      removed = true;
+    }
+  }
+  return removed;
+}
+
 int64_t numel(const Value& v) {
   int64_t n = 1;
   for (int64_t d : v.shape) n *= d;

@@ -52,8 +52,12 @@ Activity analyse(const Graph& g, ValueId loss) {
   for (const Node& n : g.nodes()) {
     bool any = false;
     forEachTensorArg(n, [&](ValueId v) { any = any || a.requiresGrad[v]; });
-    for (ValueId o : n.outputs) {
-      if (o != kNoValue) a.requiresGrad[o] = any && isFloating(g.value(o));
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      ValueId o = n.outputs[k];
+      if (o == kNoValue) continue;
+      // broadcast_tensors' k-th result depends on its k-th input only.
+      bool depends = n.qualifiedName() == "aten::broadcast_tensors" ? a.requiresGrad[n.args[0].values.at(k)] : any;
+      a.requiresGrad[o] = depends && isFloating(g.value(o));
     }
   }
   a.reachesLoss[loss] = true;
@@ -81,15 +85,10 @@ ValueId checkedLoss(const Graph& g) {
 // Every active node must be differentiable; all that are not are reported
 // together, each with its source line.
 void requireRules(const Graph& g, const Activity& activity) {
-  static const std::set<std::string> rewritten = {"aten::layer_norm", "aten::max_pool2d", "aten::cross_entropy_loss",
-                                                  "aten::nll_loss", "aten::nll_loss_nd"};
   std::vector<std::string> missing;
   for (const Node& n : g.nodes()) {
     if (!activity.active(n)) continue;
-    const DerivativeRule* rule = findDerivative(n);
-    std::string why;
-    if (!rule && !rewritten.count(n.qualifiedName())) why = "no derivative rule";
-    if (rule && rule->unsupported) why = rule->unsupported(n);
+    const std::string why = whyNotDifferentiable(n);
     if (why.empty()) continue;
     missing.push_back(n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source) + " (" + why + ")");
   }
@@ -161,6 +160,7 @@ bool runAutodiff(Graph& g, const PipelineOptions&) {
   requireRules(g, activity);
   prepareForward(g, activity);
   appendBackward(g, analyse(g, loss), loss);  // again: rewrites added values
+  eliminateDeadNodes(g);  // backward results no gradient needed
   return true;
 }
 

@@ -43,7 +43,8 @@ at::Tensor GraphBuilder::metaOf(ValueId v) {
   return metaTensorOf(graph_.value(v));
 }
 
-std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<Arg> args, const std::string& base) {
+std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<Arg> args, const std::string& base,
+                                             const std::vector<ValueId>& preset) {
   Node node;
   size_t sep = op.find("::");
   size_t dot = op.find('.', sep);
@@ -61,7 +62,17 @@ std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<
     throw std::logic_error("GraphBuilder: " + op + " rejected its arguments: " + what.substr(0, what.find('\n')));
   }
   std::string name = base.empty() ? node.op.substr(sep + 2) : base;
-  for (const at::Tensor& r : results) {
+  for (size_t k = 0; k < results.size(); ++k) {
+    const at::Tensor& r = results[k];
+    if (k < preset.size() && preset[k] != kNoValue) {
+      const Value& kept = graph_.value(preset[k]);
+      if (!r.defined() || r.sizes() != c10::IntArrayRef(kept.shape) || r.scalar_type() != kept.dtype) {
+        throw std::logic_error("GraphBuilder: " + op + " result " + std::to_string(k) + " does not match '" + kept.name + "'");
+      }
+      metaCache_[preset[k]] = r;
+      node.outputs.push_back(preset[k]);
+      continue;
+    }
     if (!r.defined()) {
       node.outputs.push_back(kNoValue);
       continue;

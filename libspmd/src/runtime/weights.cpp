@@ -1,12 +1,9 @@
 #include "spmd/runtime/weights.h"
 
+#include "spmd/io/torch_save.h"
 #include "spmd/support/diagnostic.h"
 
 #include <torch/script.h>
-#include <torch/serialize.h>
-
-#include <fstream>
-#include <iterator>
 
 namespace spmd {
 namespace {
@@ -20,10 +17,7 @@ std::map<std::string, at::Tensor> fromModule(const std::string& file) {
 }
 
 std::map<std::string, at::Tensor> fromPickle(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Diagnostic("", "cannot open weights file");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue dict = torch::pickle_load(bytes);
+  c10::IValue dict = loadTorchSave(file);
   if (!dict.isGenericDict()) throw Diagnostic("", "weights file is not a {name: tensor} dict");
   std::map<std::string, at::Tensor> weights;
   for (const auto& item : dict.toGenericDict()) {

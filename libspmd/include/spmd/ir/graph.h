@@ -163,6 +163,10 @@ class Graph {
   std::map<std::string, int> nextSuffix_;
 };
 
+// Removes nodes none of whose outputs reaches a graph output, a state update
+// or a gradient record. Returns whether any node was removed.
+bool eliminateDeadNodes(Graph& graph);
+
 // Element size in bytes, numel and total bytes of a value.
 int64_t numel(const Value& v);
 int64_t bytes(const Value& v);

@@ -25,7 +25,10 @@ class GraphBuilder {
   // result (kNoValue for results the op leaves undefined). Output names are
   // `base` (default: the op's name) made unique. Throws std::logic_error when
   // the op rejects the arguments: a bug in the pass, not in the user's input.
-  std::vector<ValueId> callMulti(const std::string& op, std::vector<Arg> args, const std::string& base = "");
+  // `preset` gives existing value ids for the first results (kNoValue: make
+  // a fresh one): a replacement node takes over the values it replaces.
+  std::vector<ValueId> callMulti(const std::string& op, std::vector<Arg> args, const std::string& base = "",
+                                 const std::vector<ValueId>& preset = {});
   ValueId call(const std::string& op, std::vector<Arg> args, const std::string& base = "");
 
   const Value& value(ValueId v) const { return graph_.value(v); }

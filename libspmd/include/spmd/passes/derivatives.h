@@ -39,6 +39,10 @@ const DerivativeRule* findDerivative(const Node& node);
 // Every op with a rule, "aten::add.Tensor" style, sorted.
 std::vector<std::string> differentiableOps();
 
+// "" when `node` can be differentiated (it has a rule, or a rewrite into
+// ops that have rules applies to it), else why not.
+std::string whyNotDifferentiable(const Node& node);
+
 // Rewrites forward calls whose backward needs values the call does not
 // return into the forms that return them (layer_norm -> native_layer_norm,
 // max_pool2d -> max_pool2d_with_indices, cross_entropy_loss -> _log_softmax +
