@@ -9,6 +9,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev libcli11-dev \
            nlohmann-json3-dev catch2 graphviz llvm-15-tools python3-jsonschema
 INSPECT := $(BUILD)/spmd-inspect
+EXPAND  := $(BUILD)/spmd-expand
 
 .PHONY: all deps build test demo golden samples clean
 
@@ -40,6 +41,9 @@ demo: build
 	$(INSPECT) samples/cnn.pt $$(cat samples/cnn.inputs) --stats
 	@echo "== the LM as a JSON graph dump, read back from stdin"
 	$(INSPECT) samples/lm.pt $$(cat samples/lm.inputs) --json | $(INSPECT) - --stats
+	@echo "== spmd-expand: the MLP's data-parallel train step with Adam (forward, backward, all-reduce, update)"
+	$(EXPAND) samples/mlp.pt $$(cat samples/mlp.inputs) --optimizer adam --lr 1e-2 | $(INSPECT) - --stats
+	$(EXPAND) samples/cnn.pt $$(cat samples/cnn.inputs) --optimizer sgd --lr 0.05 --momentum 0.9 | $(INSPECT) - | tail -n 30
 
 # Rewrites every golden file from the current build; review `git diff` after.
 golden: build

@@ -4,6 +4,7 @@
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/ir/verify.h"
+#include "spmd/passes/derivatives.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
@@ -49,10 +50,16 @@ int main(int argc, char** argv) {
   app.add_flag("--print-ir-after-all", printIr, "print the listing after every pass on stderr");
   app.add_option("--dump-dir", dumpDir, "write NNNN.after_<pass>.txt for every pass into DIR");
   app.add_flag("--list-passes", listPasses, "list the passes and exit");
+  bool listOps = false;
+  app.add_flag("--list-ops", listOps, "list the differentiable ops and exit");
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     if (listPasses) {
       std::cout << spmd::listPasses();
+      return 0;
+    }
+    if (listOps) {
+      for (const auto& op : spmd::differentiableOps()) std::cout << op << "\n";
       return 0;
     }
     if (!*optimizerOpt) throw spmd::Diagnostic("--optimizer", "required: sgd, adam or adamw");
