@@ -1,8 +1,9 @@
 // grad-sync: DDP's communication made explicit.
 //
-// Appends one spmd::all_reduce per gradient (mean over ranks, as DDP, or sum,
-// as _spmd) after the backward, and records it as the gradient's reduced
-// value; and, as DDP's broadcast_buffers=True does, makes every buffer read
+// Inserts one spmd::all_reduce per gradient (mean over ranks, as DDP, or sum,
+// as _spmd) right after the gradient is produced, records it as the
+// gradient's reduced value and makes later readers (an exported step's
+// optimizer update) read it; and, as DDP's broadcast_buffers=True does, makes every buffer read
 // go through spmd::broadcast from rank 0 at the start of the step. On one
 // rank both are the identity. Does not bucket (spmd-split does).
 #include "spmd/passes/builder.h"
@@ -12,6 +13,15 @@
 
 namespace spmd {
 namespace {
+
+void renameArgs(Node& n, const std::map<ValueId, ValueId>& renamed) {
+  for (Arg& a : n.args) {
+    if (a.kind == Arg::Kind::Value && renamed.count(a.value)) a.value = renamed.at(a.value);
+    for (ValueId& v : a.values) {
+      if (renamed.count(v)) v = renamed.at(v);
+    }
+  }
+}
 
 void broadcastBuffers(Graph& g) {
   std::map<ValueId, ValueId> replaced;
@@ -24,23 +34,40 @@ void broadcastBuffers(Graph& g) {
                                 g.value(in.value).name + ".synced");
   }
   for (Node& n : nodes) {
-    for (Arg& a : n.args) {
-      if (a.kind == Arg::Kind::Value && replaced.count(a.value)) a.value = replaced[a.value];
-      for (ValueId& v : a.values) {
-        if (replaced.count(v)) v = replaced[v];
-      }
-    }
+    renameArgs(n, replaced);
     g.addNode(std::move(n));
   }
 }
 
+// Each gradient's all-reduce goes right after the node that produces it, and
+// every later reader (an exported step's optimizer) reads the reduced value.
 void reduceGradients(Graph& g, GradReduce reduce) {
+  std::map<ValueId, Gradient*> pending;
+  for (Gradient& grad : g.gradients()) {
+    if (grad.reduced == kNoValue) pending[grad.value] = &grad;
+  }
+  if (pending.empty()) return;
+  std::map<ValueId, ValueId> reduced;
+  std::vector<Node> nodes = g.takeNodes();
   GraphBuilder b(g);
   b.setMeta(NodeMeta{"", "comm"});
-  for (Gradient& grad : g.gradients()) {
-    if (grad.reduced != kNoValue) continue;
-    grad.reduced = b.call("spmd::all_reduce", {Arg::tensor(grad.value), strArg(reduce == GradReduce::Mean ? "mean" : "sum")},
-                          g.value(grad.parameter).name + ".grad");
+  auto emitReduce = [&](ValueId raw) {
+    Gradient* grad = pending.at(raw);
+    grad->reduced = b.call("spmd::all_reduce", {Arg::tensor(raw), strArg(reduce == GradReduce::Mean ? "mean" : "sum")},
+                           g.value(grad->parameter).name + ".grad");
+    reduced[raw] = grad->reduced;
+  };
+  for (Node& n : nodes) {
+    renameArgs(n, reduced);
+    std::vector<ValueId> produced = n.outputs;
+    g.addNode(std::move(n));
+    for (ValueId v : produced) {
+      if (pending.count(v)) emitReduce(v);
+    }
+  }
+  // Gradients that are graph inputs themselves, or produced by no node.
+  for (auto& [raw, grad] : pending) {
+    if (!reduced.count(raw)) emitReduce(raw);
   }
 }
 

@@ -1,0 +1,338 @@
+"""FX graph (from make_fx) -> spmd graph dump (a dict shaped by
+schemas/graph.schema.json).
+
+make_fx records in-place ATen ops (the optimizer's param.addcdiv_, the state's
+exp_avg.mul_, ...). Each becomes its out-of-place form, and later readers of
+the mutated tensor read the new value (SSA renaming); graph inputs written
+this way become state updates. In-place writes that other live aliases
+(views) would observe are rejected.
+"""
+import math
+import operator
+
+import torch
+import torch.fx
+
+# Ops whose result aliases their first argument.
+_VIEW_OPS = {"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::t", "aten::transpose", "aten::permute",
+             "aten::expand", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::as_strided",
+             "aten::detach", "aten::alias", "aten::split", "aten::chunk", "aten::unbind", "aten::narrow",
+             "aten::diagonal", "aten::view_as", "aten::expand_as", "aten::split_with_sizes"}
+_MEMORY_FORMATS = {torch.contiguous_format: "contiguous_format", torch.preserve_format: "preserve_format",
+                   torch.channels_last: "channels_last", torch.channels_last_3d: "channels_last_3d"}
+_BATCH_NORMS = {"aten::native_batch_norm", "aten::_native_batch_norm_legit"}
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+def _float(x):
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return float(x)
+
+
+def _tensor_metas(node):
+    """[(dtype, shape)] of a node's results, from make_fx's metadata."""
+    meta = node.meta.get("val", node.meta.get("tensor_meta"))
+    # TensorMetadata is itself a NamedTuple: a single result has a dtype.
+    items = [meta] if meta is None or hasattr(meta, "dtype") else list(meta)
+    out = []
+    for m in items:
+        if m is None:
+            out.append(None)
+        else:
+            out.append((_dtype_name(m.dtype), [int(d) for d in m.shape]))
+    return out
+
+
+class _Converter:
+    def __init__(self, gm, error):
+        self.gm = gm
+        self.error = error
+        self.order = {n: i for i, n in enumerate(gm.graph.nodes)}
+        self.current = {}    # fx node -> name of its value now (after in-place updates)
+        self.original = {}   # fx node -> name of the value it was created with
+        self.root = {}       # fx node -> the fx node whose storage it views
+        self.nodes = []
+        self.types = {}      # value name -> (dtype, shape)
+
+    def fail(self, node, what):
+        raise self.error(f"{node.name}: {what}")
+
+    # ---- values -----------------------------------------------------------------
+
+    def define(self, node, name, dtype_shape):
+        self.current[node] = name
+        self.original.setdefault(node, name)
+        self.types[name] = dtype_shape
+
+    def ref(self, node, user):
+        if node not in self.current:
+            self.fail(user, f"uses {node.name}, which is not a tensor value")
+        return self.current[node]
+
+    def arg(self, value, type_str, user):
+        if type_str in ("Tensor", "Optional[Tensor]") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"value": self.scalar_tensor(value, user)}
+        if isinstance(value, torch.fx.Node):
+            return {"value": self.ref(value, user)}
+        if isinstance(value, (list, tuple)):
+            if any(isinstance(v, torch.fx.Node) for v in value):
+                if not all(isinstance(v, torch.fx.Node) for v in value):
+                    self.fail(user, "a tensor list with holes is not supported")
+                return {"values": [self.ref(v, user) for v in value]}
+            if "Tensor" in type_str:
+                return {"values": []}
+            if "bool" in type_str or (value and all(isinstance(v, bool) for v in value)):
+                return {"bools": [bool(v) for v in value]}
+            if "float" in type_str or any(isinstance(v, float) for v in value):
+                return {"floats": [_float(v) for v in value]}
+            return {"ints": [int(v) for v in value]}
+        if value is None:
+            return {"none": None}
+        if isinstance(value, bool):
+            return {"bool": value}
+        if isinstance(value, int):
+            return {"float": float(value)} if type_str in ("float", "Optional[float]") else {"int": value}
+        if isinstance(value, float):
+            return {"float": _float(value)}
+        if isinstance(value, str):
+            return {"str": value}
+        if isinstance(value, torch.dtype):
+            return {"dtype": _dtype_name(value)}
+        if isinstance(value, torch.device):
+            return {"device": str(value)}
+        if isinstance(value, torch.layout):
+            return {"layout": "strided" if value == torch.strided else str(value).replace("torch.", "")}
+        if isinstance(value, torch.memory_format):
+            return {"memory_format": _MEMORY_FORMATS[value]}
+        self.fail(user, f"argument of unsupported type {type(value).__name__}")
+
+    def scalar_tensor(self, value, user):
+        """A Python number where the op takes a tensor (make_fx keeps
+        x.mul_(0.9) as mul.Tensor(x, 0.9)): a 0-dim tensor of the dtype type
+        promotion would give the op's tensor operand and that number."""
+        tensor_dtypes = [m[0] for a in user.args if isinstance(a, torch.fx.Node) and a in self.current
+                         for m in [self.types[self.current[a]]]]
+        base = getattr(torch, tensor_dtypes[0]) if tensor_dtypes else torch.get_default_dtype()
+        dtype = torch.result_type(torch.empty(0, dtype=base), value)
+        name = f"{user.name}_scalar{len(self.nodes)}"
+        self.types[name] = (_dtype_name(dtype), [])
+        literal = {"float": _float(value)} if isinstance(value, float) else {"int": value}
+        self.emit("aten::scalar_tensor", "", [literal, {"dtype": _dtype_name(dtype)}, {"none": None}, {"none": None},
+                                              {"none": None}], [name], user)
+        return name
+
+    def scalar_overload(self, node, schema):
+        """op.Tensor called with a Python number as its second operand ->
+        op.Scalar, which ATen computes the same way (a wrapped number)."""
+        if len(node.args) < 2 or not isinstance(node.args[1], (int, float)) or isinstance(node.args[1], bool):
+            return None
+        if len(schema.arguments) < 2 or str(schema.arguments[1].type) != "Tensor":
+            return None
+        packet = getattr(torch.ops.aten, schema.name.split("::")[1], None)
+        for candidate in ("Scalar", "Tensor_Scalar"):
+            if packet is not None and candidate in packet.overloads():
+                other = getattr(packet, candidate)._schema
+                if [a.name for a in other.arguments] == [a.name for a in schema.arguments]:
+                    return candidate, other
+        return None
+
+    def args(self, node, schema):
+        out = []
+        for i, formal in enumerate(schema.arguments):
+            if i < len(node.args) and not formal.kwarg_only:
+                value = node.args[i]
+            elif formal.name in node.kwargs:
+                value = node.kwargs[formal.name]
+            else:
+                value = formal.default_value
+            out.append(self.arg(value, str(formal.type), node))
+        return out
+
+    # ---- nodes ------------------------------------------------------------------
+
+    def emit(self, op, overload, args, outputs, node):
+        self.nodes.append({"op": op + (f".{overload}" if overload else ""), "args": args,
+                           "outputs": [None if o is None else {"name": o, "dtype": self.types[o][0],
+                                                               "shape": self.types[o][1]} for o in outputs]})
+
+    def typed_results(self, node):
+        """Result names of `node` (None for results nothing reads or that the
+        op leaves undefined), with their types recorded."""
+        metas = _tensor_metas(node)
+        returns = len(node.target._schema.returns)
+        if returns == 1 and str(node.target._schema.returns[0].type).startswith("List["):
+            # A Tensor[] result (split, chunk, unbind): its items, up to the last one read.
+            returns = 1 + max((u.args[1] for u in node.users if u.target is operator.getitem), default=-1)
+        if returns != 1 and len(metas) != returns:
+            # make_fx (1.13) types tuple results only on their getitem users.
+            metas = [None] * returns
+            for user in node.users:
+                if user.target is operator.getitem:
+                    metas[user.args[1]] = _tensor_metas(user)[0]
+        names = [n if m is not None else None for n, m in zip(self.result_names(node, len(metas)), metas)]
+        for n, m in zip(names, metas):
+            if n is not None:
+                self.types[n] = m
+        return names
+
+    def result_names(self, node, count):
+        """Names for a node's results: its getitem users' names, else its own."""
+        if count == 1:
+            return [node.name]
+        names = [None] * count
+        for user in node.users:
+            if user.target is operator.getitem:
+                names[user.args[1]] = user.name
+        return names
+
+    def call(self, node):
+        target = node.target
+        if target is operator.getitem:
+            return  # defined with its source node
+        if not isinstance(target, torch._ops.OpOverload):
+            self.fail(node, f"{target} is not an ATen operator (was the step traced with make_fx?)")
+        schema = target._schema
+        op, overload = schema.name, schema.overload_name
+        overload = "" if overload == "default" else overload
+        writes = [i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+        if op in _BATCH_NORMS:
+            return self.batch_norm(node, schema, op, overload)
+        if writes:
+            if writes != [0] or not op.endswith("_"):
+                self.fail(node, f"{op} writes to its arguments in a way spmd cannot make functional")
+            return self.in_place(node, schema, op, overload)
+        scalar = self.scalar_overload(node, schema)
+        if scalar:
+            overload, schema = scalar
+        names = self.typed_results(node)
+        self.emit(op, overload, self.args(node, schema), names, node)
+        self.bind_results(node, names)
+        if op in _VIEW_OPS and isinstance(node.args[0], torch.fx.Node):
+            base = self.root.get(node.args[0], node.args[0])
+            self.root[node] = base
+            for user in node.users:
+                if user.target is operator.getitem:
+                    self.root[user] = base
+
+    def bind_results(self, node, names):
+        if len(names) == 1 and names[0] is None:
+            self.fail(node, f"{node.target} produced no tensor metadata (meta: {list(node.meta)})")
+        if len(names) == 1:
+            self.define(node, names[0], self.types[names[0]])
+            return
+        for user in node.users:
+            if user.target is operator.getitem and names[user.args[1]] is not None:
+                self.define(user, names[user.args[1]], self.types[names[user.args[1]]])
+
+    def in_place(self, node, schema, op, overload):
+        target = node.args[0]
+        self.reject_observed_alias(node, target)
+        name = node.name
+        args = None if op not in ("aten::copy_", "aten::zero_", "aten::fill_") else self.args(node, schema)
+        self.types[name] = _tensor_metas(node)[0]
+        if op == "aten::copy_":
+            src = args[1]["value"]
+            if self.types[src] != self.types[name]:
+                self.fail(node, "copy_ between tensors of different dtype or shape is not supported")
+            self.current[node] = src
+            self.current[target] = src
+            return
+        if op == "aten::zero_":
+            self.emit("aten::zeros_like", "", [args[0]] + [{"none": None}] * 5, [name], node)
+        elif op == "aten::fill_" and overload == "Scalar":
+            self.emit("aten::full_like", "", [args[0], args[1]] + [{"none": None}] * 5, [name], node)
+        else:
+            base_op = op[:-1]
+            packet = getattr(torch.ops.aten, base_op.split("::")[1], None)
+            if packet is None or (overload or "default") not in packet.overloads():
+                self.fail(node, f"in-place {op} has no out-of-place form")
+            functional = getattr(packet, overload or "default")._schema
+            scalar = self.scalar_overload(node, functional)
+            if scalar:
+                overload, functional = scalar
+            self.emit(base_op, overload, self.args(node, functional), [name], node)
+        self.define(node, name, self.types[name])
+        self.current[target] = name
+
+    def reject_observed_alias(self, node, target):
+        """An in-place write is only functional if no other alias of the
+        written storage is read afterwards."""
+        base = self.root.get(target, target)
+        for other, root in list(self.root.items()) + [(base, base)]:
+            if root is not base or other is target:
+                continue
+            if any(self.order[u] > self.order[node] for u in other.users):
+                self.fail(node, f"in-place {node.target._schema.name} writes to storage that {other.name} "
+                                "(a view of the same tensor) reads later")
+
+    def batch_norm(self, node, schema, op, overload):
+        """Training-mode BatchNorm writes its running statistics in place;
+        spmd::batch_norm_train returns them instead."""
+        args = self.args(node, schema)
+        training = args[5].get("bool", False)
+        has_stats = "value" in args[3] and "value" in args[4]
+        names = self.typed_results(node)
+        if not (training and has_stats):
+            self.emit(op, overload, args, names, node)
+            self.bind_results(node, names)
+            return
+        new_mean, new_var = node.name + "_running_mean", node.name + "_running_var"
+        self.types[new_mean] = self.types[args[3]["value"]]
+        self.types[new_var] = self.types[args[4]["value"]]
+        self.emit("spmd::batch_norm_train", "", args[0:5] + args[6:8], names + [new_mean, new_var], node)
+        self.bind_results(node, names)
+        self.current[node.args[3]] = new_mean
+        self.current[node.args[4]] = new_var
+
+
+def _eliminate_dead(nodes, roots):
+    live = set(roots)
+    kept = []
+    for n in reversed(nodes):
+        outs = [o["name"] for o in n["outputs"] if o is not None]
+        if not any(o in live for o in outs):
+            continue
+        kept.append(n)
+        for a in n["args"]:
+            live.update([a["value"]] if "value" in a else a.get("values", []))
+    return list(reversed(kept))
+
+
+def convert(gm, inputs, grad_params, error):
+    """The dump of `gm`, whose placeholders are `inputs` [(name, kind, requires_grad)]
+    in order and whose output is [loss, gradient of each of grad_params...]."""
+    c = _Converter(gm, error)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise error(f"internal: {len(placeholders)} placeholders for {len(inputs)} inputs")
+    doc_inputs = []
+    for node, (name, kind, requires_grad) in zip(placeholders, inputs):
+        dtype, shape = _tensor_metas(node)[0]
+        c.define(node, name, (dtype, shape))
+        entry = {"name": name, "dtype": dtype, "shape": shape, "kind": kind}
+        if kind == "parameter":
+            entry["requires_grad"] = bool(requires_grad)
+        doc_inputs.append(entry)
+    output = None
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            c.call(node)
+        elif node.op == "output":
+            output = node
+        elif node.op != "placeholder":
+            c.fail(node, f"unsupported FX node kind {node.op}")
+    results = output.args[0]
+    loss = c.ref(results[0], output)
+    gradients = [{"parameter": p, "value": c.original[g]} for p, g in zip(grad_params, results[1:])]
+    updates = [{"input": name, "value": c.current[node]}
+               for node, (name, _, _) in zip(placeholders, inputs) if c.current[node] != name]
+    roots = [loss] + [u["value"] for u in updates] + [g["value"] for g in gradients]
+    return {"format": "spmd-graph", "version": 1, "inputs": doc_inputs,
+            "nodes": _eliminate_dead(c.nodes, roots), "outputs": [loss], "updates": updates,
+            "gradients": gradients}

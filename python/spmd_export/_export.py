@@ -1,0 +1,257 @@
+"""Tracing a train step with make_fx and writing it as an spmd graph dump."""
+import collections
+import contextlib
+import json
+import math
+import operator
+import os
+
+import importlib
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.utils import stateless
+
+from ._convert import convert
+
+
+class SpmdExportError(Exception):
+    """A train step, model or optimizer that cannot be exported, and why."""
+
+
+# ---- what is traced -----------------------------------------------------------
+
+def _modules(model):
+    """[(prefix, module)] for a module or a dict of modules (several models)."""
+    if isinstance(model, torch.nn.Module):
+        return [("", model)]
+    if isinstance(model, dict) and all(isinstance(m, torch.nn.Module) for m in model.values()):
+        return [(f"{k}.", m) for k, m in model.items()]
+    raise SpmdExportError("model must be a torch.nn.Module or a dict of them")
+
+
+def _optimizers(optimizer):
+    opts = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    for o in opts:
+        if not isinstance(o, torch.optim.Optimizer):
+            raise SpmdExportError(f"optimizer must be a torch.optim.Optimizer or a list of them, got {type(o).__name__}")
+    return opts
+
+
+def _batch(batch):
+    """(names, tensors, rebuild) for a tensor, a tuple/list or a dict of tensors."""
+    if isinstance(batch, torch.Tensor):
+        return ["input"], [batch], lambda ts: ts[0]
+    if isinstance(batch, dict):
+        names = list(batch.keys())
+        return [str(n) for n in names], list(batch.values()), lambda ts: dict(zip(names, ts))
+    if isinstance(batch, (list, tuple)):
+        kind = type(batch)
+        return [f"input{i}" for i in range(len(batch))], list(batch), lambda ts: kind(ts)
+    raise SpmdExportError("batch must be a tensor, a tuple/list or a dict of tensors")
+
+
+def _initial_state(opt, param):
+    """torch.optim's state for `param` as its first step creates it."""
+    group = next(g for g in opt.param_groups if any(p is param for p in g["params"]))
+    name = type(opt).__name__
+    if group.get("fused"):
+        raise SpmdExportError(f"{name}(fused=True) cannot be traced; use the default implementation")
+    if isinstance(opt, torch.optim.SGD):
+        if group["momentum"] == 0:
+            return {}
+        if group["dampening"] != 0:
+            raise SpmdExportError("SGD with momentum and dampening != 0: its first step (buffer = gradient) differs "
+                                  "from later ones, so no single traced step covers both; run one step before "
+                                  "exporting, or use dampening=0")
+        return {"momentum_buffer": torch.zeros_like(param, memory_format=torch.preserve_format)}
+    if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        state = {"step": torch.tensor(0.0),
+                 "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
+                 "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return state
+    raise SpmdExportError(f"{name} has no state yet: run one step before exporting (its state is then exported "
+                          "as the initial state), or use SGD, Adam or AdamW")
+
+
+def _optimizer_state(opts, named_params):
+    """[(name, tensor)] of every optimizer state tensor, '<param>.<key>' named."""
+    out = []
+    for opt in opts:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                pname = next((n for n, q in named_params if q is p), None)
+                if pname is None:
+                    raise SpmdExportError(f"{type(opt).__name__} holds a parameter that is not the model's")
+                state = opt.state.get(p) or _initial_state(opt, p)
+                for key, value in state.items():
+                    if not isinstance(value, torch.Tensor):
+                        raise SpmdExportError(f"{type(opt).__name__} state '{key}' of {pname} is a Python "
+                                              f"{type(value).__name__}; a traced step would freeze it")
+                    out.append((f"{pname}.{key}", p, key, value.detach().clone()))
+    return out
+
+
+# ---- tracing --------------------------------------------------------------------
+
+def _adamw_as_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=None,
+                   capturable=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize, **_):
+    """AdamW for PyTorch versions whose AdamW has no tensor-step formulation
+    (1.13 reads step.item()): its decoupled weight decay, as adamw.py applies
+    it, then torch.optim's own Adam update in the tensor-step formulation."""
+    for p in params:
+        p.mul_(1 - lr * weight_decay)
+    importlib.import_module("torch.optim.adam").adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=False,
+                          capturable=False, differentiable=True, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr,
+                          weight_decay=0.0, eps=eps, maximize=maximize)
+
+
+@contextlib.contextmanager
+def _traceable(opts):
+    """Optimizer settings whose update make_fx can trace: single-tensor
+    implementations, and for Adam/AdamW the tensor-step formulation
+    (`differentiable`), since the default one reads step.item()."""
+    saved = []
+    patch_adamw = False
+    for opt in opts:
+        for group in opt.param_groups:
+            saved.append((group, dict(group)))
+            if "foreach" in group:
+                group["foreach"] = False
+            if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+                if "differentiable" in group:
+                    group["differentiable"] = True
+                elif isinstance(opt, torch.optim.AdamW):
+                    patch_adamw = True
+    adamw_module = importlib.import_module("torch.optim.adamw")
+    original_adamw = adamw_module.adamw
+    if patch_adamw:
+        adamw_module.adamw = _adamw_as_adam
+    try:
+        yield
+    finally:
+        adamw_module.adamw = original_adamw
+        for group, values in saved:
+            group.clear()
+            group.update(values)
+
+
+@contextlib.contextmanager
+def _installed(modules, opts, named_params, named_buffers, state_entries, params, buffers, states, grads):
+    """Puts the traced tensors into the modules and optimizers for the
+    duration of the step, and records the gradients optimizer.step() sees."""
+    by_prefix = collections.defaultdict(dict)
+    for (name, _), t in zip(named_params + named_buffers, list(params) + list(buffers)):
+        prefix = next(pf for pf, _ in modules if name.startswith(pf))
+        by_prefix[prefix][name[len(prefix):]] = t
+    traced_of = {id(p): t for (_, p), t in zip(named_params, params)}
+    saved = []
+    with contextlib.ExitStack() as stack:
+        for prefix, module in modules:
+            stack.enter_context(stateless._reparametrize_module(module, by_prefix[prefix]))
+        for opt in opts:
+            saved.append((opt, [list(g["params"]) for g in opt.param_groups], opt.state))
+            new_state = collections.defaultdict(dict)
+            for (_, p, key, _), t in zip(state_entries, states):
+                if any(p is q for g in opt.param_groups for q in g["params"]):
+                    new_state[traced_of[id(p)]][key] = t
+            for group in opt.param_groups:
+                group["params"] = [traced_of[id(p)] for p in group["params"]]
+            opt.state = new_state
+            original_step = opt.step
+
+            def recording_step(*args, _opt=opt, _step=original_step, **kwargs):
+                for group in _opt.param_groups:
+                    for t in group["params"]:
+                        grads.setdefault(id(t), t.grad)
+                return _step(*args, **kwargs)
+
+            opt.step = recording_step
+        try:
+            yield
+        finally:
+            for opt, group_params, state in saved:
+                del opt.step
+                for group, ps in zip(opt.param_groups, group_params):
+                    group["params"] = ps
+                opt.state = state
+
+
+def _trace(train_step, model, optimizer, batch):
+    modules = _modules(model)
+    opts = _optimizers(optimizer)
+    named_params = [(pf + n, p) for pf, m in modules for n, p in m.named_parameters()]
+    named_buffers = [(pf + n, b) for pf, m in modules for n, b in m.named_buffers()]
+    state_entries = _optimizer_state(opts, named_params)
+    batch_names, batch_tensors, rebuild = _batch(batch)
+    grads = {}
+    outputs = {}
+
+    def step(params, buffers, states, data):
+        grads.clear()
+        with _installed(modules, opts, named_params, named_buffers, state_entries, params, buffers, states, grads):
+            loss = train_step(model, optimizer, rebuild(data))
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise SpmdExportError("the train step must return the loss as a scalar tensor")
+        outputs["grads"] = [grads.get(id(p)) for p in params]
+        return [loss] + [g for g in outputs["grads"] if g is not None]
+
+    params = [p.detach().clone().requires_grad_(p.requires_grad) for _, p in named_params]
+    buffers = [b.detach().clone() for _, b in named_buffers]
+    states = [s for (_, _, _, s) in state_entries]
+    try:
+        with _traceable(opts):
+            gm = make_fx(step)(params, buffers, states, [t.detach() for t in batch_tensors])
+    except SpmdExportError:
+        raise
+    except RuntimeError as e:
+        text = str(e)
+        if "_local_scalar_dense" in text or "tracing tensor" in text or "data-dependent" in text:
+            raise SpmdExportError("the train step reads tensor values in Python (data-dependent control flow, "
+                                  ".item(), bool(tensor)), which a static graph cannot express: "
+                                  + text.splitlines()[0]) from None
+        raise SpmdExportError(f"tracing the train step failed: {text.splitlines()[0] if text else type(e).__name__}") from None
+    inputs = ([(n, "parameter", p.requires_grad) for (n, p) in named_params]
+              + [(n, "buffer", False) for n, _ in named_buffers]
+              + [(n, "state", False) for (n, _, _, _) in state_entries]
+              + [(n, "data", False) for n in batch_names])
+    grad_params = [n for (n, _), g in zip(named_params, outputs["grads"]) if g is not None]
+    tensors = ({n: p.detach().clone() for n, p in named_params}
+               | {n: b.detach().clone() for n, b in named_buffers}
+               | {n: s for (n, _, _, s) in state_entries})
+    return gm, inputs, grad_params, tensors
+
+
+# ---- writing --------------------------------------------------------------------
+
+def _dump(doc):
+    """Writes like spmd's own writer: one array element per line."""
+    lines = ["{", f'  "format": "spmd-graph",', f'  "version": 1,',
+             f'  "weights": {json.dumps(doc["weights"], separators=(",", ":"))},']
+    keys = ["inputs", "nodes", "outputs", "updates", "gradients"]
+    for i, key in enumerate(keys):
+        items = doc[key]
+        body = ",\n    ".join(json.dumps(item, separators=(",", ":"), allow_nan=False) for item in items)
+        lines.append(f'  "{key}": [' + (f"\n    {body}\n  ]" if items else "]") + ("," if i < len(keys) - 1 else ""))
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def export(train_step, model, optimizer, batch, path, weights_path=None):
+    """Traces `train_step(model, optimizer, batch)` and writes the dump to
+    `path` and parameters, buffers and initial optimizer state to
+    `weights_path` (default: `path` with .weights.pt). The model and optimizer
+    are left as they were. Raises SpmdExportError naming the cause."""
+    if weights_path is None:
+        weights_path = os.path.splitext(path)[0] + ".weights.pt"
+    gm, inputs, grad_params, tensors = _trace(train_step, model, optimizer, batch)
+    doc = convert(gm, inputs, grad_params, SpmdExportError)
+    doc["weights"] = {"file": weights_path, "format": "torch.save"}
+    for tmp, write in ((weights_path, lambda f: torch.save(tensors, f)), (path, lambda f: f.write(_dump(doc).encode()))):
+        with open(tmp + ".tmp", "wb") as f:
+            write(f)
+    os.replace(weights_path + ".tmp", weights_path)
+    os.replace(path + ".tmp", path)
+    return doc
