@@ -25,7 +25,10 @@ def _load(target):
         sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
         spec.loader.exec_module(module)
     else:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise SpmdExportError(f"cannot import {module_name}: {e}") from None
     if not hasattr(module, function):
         raise SpmdExportError(f"{module_name} has no function {function!r}")
     return getattr(module, function)

@@ -57,6 +57,7 @@ class _Converter:
         self.current = {}    # fx node -> name of its value now (after in-place updates)
         self.original = {}   # fx node -> name of the value it was created with
         self.root = {}       # fx node -> the fx node whose storage it views
+        self.same = {}       # in-place op's fx node -> the tensor it updated (one tensor, two fx nodes)
         self.nodes = []
         self.types = {}      # value name -> (dtype, shape)
 
@@ -70,7 +71,11 @@ class _Converter:
         self.original.setdefault(node, name)
         self.types[name] = dtype_shape
 
+    def tensor_of(self, node):
+        return self.same.get(node, node)
+
     def ref(self, node, user):
+        node = self.tensor_of(node)
         if node not in self.current:
             self.fail(user, f"uses {node.name}, which is not a tensor value")
         return self.current[node]
@@ -214,7 +219,8 @@ class _Converter:
         self.emit(op, overload, self.args(node, schema), names, node)
         self.bind_results(node, names)
         if op in _VIEW_OPS and isinstance(node.args[0], torch.fx.Node):
-            base = self.root.get(node.args[0], node.args[0])
+            source = self.tensor_of(node.args[0])
+            base = self.root.get(source, source)
             self.root[node] = base
             for user in node.users:
                 if user.target is operator.getitem:
@@ -231,21 +237,20 @@ class _Converter:
                 self.define(user, names[user.args[1]], self.types[names[user.args[1]]])
 
     def in_place(self, node, schema, op, overload):
-        target = node.args[0]
+        target = self.tensor_of(node.args[0])
         self.reject_observed_alias(node, target)
         name = node.name
-        args = None if op not in ("aten::copy_", "aten::zero_", "aten::fill_") else self.args(node, schema)
         self.types[name] = _tensor_metas(node)[0]
         if op == "aten::copy_":
+            args = self.args(node, schema)
             src = args[1]["value"]
             if self.types[src] != self.types[name]:
                 self.fail(node, "copy_ between tensors of different dtype or shape is not supported")
-            self.current[node] = src
-            self.current[target] = src
-            return
-        if op == "aten::zero_":
-            self.emit("aten::zeros_like", "", [args[0]] + [{"none": None}] * 5, [name], node)
+            name = src
+        elif op == "aten::zero_":
+            self.emit("aten::zeros_like", "", [self.args(node, schema)[0]] + [{"none": None}] * 5, [name], node)
         elif op == "aten::fill_" and overload == "Scalar":
+            args = self.args(node, schema)
             self.emit("aten::full_like", "", [args[0], args[1]] + [{"none": None}] * 5, [name], node)
         else:
             base_op = op[:-1]
@@ -257,7 +262,9 @@ class _Converter:
             if scalar:
                 overload, functional = scalar
             self.emit(base_op, overload, self.args(node, functional), [name], node)
-        self.define(node, name, self.types[name])
+        # The op's result is the updated tensor itself: both fx nodes read the new value.
+        self.original.setdefault(node, name)
+        self.same[node] = target
         self.current[target] = name
 
     def reject_observed_alias(self, node, target):
@@ -265,7 +272,7 @@ class _Converter:
         written storage is read afterwards."""
         base = self.root.get(target, target)
         for other, root in list(self.root.items()) + [(base, base)]:
-            if root is not base or other is target:
+            if root is not base or self.tensor_of(other) is target:
                 continue
             if any(self.order[u] > self.order[node] for u in other.users):
                 self.fail(node, f"in-place {node.target._schema.name} writes to storage that {other.name} "
@@ -319,17 +326,19 @@ def convert(gm, inputs, grad_params, error):
         if kind == "parameter":
             entry["requires_grad"] = bool(requires_grad)
         doc_inputs.append(entry)
-    output = None
-    for node in gm.graph.nodes:
-        if node.op == "call_function":
-            c.call(node)
-        elif node.op == "output":
-            output = node
-        elif node.op != "placeholder":
-            c.fail(node, f"unsupported FX node kind {node.op}")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
     results = output.args[0]
+    markers = set(results[1:])  # detach marks of each gradient as optimizer.step() read it
+    grad_value = {}
+    for node in gm.graph.nodes:
+        if node in markers:
+            grad_value[node] = c.ref(node.args[0], node)
+        elif node.op == "call_function":
+            c.call(node)
+        elif node.op not in ("placeholder", "output"):
+            c.fail(node, f"unsupported FX node kind {node.op}")
     loss = c.ref(results[0], output)
-    gradients = [{"parameter": p, "value": c.original[g]} for p, g in zip(grad_params, results[1:])]
+    gradients = [{"parameter": p, "value": grad_value[g]} for p, g in zip(grad_params, results[1:])]
     updates = [{"input": name, "value": c.current[node]}
                for node, (name, _, _) in zip(placeholders, inputs) if c.current[node] != name]
     roots = [loss] + [u["value"] for u in updates] + [g["value"] for g in gradients]

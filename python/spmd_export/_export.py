@@ -66,7 +66,9 @@ def _initial_state(opt, param):
                                   "exporting, or use dampening=0")
         return {"momentum_buffer": torch.zeros_like(param, memory_format=torch.preserve_format)}
     if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-        state = {"step": torch.tensor(0.0),
+        # The traced (tensor-step) update computes its bias corrections from
+        # `step`; in float64 they round as eager's Python floats do.
+        state = {"step": torch.tensor(0.0, dtype=torch.float64),
                  "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
                  "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
         if group["amsgrad"]:
@@ -165,7 +167,9 @@ def _installed(modules, opts, named_params, named_buffers, state_entries, params
             def recording_step(*args, _opt=opt, _step=original_step, **kwargs):
                 for group in _opt.param_groups:
                     for t in group["params"]:
-                        grads.setdefault(id(t), t.grad)
+                        # A fresh detach marks the gradient as optimizer.step()
+                        # reads it (the converter resolves the mark to it).
+                        grads.setdefault(id(t), None if t.grad is None else t.grad.detach())
                 return _step(*args, **kwargs)
 
             opt.step = recording_step
@@ -200,7 +204,9 @@ def _trace(train_step, model, optimizer, batch):
 
     params = [p.detach().clone().requires_grad_(p.requires_grad) for _, p in named_params]
     buffers = [b.detach().clone() for _, b in named_buffers]
-    states = [s for (_, _, _, s) in state_entries]
+    # Tracing runs the step on these tensors and updates them in place; the
+    # weights file keeps the untouched initial values.
+    states = [s.clone() for (_, _, _, s) in state_entries]
     try:
         with _traceable(opts):
             gm = make_fx(step)(params, buffers, states, [t.detach() for t in batch_tensors])

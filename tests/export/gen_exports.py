@@ -1,0 +1,95 @@
+"""Exports the samples' train steps with spmd_export and records PyTorch's own
+eager training of the same models as the oracle.
+
+  gen_exports.py OUTDIR      (with python/ and samples/ importable)
+
+For each case OUTDIR gets NAME.json + NAME.weights.pt (the export) and
+NAME.expected.pt: {"batches": {input: [S, ...]}, "losses": [S],
+"params": {name: after S steps}, "buffers": {name: after S steps}}; and
+manifest.json lists the cases.
+"""
+import copy
+import json
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "samples")]
+
+import spmd_export  # noqa: E402
+from models import MLP, TinyCNN, TinyLM  # noqa: E402
+
+STEPS = 5
+
+
+def train_step(model, optimizer, batch):
+    loss = model(*batch)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
+
+
+def mlp_batch(rows, width):
+    return lambda g: (torch.randn(rows, width, generator=g),)
+
+
+def lm_batch(g):
+    return torch.randint(0, 64, (4, 16), generator=g), torch.randint(0, 64, (4, 16), generator=g)
+
+
+def cnn_batch(g):
+    return torch.randn(8, 3, 16, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+# name -> (model, optimizer, one batch from a generator). The exported update
+# is PyTorch's tensor-step Adam formulation, which rounds differently from the
+# default one; parameters whose gradient is pure rounding noise (attention's key
+# bias, a conv bias before BatchNorm) then drift apart at the scale lr * g / eps,
+# so the LM case uses an eps that keeps that drift below the tolerance.
+CASES = {
+    "mlp_adam": (lambda: MLP(), lambda ps: torch.optim.Adam(ps, lr=1e-2), mlp_batch(100, 100)),
+    "lm_adamw": (lambda: TinyLM(), lambda ps: torch.optim.AdamW(ps, lr=1e-2, eps=1e-5), lm_batch),
+    "cnn_sgd": (lambda: TinyCNN(), lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), cnn_batch),
+    "mlp_sgd_nesterov_wd": (lambda: MLP(3, 32),
+                            lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.8, nesterov=True, weight_decay=1e-3),
+                            mlp_batch(7, 32)),
+    "mlp_adam_amsgrad_wd": (lambda: MLP(4, 24), lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, weight_decay=1e-2),
+                            mlp_batch(9, 24)),
+}
+
+
+def main():
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    manifest = []
+    for name, (make_model, make_opt, make_batch) in CASES.items():
+        torch.manual_seed(0)
+        model = make_model().train()
+        reference = copy.deepcopy(model)
+        g = torch.Generator().manual_seed(11)
+        data = [make_batch(g) for _ in range(STEPS)]
+        dump = os.path.join(out, name + ".json")
+        spmd_export.export(train_step, model, make_opt(model.parameters()), data[0], dump)
+
+        opt = make_opt(reference.parameters())
+        losses = [train_step(reference, opt, b).detach() for b in data]
+        names = [f"input{i}" for i in range(len(data[0]))]
+        expected = {
+            "batches": {n: torch.stack([b[i] for b in data]) for i, n in enumerate(names)},
+            "losses": torch.stack(losses),
+            "params": {n: p.detach().clone() for n, p in reference.named_parameters()},
+            "buffers": {n: b.detach().clone() for n, b in reference.named_buffers()},
+        }
+        torch.save(expected, os.path.join(out, name + ".expected.pt"))
+        manifest.append({"name": name, "dump": name + ".json", "expected": name + ".expected.pt", "steps": STEPS})
+        print("exported", name)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
