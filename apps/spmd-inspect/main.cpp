@@ -21,9 +21,10 @@ int main(int argc, char** argv) {
   app.add_flag("--verify", verify, "verify the graph; list every problem and exit 1 if there is any");
   auto* stats = app.add_flag("--stats", "node counts by op and role, parameter bytes");
   auto* dot = app.add_flag("--dot", "Graphviz digraph");
-  auto* json = app.add_flag("--json", "the canonical JSON graph dump");
-  stats->excludes(dot)->excludes(json);
-  dot->excludes(json);
+  auto* json = app.add_flag("--json", "the canonical JSON graph dump (with --buckets: the bucket table as JSON)");
+  auto* buckets = app.add_flag("--buckets", "the bucket table spmd-split made: index, bytes, parameters");
+  stats->excludes(dot)->excludes(json)->excludes(buckets);
+  dot->excludes(json)->excludes(buckets);
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
@@ -34,7 +35,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::string text;
-    if (*json) {
+    if (*buckets) {
+      if (loaded.graph.buckets().empty()) {
+        throw spmd::Diagnostic("", "the graph has no bucket plan; run spmd-split first").inFile(loaded.displayName);
+      }
+      text = *json ? spmd::printBucketsJson(loaded.graph) : spmd::printBuckets(loaded.graph);
+    } else if (*json) {
       text = spmd::writeGraphJson(loaded.graph);
     } else if (*dot) {
       text = spmd::printDot(loaded.graph);

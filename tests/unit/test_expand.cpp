@@ -116,13 +116,20 @@ struct Reference {
   }
 };
 
-void trainInLockstep(const std::string& sample, const OptimizerOptions& o, int steps) {
+// `bucketCapMb` > 0 also runs spmd-split's passes: on one rank the bucketed
+// all-reduces must not change a thing.
+void trainInLockstep(const std::string& sample, const OptimizerOptions& o, int steps, double bucketCapMb = 0) {
   const std::string path = std::string(SPMD_SOURCE_DIR) + "/samples/" + sample + ".pt";
   const auto specs = sampleSpecs(sample);
   Graph graph = importTorchScript(readFile(path), path, specs);
   PipelineOptions options;
   options.optimizer = o;
   runPasses(graph, expandPipeline(), options, DebugOptions{});
+  if (bucketCapMb > 0) {
+    options.buckets.capMb = bucketCapMb;
+    runPasses(graph, splitPipeline(), options, DebugOptions{});
+    REQUIRE(graph.buckets().size() > 1);
+  }
   REQUIRE(verifyGraph(graph).empty());
 
   // Graph state: weights from the file, optimizer state at zero.
@@ -180,4 +187,7 @@ TEST_CASE("expanded samples train in lockstep with LibTorch", "[expand]") {
   SECTION("cnn sgd momentum") { trainInLockstep("cnn", sgd(0.05, 0.9, 0.1, false, 5e-4), 5); }
   SECTION("cnn adam") { trainInLockstep("cnn", adam(OptimizerKind::Adam, 1e-2, 0.0, false), 4); }
   SECTION("cnn adamw amsgrad") { trainInLockstep("cnn", adam(OptimizerKind::AdamW, 1e-2, 0.05, true), 4); }
+  SECTION("mlp adam, bucketed") { trainInLockstep("mlp", adam(OptimizerKind::Adam, 1e-2, 0.0, false), 3, 0.05); }
+  SECTION("lm adamw, bucketed") { trainInLockstep("lm", adam(OptimizerKind::AdamW, 1e-2, 1e-2, false), 3, 0.02); }
+  SECTION("cnn sgd, bucketed") { trainInLockstep("cnn", sgd(0.05, 0.9, 0.0, false, 0.0), 3, 0.005); }
 }

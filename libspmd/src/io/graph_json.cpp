@@ -154,7 +154,16 @@ std::string writeGraphJson(const Graph& g) {
     if (grad.reduced != kNoValue) item["reduced"] = g.value(grad.reduced).name;
     items.push_back(item);
   }
-  writeArray(out, "gradients", items, true);
+  writeArray(out, "gradients", items, g.buckets().empty());
+  if (!g.buckets().empty()) {
+    items.clear();
+    for (const auto& b : g.buckets()) {
+      ojson names = ojson::array();
+      for (ValueId p : b.parameters) names.push_back(g.value(p).name);
+      items.push_back(ojson{{"bytes", b.bytes}, {"parameters", names}});
+    }
+    writeArray(out, "buckets", items, true);
+  }
   return out + "}\n";
 }
 
@@ -165,7 +174,7 @@ namespace {
 class Reader {
  public:
   Graph read(const json& doc) {
-    expectObject(doc, "", {"format", "version", "weights", "inputs", "nodes", "outputs", "updates", "gradients"},
+    expectObject(doc, "", {"format", "version", "weights", "inputs", "nodes", "outputs", "updates", "gradients", "buckets"},
                  {"format", "version", "inputs", "nodes", "outputs"});
     if (!doc["format"].is_string() || doc["format"] != "spmd-graph") {
       fail("/format", "expected \"spmd-graph\"");
@@ -188,6 +197,12 @@ class Reader {
     if (doc.contains("gradients")) {
       const json& grads = expectArray(doc["gradients"], "/gradients");
       for (size_t i = 0; i < grads.size(); ++i) readGradient(grads[i], "/gradients/" + std::to_string(i));
+    }
+    if (doc.contains("buckets")) {
+      const json& buckets = expectArray(doc["buckets"], "/buckets");
+      std::vector<Bucket> plan;
+      for (size_t i = 0; i < buckets.size(); ++i) plan.push_back(readBucket(buckets[i], "/buckets/" + std::to_string(i)));
+      graph_.setBuckets(std::move(plan));
     }
     return std::move(graph_);
   }
@@ -393,6 +408,21 @@ class Reader {
     expectObject(j, where, {"input", "value"}, {"input", "value"});
     StateUpdate u{ref(j["input"], where + "/input"), ref(j["value"], where + "/value")};
     graph_.addUpdate(u);
+  }
+
+  Bucket readBucket(const json& j, const std::string& where) {
+    expectObject(j, where, {"bytes", "parameters"}, {"bytes", "parameters"});
+    Bucket b;
+    b.bytes = integer(j["bytes"], where + "/bytes");
+    const json& params = expectArray(j["parameters"], where + "/parameters");
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::string at = where + "/parameters/" + std::to_string(i);
+      ValueId p = ref(params[i], at);
+      const GraphInput* input = graph_.inputOf(p);
+      if (!input || input->kind != InputKind::Parameter) fail(at, "'" + graph_.value(p).name + "' is not a parameter input");
+      b.parameters.push_back(p);
+    }
+    return b;
   }
 
   void readGradient(const json& j, const std::string& where) {

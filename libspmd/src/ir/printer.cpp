@@ -147,6 +147,29 @@ std::string printDot(const Graph& g) {
   return out.str();
 }
 
+std::string printBuckets(const Graph& g) {
+  std::ostringstream out;
+  out << "bucket      bytes  parameters\n";
+  for (size_t b = 0; b < g.buckets().size(); ++b) {
+    out << std::left << std::setw(6) << b << std::right << std::setw(11) << g.buckets()[b].bytes << " ";
+    for (ValueId p : g.buckets()[b].parameters) out << " " << g.value(p).name;
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string printBucketsJson(const Graph& g) {
+  std::string out = "[";
+  for (size_t b = 0; b < g.buckets().size(); ++b) {
+    out += std::string(b ? "," : "") + "\n  {\"index\": " + std::to_string(b) +
+           ", \"bytes\": " + std::to_string(g.buckets()[b].bytes) + ", \"parameters\": [";
+    const auto& params = g.buckets()[b].parameters;
+    for (size_t k = 0; k < params.size(); ++k) out += std::string(k ? ", " : "") + "\"" + g.value(params[k]).name + "\"";
+    out += "]}";
+  }
+  return out + (g.buckets().empty() ? "]\n" : "\n]\n");
+}
+
 std::string printStats(const Graph& g) {
   std::map<InputKind, std::pair<int64_t, int64_t>> inputs;  // count, bytes
   for (const auto& in : g.inputs()) {

@@ -73,8 +73,15 @@ void reduceGradients(Graph& g, GradReduce reduce) {
 
 }  // namespace
 
+bool alreadyBroadcast(const Graph& g) {
+  for (const Node& n : g.nodes()) {
+    if (n.op == "spmd::broadcast") return true;
+  }
+  return false;
+}
+
 bool runGradSync(Graph& g, const PipelineOptions& options) {
-  broadcastBuffers(g);
+  if (!alreadyBroadcast(g)) broadcastBuffers(g);
   reduceGradients(g, options.gradReduce);
   return true;
 }

@@ -16,6 +16,7 @@ const std::vector<PassInfo>& registeredPasses() {
       {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", runAutodiff},
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", runGradSync},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", runOptimizer},
+      {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", runBucket},
   };
   return passes;
 }
@@ -29,6 +30,11 @@ const PassInfo& findPass(const std::string& name) {
 
 const std::vector<std::string>& expandPipeline() {
   static const std::vector<std::string> names = {"autodiff", "grad-sync", "optimizer"};
+  return names;
+}
+
+const std::vector<std::string>& splitPipeline() {
+  static const std::vector<std::string> names = {"grad-sync", "bucket"};
   return names;
 }
 

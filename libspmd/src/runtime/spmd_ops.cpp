@@ -29,6 +29,13 @@ at::Tensor allReduceOneRank(const at::Tensor& self, c10::string_view reduce) {
   return self.clone();
 }
 
+at::Tensor bucketStartOneRank(const at::Tensor& flat, c10::string_view reduce, int64_t bucket) {
+  TORCH_CHECK(reduce == "mean" || reduce == "sum", "spmd::bucket_start: reduce must be 'mean' or 'sum'");
+  return flat.clone();
+}
+
+at::Tensor bucketWaitOneRank(const at::Tensor& inflight, int64_t bucket) { return inflight.clone(); }
+
 at::Tensor broadcastOneRank(const at::Tensor& self, int64_t src) {
   TORCH_CHECK(src == 0, "spmd::broadcast: source rank ", src, " does not exist on one rank");
   return self.clone();
@@ -48,6 +55,8 @@ TORCH_LIBRARY(spmd, m) {
       "Tensor new_running_var)");
   m.def("all_reduce(Tensor self, str reduce) -> Tensor");
   m.def("broadcast(Tensor self, int src) -> Tensor");
+  m.def("bucket_start(Tensor flat, str reduce, int bucket) -> Tensor");
+  m.def("bucket_wait(Tensor inflight, int bucket) -> Tensor");
 }
 
 // Composite of differentiable ATen ops, so LibTorch autograd (the tests'
@@ -59,4 +68,6 @@ TORCH_LIBRARY_IMPL(spmd, CompositeImplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(spmd, CompositeExplicitAutograd, m) {
   m.impl("all_reduce", &spmd::allReduceOneRank);
   m.impl("broadcast", &spmd::broadcastOneRank);
+  m.impl("bucket_start", &spmd::bucketStartOneRank);
+  m.impl("bucket_wait", &spmd::bucketWaitOneRank);
 }

@@ -110,6 +110,13 @@ struct Gradient {
   ValueId reduced = kNoValue;
 };
 
+// One DDP bucket: parameters whose gradients are reduced together, in one
+// flat all-reduce. Buckets are numbered in forward order.
+struct Bucket {
+  std::vector<ValueId> parameters;
+  int64_t bytes = 0;
+};
+
 // Where parameter and buffer values live: weights are referenced, not inlined.
 struct WeightsRef {
   std::string file;    // as given by the user, resolved against cwd
@@ -125,6 +132,8 @@ class Graph {
   void addUpdate(StateUpdate u) { updates_.push_back(u); }
   void addGradient(Gradient g) { gradients_.push_back(g); }
   std::vector<Gradient>& gradients() { return gradients_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  void setBuckets(std::vector<Bucket> b) { buckets_ = std::move(b); }
 
   const Value& value(ValueId id) const { return values_.at(id); }
   Value& value(ValueId id) { return values_.at(id); }
@@ -159,6 +168,7 @@ class Graph {
   std::vector<ValueId> outputs_;
   std::vector<StateUpdate> updates_;
   std::vector<Gradient> gradients_;
+  std::vector<Bucket> buckets_;
   WeightsRef weights_;
   std::map<std::string, int> nextSuffix_;
 };

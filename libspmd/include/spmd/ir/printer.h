@@ -17,6 +17,10 @@ std::string printDot(const Graph& graph);
 // Node counts by op and by role, input counts and parameter bytes.
 std::string printStats(const Graph& graph);
 
+// The bucket plan: index, bytes and parameters per bucket, as a table or JSON.
+std::string printBuckets(const Graph& graph);
+std::string printBucketsJson(const Graph& graph);
+
 // "f32[100,100]"
 std::string typeText(const Value& v);
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace spmd {
 
@@ -25,9 +26,17 @@ struct OptimizerOptions {
 
 enum class GradReduce { Mean, Sum };
 
+// DDPOptimizer's bucketing (spmd-split).
+struct BucketOptions {
+  double capMb = 25.0;       // --bucket-cap-mb
+  double firstCapMb = 1.0;   // --first-bucket-cap-mb
+  std::vector<std::string> ignored;  // --ignore-param: never bucketed, never synced
+};
+
 struct PipelineOptions {
   OptimizerOptions optimizer;
   GradReduce gradReduce = GradReduce::Mean;  // DDP averages; _spmd summed
+  BucketOptions buckets;
 };
 
 std::string optimizerName(OptimizerKind kind);

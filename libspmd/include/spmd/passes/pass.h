@@ -43,5 +43,9 @@ std::string listPasses();
 bool runAutodiff(Graph& graph, const PipelineOptions& options);
 bool runGradSync(Graph& graph, const PipelineOptions& options);
 bool runOptimizer(Graph& graph, const PipelineOptions& options);
+bool runBucket(Graph& graph, const PipelineOptions& options);
+
+// What spmd-split runs: grad-sync (for dumps that lack it), bucket.
+const std::vector<std::string>& splitPipeline();
 
 }  // namespace spmd

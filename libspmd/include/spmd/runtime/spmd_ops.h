@@ -6,6 +6,8 @@
 //                           update returned as outputs instead of done in place.
 //   spmd::all_reduce        a gradient reduced across ranks ("mean" or "sum").
 //   spmd::broadcast         a buffer as rank `src` holds it.
+//   spmd::bucket_start      launches the all-reduce of a bucket's packed gradients.
+//   spmd::bucket_wait       waits for it and returns the reduced flat tensor.
 // On one rank the collectives are the identity.
 #pragma once
 

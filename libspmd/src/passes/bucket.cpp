@@ -1,0 +1,280 @@
+// bucket: DDPOptimizer's bucketing of gradients, and one flat all-reduce per
+// bucket.
+//
+// The plan: walk the forward nodes (those the loss depends on) in reverse.
+// Before adding a node, if the current bucket holds >= cap bytes, or it is
+// the only bucket so far and holds >= first_cap bytes, start a new bucket,
+// but only if the current one has an output used outside it (by a forward
+// node of another bucket, or as a graph output); otherwise keep extending it.
+// The node then joins the current bucket, and each trainable parameter it
+// uses that no later node used adds its bytes. A leading bucket without
+// parameters merges into the next. Ignored parameters are never bucketed.
+//
+// The rewrite: per-parameter all-reduces (grad-sync's) are removed; each
+// bucket's gradients are packed into one flat tensor right after the last of
+// them is produced, spmd::bucket_start launches its all-reduce there, and
+// spmd::bucket_wait plus the unpack come just before the first node that
+// reads one of them (the optimizer). Ignored parameters' gradients stay
+// local. Forward graphs without gradients only get the plan.
+#include "spmd/passes/builder.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+namespace spmd {
+namespace {
+
+template <typename F>
+void forEachTensorArg(const Node& n, F&& f) {
+  for (const Arg& a : n.args) {
+    if (a.kind == Arg::Kind::Value) f(a.value);
+    for (ValueId v : a.values) f(v);
+  }
+}
+
+// Indices of the nodes the loss (first output) depends on, in graph order.
+std::vector<size_t> forwardNodes(const Graph& g) {
+  std::vector<bool> needed(g.numValues(), false);
+  if (!g.outputs().empty()) needed[g.outputs()[0]] = true;
+  std::vector<size_t> forward;
+  for (size_t i = g.nodes().size(); i-- > 0;) {
+    const Node& n = g.nodes()[i];
+    bool feeds = false;
+    for (ValueId o : n.outputs) feeds = feeds || (o != kNoValue && needed[o]);
+    if (!feeds) continue;
+    forward.push_back(i);
+    forEachTensorArg(n, [&](ValueId v) { needed[v] = true; });
+  }
+  std::reverse(forward.begin(), forward.end());
+  return forward;
+}
+
+struct PlanBucket {
+  std::set<size_t> nodes;
+  std::vector<ValueId> params;  // in the order the reverse walk met them
+  int64_t bytes = 0;
+};
+
+std::set<ValueId> bucketableParams(const Graph& g, const BucketOptions& o) {
+  std::set<std::string> ignored(o.ignored.begin(), o.ignored.end());
+  std::set<ValueId> params;
+  for (const auto& in : g.inputs()) {
+    const std::string& name = g.value(in.value).name;
+    if (in.kind == InputKind::Parameter && in.requiresGrad && !ignored.count(name)) params.insert(in.value);
+  }
+  for (const auto& name : o.ignored) {
+    auto v = g.findValue(name);
+    const GraphInput* in = v ? g.inputOf(*v) : nullptr;
+    if (!in || in->kind != InputKind::Parameter) throw Diagnostic("--ignore-param " + name, "no parameter of that name");
+  }
+  return params;
+}
+
+bool hasExternalOutput(const Graph& g, const PlanBucket& b, const std::set<size_t>& forward,
+                       const std::map<ValueId, std::vector<size_t>>& users) {
+  for (size_t i : b.nodes) {
+    for (ValueId o : g.nodes()[i].outputs) {
+      if (o == kNoValue) continue;
+      if (std::find(g.outputs().begin(), g.outputs().end(), o) != g.outputs().end()) return true;
+      auto it = users.find(o);
+      if (it == users.end()) continue;
+      for (size_t u : it->second) {
+        if (forward.count(u) && !b.nodes.count(u)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::vector<PlanBucket> planBuckets(const Graph& g, const BucketOptions& o) {
+  const std::vector<size_t> forward = forwardNodes(g);
+  const std::set<size_t> forwardSet(forward.begin(), forward.end());
+  std::map<ValueId, std::vector<size_t>> users;
+  for (size_t i : forward) forEachTensorArg(g.nodes()[i], [&](ValueId v) { users[v].push_back(i); });
+  const std::set<ValueId> trainable = bucketableParams(g, o);
+  const double cap = o.capMb * 1048576.0, firstCap = o.firstCapMb * 1048576.0;
+
+  std::vector<PlanBucket> buckets(1);  // buckets.front() is the one being filled
+  std::set<ValueId> counted;
+  for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
+    PlanBucket& current = buckets.front();
+    const double held = static_cast<double>(current.bytes);
+    if ((held >= cap || (buckets.size() == 1 && held >= firstCap)) && hasExternalOutput(g, current, forwardSet, users)) {
+      buckets.insert(buckets.begin(), PlanBucket{});
+    }
+    PlanBucket& target = buckets.front();
+    target.nodes.insert(*it);
+    forEachTensorArg(g.nodes()[*it], [&](ValueId v) {
+      if (trainable.count(v) && counted.insert(v).second) {
+        target.params.push_back(v);
+        target.bytes += bytes(g.value(v));
+      }
+    });
+  }
+  if (buckets.size() > 1 && buckets.front().params.empty()) {
+    buckets[1].nodes.insert(buckets.front().nodes.begin(), buckets.front().nodes.end());
+    buckets.erase(buckets.begin());
+  }
+  return buckets;  // forward order
+}
+
+// `params` ordered by first use, and by argument position within a node.
+std::vector<ValueId> inForwardOrder(const Graph& g, std::vector<ValueId>& params) {
+  std::set<ValueId> wanted(params.begin(), params.end());
+  std::vector<ValueId> ordered;
+  for (const Node& n : g.nodes()) {
+    forEachTensorArg(n, [&](ValueId v) {
+      if (wanted.erase(v)) ordered.push_back(v);
+    });
+  }
+  params = ordered;  // the packing order follows the table's
+  return ordered;
+}
+
+void stampBuckets(Graph& g, const std::vector<PlanBucket>& plan) {
+  for (size_t b = 0; b < plan.size(); ++b) {
+    for (size_t i : plan[b].nodes) {
+      g.nodes()[i].meta.bucket = static_cast<int>(b);
+      g.nodes()[i].meta.partition = static_cast<int>(b);
+    }
+  }
+}
+
+// ---- the rewrite ---------------------------------------------------------------
+
+// Drops grad-sync's per-parameter all-reduces; readers of their results read
+// the local gradient again (the bucket's all-reduce replaces them).
+void dropPerParameterReduces(Graph& g) {
+  std::map<ValueId, ValueId> local;
+  for (Gradient& grad : g.gradients()) {
+    if (grad.reduced != kNoValue) local[grad.reduced] = grad.value;
+    grad.reduced = kNoValue;
+  }
+  std::vector<Node> nodes = g.takeNodes();
+  for (Node& n : nodes) {
+    if (n.op == "spmd::all_reduce" && n.outputs.size() == 1 && local.count(n.outputs[0])) continue;
+    for (Arg& a : n.args) {
+      if (a.kind == Arg::Kind::Value && local.count(a.value)) a.value = local[a.value];
+      for (ValueId& v : a.values) {
+        if (local.count(v)) v = local[v];
+      }
+    }
+    g.addNode(std::move(n));
+  }
+}
+
+struct CommBucket {
+  int index;
+  std::vector<Gradient*> grads;
+  size_t startAfter = 0;  // node index; SIZE_MAX: before every node
+  size_t waitBefore = 0;  // node index; node count: at the end
+};
+
+void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
+  std::map<ValueId, size_t> producer;
+  std::map<ValueId, size_t> firstUse;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    for (ValueId o : g.nodes()[i].outputs) {
+      if (o != kNoValue) producer[o] = i;
+    }
+    forEachTensorArg(g.nodes()[i], [&](ValueId v) { firstUse.emplace(v, i); });
+  }
+  std::map<ValueId, Gradient*> gradOf;
+  for (Gradient& grad : g.gradients()) gradOf[grad.parameter] = &grad;
+
+  std::vector<CommBucket> comm;
+  for (size_t b = 0; b < plan.size(); ++b) {
+    CommBucket c{static_cast<int>(b), {}, 0, g.nodes().size()};
+    bool anyProducer = false;
+    for (ValueId p : plan[b].params) {
+      auto it = gradOf.find(p);
+      if (it == gradOf.end()) continue;  // a parameter the loss does not reach
+      c.grads.push_back(it->second);
+      auto made = producer.find(it->second->value);
+      if (made != producer.end()) {
+        c.startAfter = std::max(c.startAfter, made->second);
+        anyProducer = true;
+      }
+    }
+    if (c.grads.empty()) continue;
+    if (!anyProducer) c.startAfter = SIZE_MAX;
+    for (Gradient* grad : c.grads) {
+      auto use = firstUse.find(grad->value);
+      if (use != firstUse.end() && use->second > c.startAfter) c.waitBefore = std::min(c.waitBefore, use->second);
+    }
+    comm.push_back(c);
+  }
+
+  std::vector<Node> nodes = g.takeNodes();
+  GraphBuilder builder(g);
+  std::map<ValueId, ValueId> reduced;  // local gradient -> its bucket's reduced value
+  std::map<int, ValueId> inFlight;
+  const std::string mode = reduce == GradReduce::Mean ? "mean" : "sum";
+  auto start = [&](CommBucket& c) {
+    builder.setMeta(NodeMeta{"", "comm", c.index});
+    Arg flats;
+    flats.kind = Arg::Kind::Values;
+    for (Gradient* grad : c.grads) {
+      flats.values.push_back(builder.reshape(grad->value, {numel(g.value(grad->value))}));
+    }
+    ValueId flat = c.grads.size() == 1 ? flats.values[0] : builder.call("aten::cat", {flats, Arg::ofInt(0)}, "bucket");
+    inFlight[c.index] = builder.call("spmd::bucket_start", {Arg::tensor(flat), strArg(mode), Arg::ofInt(c.index)},
+                                     "bucket" + std::to_string(c.index) + ".inflight");
+  };
+  auto wait = [&](CommBucket& c) {
+    builder.setMeta(NodeMeta{"", "comm", c.index});
+    ValueId flat = builder.call("spmd::bucket_wait", {Arg::tensor(inFlight.at(c.index)), Arg::ofInt(c.index)},
+                                "bucket" + std::to_string(c.index) + ".reduced");
+    std::vector<int64_t> sizes;
+    for (Gradient* grad : c.grads) sizes.push_back(numel(g.value(grad->value)));
+    std::vector<ValueId> pieces = {flat};
+    if (c.grads.size() > 1) pieces = builder.callMulti("aten::split_with_sizes", {Arg::tensor(flat), intsArg(sizes), Arg::ofInt(0)});
+    for (size_t k = 0; k < c.grads.size(); ++k) {
+      Gradient* grad = c.grads[k];
+      grad->reduced = builder.call("aten::view", {Arg::tensor(pieces[k]), intsArg(g.value(grad->value).shape)},
+                                   g.value(grad->parameter).name + ".grad");
+      reduced[grad->value] = grad->reduced;
+    }
+  };
+  for (auto& c : comm) {
+    if (c.startAfter == SIZE_MAX) start(c);
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (auto& c : comm) {
+      if (c.waitBefore == i) wait(c);
+    }
+    Node& n = nodes[i];
+    for (Arg& a : n.args) {
+      if (a.kind == Arg::Kind::Value && reduced.count(a.value)) a.value = reduced[a.value];
+      for (ValueId& v : a.values) {
+        if (reduced.count(v)) v = reduced[v];
+      }
+    }
+    g.addNode(std::move(n));
+    for (auto& c : comm) {
+      if (c.startAfter == i) start(c);
+    }
+  }
+  for (auto& c : comm) {
+    if (c.waitBefore == nodes.size()) wait(c);
+  }
+}
+
+}  // namespace
+
+bool runBucket(Graph& g, const PipelineOptions& options) {
+  std::vector<PlanBucket> plan = planBuckets(g, options.buckets);
+  std::vector<Bucket> table;
+  for (auto& b : plan) table.push_back(Bucket{inForwardOrder(g, b.params), b.bytes});
+  stampBuckets(g, plan);
+  g.setBuckets(std::move(table));
+  if (g.gradients().empty()) return true;
+  dropPerParameterReduces(g);
+  rewrite(g, plan, options.gradReduce);
+  return true;
+}
+
+}  // namespace spmd

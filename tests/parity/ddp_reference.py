@@ -1,0 +1,199 @@
+"""The oracle for spmd's data-parallel parity tests: PyTorch's own
+DistributedDataParallel (Gloo, CPU, N ranks as local processes) trained for S
+steps from a sample's weights on random data.
+
+  ddp_reference.py --sample mlp|lm|cnn --optimizer sgd|adam|adamw --lr F
+      [--momentum F] [--dampening F] [--nesterov] [--weight-decay F]
+      [--betas B1,B2] [--eps F] [--amsgrad]
+      --nproc N --steps S --data DATA.pt --out REF.pt
+      [--bucket-cap-mb F] [--ignore-param NAME ...] [--seed K] [--model-pt PATH]
+      [--all-ranks]
+
+Run with a python that imports torch (Debian's /usr/bin/python3). It
+
+- builds the sample's model class from samples/models.py (the constructor that
+  samples.SAMPLES uses), loads the weights of the TorchScript sample
+  (samples/X.pt, or --model-pt) strictly, and puts it in train mode;
+- writes DATA.pt, spmd-run's --data contract: {input name: tensor [S, G, ...]}
+  with G the global batch (N x the per-rank batch of samples.SAMPLES); floats
+  are randn, int64 inputs randint(0, 64), all from one generator seeded --seed;
+- trains N ranks under DDP (device_ids=None, broadcast_buffers=True,
+  bucket_cap_mb, parameters_to_ignore from --ignore-param): at step s rank r
+  reads rows [r*G/N, (r+1)*G/N) of DATA[input][s % S] and runs zero_grad,
+  loss = model(*inputs), loss.backward(), opt.step();
+- has rank 0 write REF.pt, {name: tensor} of its named_parameters() (no
+  "module." prefix) after S steps, REF.losses.pt (rank 0's per-step local
+  losses, a 1-D tensor) and REF.buffers.pt ({name: tensor}, rank 0's buffers
+  after S steps); with --all-ranks every rank r also writes REF.rankR.pt.
+  (REF.losses.pt means REF with a trailing ".pt" replaced, else appended.)
+
+Each rank runs with one intra-op thread, so two runs give identical results.
+"""
+import argparse
+import datetime
+import os
+import re
+import socket
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "samples"))
+
+from models import SAMPLES  # noqa: E402
+
+DTYPES = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "i32": torch.int32}
+TOKEN_RANGE = 64  # TinyLM's vocabulary
+
+
+def parse_spec(spec):
+    """'x:f32[100,100]' -> ('x', torch.float32, [100, 100])."""
+    m = re.fullmatch(r"(\w+):(\w+)\[([0-9, ]*)\]", spec)
+    if not m or m.group(2) not in DTYPES:
+        raise ValueError(f"bad input spec {spec!r}")
+    dims = [int(d) for d in m.group(3).split(",") if d.strip()]
+    return m.group(1), DTYPES[m.group(2)], dims
+
+
+def sibling(path, suffix):
+    """REF.pt + '.losses.pt' -> REF.losses.pt."""
+    stem = path[:-3] if path.endswith(".pt") else path
+    return stem + suffix
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_data(specs, nproc, steps, seed):
+    """{name: [S, G, ...]} with G = nproc x the per-rank batch (dim 0 of the spec)."""
+    g = torch.Generator().manual_seed(seed)
+    data = {}
+    for spec in specs:
+        name, dtype, dims = parse_spec(spec)
+        if not dims:
+            raise ValueError(f"input {name} has no batch dimension")
+        shape = [steps, nproc * dims[0]] + dims[1:]
+        if dtype.is_floating_point:
+            data[name] = torch.randn(shape, generator=g, dtype=dtype)
+        else:
+            data[name] = torch.randint(0, TOKEN_RANGE, shape, generator=g, dtype=dtype)
+    return data
+
+
+def make_optimizer(params, a):
+    if a.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, dampening=a.dampening,
+                               nesterov=a.nesterov, weight_decay=a.weight_decay or 0.0)
+    betas = tuple(float(b) for b in a.betas.split(","))
+    cls = torch.optim.Adam if a.optimizer == "adam" else torch.optim.AdamW
+    wd = a.weight_decay if a.weight_decay is not None else (0.0 if a.optimizer == "adam" else 1e-2)
+    return cls(params, lr=a.lr, betas=betas, eps=a.eps, weight_decay=wd, amsgrad=a.amsgrad)
+
+
+def build_model(a):
+    """The sample's eager model with the TorchScript sample's weights, train mode."""
+    model = SAMPLES[a.sample][0]()
+    scripted = torch.jit.load(a.model_pt, map_location="cpu")
+    model.load_state_dict(scripted.state_dict(), strict=True)
+    return model.train()
+
+
+def worker(rank, a, port, state, data):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=a.nproc,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        model = SAMPLES[a.sample][0]()
+        model.load_state_dict(state, strict=True)
+        model.train()
+        if a.ignore_param:
+            DDP._set_params_and_buffers_to_ignore_for_model(model, list(a.ignore_param))
+        ddp = DDP(model, device_ids=None, broadcast_buffers=True, bucket_cap_mb=a.bucket_cap_mb)
+        opt = make_optimizer(ddp.parameters(), a)
+        names = list(data)
+        rows = data[names[0]].shape[1] // a.nproc
+        losses = []
+        for s in range(a.steps):
+            inputs = [data[n][s % data[n].shape[0], rank * rows:(rank + 1) * rows] for n in names]
+            opt.zero_grad()
+            loss = ddp(*inputs)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        params = {n: p.detach().clone() for n, p in model.named_parameters()}
+        if a.all_ranks:
+            torch.save(params, sibling(a.out, f".rank{rank}.pt"))
+        if rank == 0:
+            torch.save(params, a.out)
+            torch.save(torch.stack(losses), sibling(a.out, ".losses.pt"))
+            torch.save({n: b.detach().clone() for n, b in model.named_buffers()},
+                       sibling(a.out, ".buffers.pt"))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sample", required=True, choices=sorted(SAMPLES))
+    p.add_argument("--optimizer", required=True, choices=["sgd", "adam", "adamw"])
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--momentum", type=float, default=0.0)
+    p.add_argument("--dampening", type=float, default=0.0)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=None, help="0; adamw: 1e-2")
+    p.add_argument("--betas", default="0.9,0.999")
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--amsgrad", action="store_true")
+    p.add_argument("--nproc", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--data", required=True, help="where to write the data file")
+    p.add_argument("--out", required=True, help="where rank 0 writes its parameters")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (25)")
+    p.add_argument("--ignore-param", action="append", default=[], metavar="NAME",
+                   help="a parameter DDP leaves unsynchronised (repeatable)")
+    p.add_argument("--seed", type=int, default=0, help="data seed (0)")
+    p.add_argument("--model-pt", default=None, help="TorchScript weights (samples/SAMPLE.pt)")
+    p.add_argument("--all-ranks", action="store_true", help="also write REF.rankR.pt for every rank")
+    a = p.parse_args()
+    if a.lr is None:
+        if a.optimizer == "sgd":
+            p.error("--lr is required for sgd")
+        a.lr = 1e-3
+    if a.nproc < 1 or a.steps < 1:
+        p.error("--nproc and --steps must be positive")
+    if a.model_pt is None:
+        a.model_pt = os.path.join(ROOT, "samples", a.sample + ".pt")
+
+    model = build_model(a)
+    param_names = {n for n, _ in model.named_parameters()}
+    for n in a.ignore_param:
+        if n not in param_names:
+            p.error(f"--ignore-param {n}: no such parameter (have: {', '.join(sorted(param_names))})")
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    data = make_data(SAMPLES[a.sample][1], a.nproc, a.steps, a.seed)
+    torch.save(data, a.data)
+
+    try:
+        mp.spawn(worker, args=(a, free_port(), state, data), nprocs=a.nproc, join=True)
+    except Exception:  # a rank's failure, with its traceback
+        traceback.print_exc()
+        print("ddp_reference.py: a rank failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

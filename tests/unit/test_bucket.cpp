@@ -1,0 +1,82 @@
+// spmd-split's bucket plan against DDPOptimizer's rules, on graphs built by
+// hand; expected sizes are derived by hand from the rules (DESIGN.md).
+#include "spmd/ir/verify.h"
+#include "spmd/passes/builder.h"
+#include "spmd/passes/pass.h"
+
+#include "catch.h"
+
+using namespace spmd;
+
+namespace {
+
+// ToyModel from DDPOptimizer's tests: Linear 10->5000->5000->5000->5, each
+// followed by ReLU; loss = sum. `leadingRelu` puts a parameter-less ReLU on
+// the input first.
+Graph toyModel(bool leadingRelu) {
+  Graph g;
+  GraphBuilder b(g);
+  ValueId h = g.addInput(Value{"x", c10::ScalarType::Float, {20, 10}}, InputKind::Data);
+  if (leadingRelu) h = b.call("aten::relu", {Arg::tensor(h)});
+  const std::vector<std::pair<int64_t, int64_t>> layers = {{10, 5000}, {5000, 5000}, {5000, 5000}, {5000, 5}};
+  for (size_t i = 0; i < layers.size(); ++i) {
+    auto [in, out] = layers[i];
+    ValueId w = g.addInput(Value{"net." + std::to_string(2 * i) + ".weight", c10::ScalarType::Float, {out, in}},
+                           InputKind::Parameter);
+    ValueId bias = g.addInput(Value{"net." + std::to_string(2 * i) + ".bias", c10::ScalarType::Float, {out}},
+                              InputKind::Parameter);
+    h = b.call("aten::relu", {Arg::tensor(b.call("aten::linear", {Arg::tensor(h), Arg::tensor(w), Arg::tensor(bias)}))});
+  }
+  g.addOutput(b.call("aten::sum", {Arg::tensor(h), Arg::none()}));
+  return g;
+}
+
+std::vector<int64_t> bucketBytes(Graph& g, double capMb, std::vector<std::string> ignored = {}) {
+  PipelineOptions options;
+  options.buckets.capMb = capMb;
+  options.buckets.ignored = std::move(ignored);
+  runPasses(g, {"bucket"}, options, DebugOptions{});
+  std::vector<int64_t> sizes;
+  for (const auto& bucket : g.buckets()) sizes.push_back(bucket.bytes);
+  return sizes;
+}
+
+}  // namespace
+
+TEST_CASE("DDPOptimizer's ToyModel at cap 25 gives its reference buckets", "[bucket]") {
+  Graph g = toyModel(false);
+  CHECK(bucketBytes(g, 25) == std::vector<int64_t>{220000, 100020000, 100120020});
+  CHECK(g.value(g.buckets()[0].parameters[0]).name == "net.0.weight");
+  CHECK(g.buckets()[2].parameters.size() == 4);
+}
+
+TEST_CASE("a parameter-less leading bucket merges into the next", "[bucket]") {
+  // cap 0.1 MiB: net.0 alone (220000 bytes) fills a bucket, so the leading
+  // ReLU would open a bucket of its own, which merges into net.0's.
+  Graph g = toyModel(true);
+  CHECK(bucketBytes(g, 0.1) == std::vector<int64_t>{220000, 100020000, 100120020});
+  CHECK(g.nodes()[0].meta.bucket == 0);  // the leading ReLU
+}
+
+TEST_CASE("the first bucket filled uses the first-bucket cap", "[bucket]") {
+  // Everything is far below 25 MiB but net.3 + net.2 exceed the 1 MiB first cap:
+  // reverse walk: net.3 (100020) stays under 1 MiB, net.2 takes it to 100120020;
+  // then a new bucket, which at 25 MiB cap takes net.1 (100020000) and stops; net.0 last.
+  Graph g = toyModel(false);
+  PipelineOptions options;
+  options.buckets.capMb = 1000;  // only the first-bucket cap can split
+  runPasses(g, {"bucket"}, options, DebugOptions{});
+  std::vector<int64_t> sizes;
+  for (const auto& bucket : g.buckets()) sizes.push_back(bucket.bytes);
+  CHECK(sizes == std::vector<int64_t>{100240000, 100120020});
+}
+
+TEST_CASE("ignored parameters are never bucketed", "[bucket]") {
+  // Without net.2.weight and net.6.bias: reverse walk: net.6 weight (100000),
+  // net.4 (100020000) -> 100120000 >= cap; then net.2 bias (20000) and net.0
+  // (220000) stay under the cap together -> 240000.
+  Graph g = toyModel(false);
+  CHECK(bucketBytes(g, 25, {"net.2.weight", "net.6.bias"}) == std::vector<int64_t>{240000, 100120000});
+  Graph bad = toyModel(false);
+  CHECK_THROWS(bucketBytes(bad, 25, {"net.9.weight"}));
+}
