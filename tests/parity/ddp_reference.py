@@ -6,8 +6,8 @@ steps from a sample's weights on random data.
       [--momentum F] [--dampening F] [--nesterov] [--weight-decay F]
       [--betas B1,B2] [--eps F] [--amsgrad]
       --nproc N --steps S --data DATA.pt --out REF.pt
-      [--bucket-cap-mb F] [--ignore-param NAME ...] [--seed K] [--model-pt PATH]
-      [--all-ranks]
+      [--bucket-cap-mb F] [--first-bucket-cap-mb F] [--ignore-param NAME ...] [--seed K] [--model-pt PATH]
+      [--all-ranks] [--verbose]
 
 Run with a python that imports torch (Debian's /usr/bin/python3). It
 
@@ -18,7 +18,8 @@ Run with a python that imports torch (Debian's /usr/bin/python3). It
   with G the global batch (N x the per-rank batch of samples.SAMPLES); floats
   are randn, int64 inputs randint(0, 64), all from one generator seeded --seed;
 - trains N ranks under DDP (device_ids=None, broadcast_buffers=True,
-  bucket_cap_mb, parameters_to_ignore from --ignore-param): at step s rank r
+  bucket_cap_mb, parameters_to_ignore from --ignore-param, the first bucket's
+  cap from --first-bucket-cap-mb, else DDP's 1 MiB): at step s rank r
   reads rows [r*G/N, (r+1)*G/N) of DATA[input][s % S] and runs zero_grad,
   loss = model(*inputs), loss.backward(), opt.step();
 - has rank 0 write REF.pt, {name: tensor} of its named_parameters() (no
@@ -117,6 +118,9 @@ def worker(rank, a, port, state, data):
         model = SAMPLES[a.sample][0]()
         model.load_state_dict(state, strict=True)
         model.train()
+        if a.first_bucket_cap_mb is not None:
+            # DDP reads this at construction for its first bucket (default 1 MiB)
+            dist._DEFAULT_FIRST_BUCKET_BYTES = int(a.first_bucket_cap_mb * 1024 * 1024)
         if a.ignore_param:
             DDP._set_params_and_buffers_to_ignore_for_model(model, list(a.ignore_param))
         ddp = DDP(model, device_ids=None, broadcast_buffers=True, bucket_cap_mb=a.bucket_cap_mb)
@@ -131,6 +135,11 @@ def worker(rank, a, port, state, data):
             loss.backward()
             opt.step()
             losses.append(loss.detach().clone())
+            if a.verbose and rank == 0:
+                buckets = [b.buffer().numel() * b.buffer().element_size()
+                           for b in ddp.reducer._get_zeros_like_grad_buckets()]
+                print(f"rank 0 step {s}: loss {loss.item():.6g}, DDP bucket bytes {buckets}",
+                      file=sys.stderr)
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
         if a.all_ranks:
             torch.save(params, sibling(a.out, f".rank{rank}.pt"))
@@ -161,11 +170,14 @@ def main():
     p.add_argument("--data", required=True, help="where to write the data file")
     p.add_argument("--out", required=True, help="where rank 0 writes its parameters")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (25)")
+    p.add_argument("--first-bucket-cap-mb", type=float, default=None,
+                   help="DDP's first bucket cap (dist._DEFAULT_FIRST_BUCKET_BYTES, 1 MiB)")
     p.add_argument("--ignore-param", action="append", default=[], metavar="NAME",
                    help="a parameter DDP leaves unsynchronised (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="data seed (0)")
     p.add_argument("--model-pt", default=None, help="TorchScript weights (samples/SAMPLE.pt)")
     p.add_argument("--all-ranks", action="store_true", help="also write REF.rankR.pt for every rank")
+    p.add_argument("-v", "--verbose", action="store_true", help="rank 0 prints its loss and DDP buckets per step")
     a = p.parse_args()
     if a.lr is None:
         if a.optimizer == "sgd":

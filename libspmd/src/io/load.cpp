@@ -1,5 +1,6 @@
 #include "spmd/io/load.h"
 
+#include "spmd/io/artifact.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/torchscript.h"
 #include "spmd/support/diagnostic.h"
@@ -47,7 +48,11 @@ LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& spe
   try {
     std::string bytes = readAll(path);
     if (bytes.empty()) throw Diagnostic("", "empty input");
-    if (isZip(bytes)) {
+    if (isZip(bytes) && isArtifact(bytes)) {
+      loaded.format = InputFormat::Artifact;
+      loaded.artifact = std::make_shared<Artifact>(readArtifact(bytes));
+      loaded.graph = loaded.artifact->graph;
+    } else if (isZip(bytes)) {
       loaded.format = InputFormat::TorchScript;
       loaded.graph = importTorchScript(bytes, loaded.displayName, specs);
     } else if (firstNonSpace(bytes) == '{') {

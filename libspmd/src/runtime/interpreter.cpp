@@ -1,5 +1,6 @@
 #include "spmd/runtime/interpreter.h"
 
+#include "spmd/runtime/collectives.h"
 #include "spmd/runtime/op_call.h"
 #include "spmd/support/diagnostic.h"
 
@@ -28,7 +29,7 @@ Interpreter::Interpreter(const Graph& graph) : graph_(graph) {
   }
 }
 
-RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs) const {
+RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs, Collectives* collectives) const {
   std::vector<at::Tensor> env(graph_.numValues());
   for (const auto& in : graph_.inputs()) {
     const std::string& name = graph_.value(in.value).name;
@@ -39,7 +40,16 @@ RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs) cons
   auto tensorOf = [&](ValueId v) -> at::Tensor { return env[v]; };
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     const Node& node = graph_.nodes()[i];
-    auto results = callOperator(ops_[i], boxArguments(node, tensorOf));
+    std::vector<at::Tensor> results;
+    if (collectives && isCollective(node)) {
+      std::vector<at::Tensor> tensors;
+      for (const Arg& a : node.args) {
+        if (a.kind == Arg::Kind::Value) tensors.push_back(env[a.value]);
+      }
+      results = collectives->run(node, tensors);
+    } else {
+      results = callOperator(ops_[i], boxArguments(node, tensorOf));
+    }
     for (size_t k = 0; k < node.outputs.size() && k < results.size(); ++k) {
       if (node.outputs[k] != kNoValue) env[node.outputs[k]] = results[k];
     }

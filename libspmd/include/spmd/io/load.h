@@ -1,21 +1,25 @@
-// Reading any stage's input: a TorchScript module or a JSON graph dump, from
-// a file or stdin, told apart by content (zip magic or '{').
+// Reading any stage's input: a TorchScript module, a JSON graph dump or an
+// artifact, from a file or stdin, told apart by content (zip magic or '{').
 #pragma once
 
 #include "spmd/io/input_spec.h"
 #include "spmd/ir/graph.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace spmd {
 
-enum class InputFormat { TorchScript, Json };
+enum class InputFormat { TorchScript, Json, Artifact };
+
+struct Artifact;
 
 struct LoadedGraph {
   Graph graph;
   InputFormat format = InputFormat::Json;
   std::string displayName;  // the path, or "<stdin>"
+  std::shared_ptr<Artifact> artifact;  // set when the input was an artifact
 };
 
 // `path` "-" reads stdin. Throws Diagnostic carrying the display name.

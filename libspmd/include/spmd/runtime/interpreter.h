@@ -14,6 +14,8 @@
 
 namespace spmd {
 
+class Collectives;
+
 struct RunResult {
   std::vector<at::Tensor> outputs;               // the graph's outputs, in order
   std::map<std::string, at::Tensor> updates;     // new values of updated state, by input name
@@ -24,8 +26,10 @@ class Interpreter {
   // Binds every node to its operator once; throws Diagnostic for an unknown op.
   explicit Interpreter(const Graph& graph);
 
-  // `inputs` holds a tensor for every graph input, by name.
-  RunResult run(const std::map<std::string, at::Tensor>& inputs) const;
+  // `inputs` holds a tensor for every graph input, by name. With
+  // `collectives`, communication nodes run across ranks through it; without,
+  // they run their one-rank kernels (the identity).
+  RunResult run(const std::map<std::string, at::Tensor>& inputs, Collectives* collectives = nullptr) const;
 
  private:
   const Graph& graph_;

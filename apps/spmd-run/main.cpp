@@ -1,0 +1,56 @@
+// spmd-run: runs an artifact (or a graph, lowered in-process) on N ranks.
+#include "spmd/io/artifact.h"
+#include "spmd/io/load.h"
+#include "spmd/runtime/launch.h"
+#include "spmd/runtime/lower.h"
+#include "spmd/runtime/runner.h"
+#include "spmd/support/diagnostic.h"
+#include "spmd/support/tool.h"
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  const std::string tool = "spmd-run";
+  CLI::App app{"Run a compiled training step on N data-parallel ranks (Gloo on CPU, NCCL on CUDA)."};
+  std::string in;
+  int nproc = 0;
+  double timeoutSec = 300;
+  spmd::RunOptions o;
+  std::vector<std::string> inputSpecs;
+  app.add_option("IN", in, "artifact from spmd-lower, or a graph (JSON/TorchScript) to lower with defaults")->required();
+  app.add_option("--nproc", nproc, "spawn N local ranks (ignored under torchrun, srun or mpirun)")->check(CLI::Range(1, 1024));
+  app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 100000000))->capture_default_str();
+  app.add_option("--data", o.dataFile, "torch.save'd {input: tensor [S, G, ...]}; rank r takes rows [r*G/N, (r+1)*G/N) of slice s % S");
+  app.add_option("--save-params", o.saveParams, "write rank 0's parameters {name: tensor} (torch.load reads it)");
+  app.add_option("--device", o.device, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the random inputs used without --data")->capture_default_str();
+  app.add_flag("--json", o.json, "print the run's losses and timings as one JSON object");
+  app.add_option("--timeout", timeoutSec, "seconds to wait for a peer (joining, or in a collective) before failing")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--input", inputSpecs, "NAME:DTYPE[d0,d1,...] for a TorchScript IN");
+
+  return spmd::runTool(tool, app, argc, argv, [&] {
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSec * 1000));
+    auto rank = spmd::rankFromEnvironment();
+    if (!rank && nproc > 1) {
+      return spmd::launchLocalRanks(tool, nproc, std::vector<std::string>(argv, argv + argc), std::cerr);
+    }
+    std::string prefix = rank ? "rank " + std::to_string(rank->rank) + ": " : "";
+    try {
+      auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
+      spmd::Artifact artifact = loaded.artifact ? *loaded.artifact : spmd::lowerGraph(std::move(loaded.graph), "cpu");
+      try {
+        spmd::runTraining(artifact, rank && rank->worldSize > 1 ? rank : std::nullopt, o, std::cout);
+      } catch (spmd::Diagnostic& d) {
+        throw d.inFile(loaded.displayName);
+      }
+    } catch (spmd::Diagnostic& d) {
+      throw spmd::Diagnostic(prefix + d.format(), "").inFile("");
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      throw spmd::Diagnostic("", prefix + what.substr(0, what.find('\n')));
+    }
+    return 0;
+  });
+}

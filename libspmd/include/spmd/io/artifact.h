@@ -1,0 +1,34 @@
+// The compiled artifact spmd-lower writes and spmd-run executes: one
+// self-contained zip (LibTorch's PyTorchStreamWriter) holding the graph (with
+// its bucket plan), the device it was lowered for, and every parameter,
+// buffer and initial optimizer-state tensor, under a header with a format
+// name, a version and a checksum over all of it.
+#pragma once
+
+#include "spmd/ir/graph.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+
+namespace spmd {
+
+constexpr const char* kArtifactFormat = "spmd-artifact";
+constexpr int kArtifactVersion = 1;
+
+struct Artifact {
+  Graph graph;
+  std::string device = "cpu";                 // "cpu" or "cuda"
+  std::map<std::string, at::Tensor> state;    // parameters, buffers, optimizer state (CPU)
+};
+
+std::string writeArtifact(const Artifact& artifact);
+
+// Whether `bytes` (a zip) is an artifact rather than a TorchScript module.
+bool isArtifact(const std::string& bytes);
+
+// Throws Diagnostic for a truncated, altered or foreign file.
+Artifact readArtifact(const std::string& bytes);
+
+}  // namespace spmd

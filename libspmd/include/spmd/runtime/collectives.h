@@ -1,0 +1,41 @@
+// Executing the graph's communication nodes across ranks with a LibTorch c10d
+// process group: Gloo on CPU, NCCL on CUDA.
+#pragma once
+
+#include "spmd/ir/graph.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+// spmd::all_reduce, spmd::broadcast, spmd::bucket_start, spmd::bucket_wait.
+bool isCollective(const Node& node);
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  // Runs a communication node on its tensor arguments; returns its results.
+  virtual std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors) = 0;
+};
+
+struct RankInfo {
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  std::string masterAddr = "127.0.0.1";
+  int masterPort = 29500;
+};
+
+// Joins the group through a c10d TCPStore at masterAddr:masterPort (rank 0
+// serves it) and creates the process group for `device` ("cpu": Gloo,
+// "cuda": NCCL). Throws Diagnostic naming the cause (busy port, a peer that
+// never joined within `timeout`).
+std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
+                                              std::chrono::milliseconds timeout);
+
+}  // namespace spmd

@@ -1,0 +1,14 @@
+// spmd-lower (first version): a verified graph, every node bound to its
+// dispatcher kernel, and all the tensors it needs, packed into an artifact.
+#pragma once
+
+#include "spmd/io/artifact.h"
+
+namespace spmd {
+
+// Binds every node (an op this LibTorch lacks is a Diagnostic), loads the
+// parameters and buffers the graph's weights reference, and starts optimizer
+// state at zero where the weights file has none, as torch.optim does.
+Artifact lowerGraph(Graph graph, const std::string& device);
+
+}  // namespace spmd

@@ -1,0 +1,31 @@
+// spmd-run's training loop: one rank's execution of an artifact.
+#pragma once
+
+#include "spmd/io/artifact.h"
+#include "spmd/runtime/collectives.h"
+
+#include <chrono>
+#include <optional>
+#include <ostream>
+#include <string>
+
+namespace spmd {
+
+struct RunOptions {
+  int steps = 10;
+  std::string dataFile;    // --data: {input: [S, G, ...]} saved with torch.save
+  std::string saveParams;  // --save-params: rank 0's parameters after the run
+  std::string device = "auto";
+  uint64_t seed = 0;
+  bool json = false;
+  std::chrono::milliseconds timeout{300000};
+};
+
+// Runs `artifact` for options.steps steps as rank `rank` (nullopt: a single
+// process without a process group). Rank 0 reports each step's loss and a
+// summary on `out` (JSON with options.json), and a progress bar on a
+// terminal. Throws Diagnostic for bad input, before step 1 where it can.
+void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rank, const RunOptions& options,
+                 std::ostream& out);
+
+}  // namespace spmd

@@ -1,0 +1,115 @@
+#include "spmd/runtime/collectives.h"
+
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef SPMD_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <map>
+
+namespace spmd {
+
+bool isCollective(const Node& node) {
+  return node.op == "spmd::all_reduce" || node.op == "spmd::broadcast" || node.op == "spmd::bucket_start" ||
+         node.op == "spmd::bucket_wait";
+}
+
+namespace {
+
+std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// DDP's averaging: every rank divides by the world size, then the group sums.
+template <typename Group>
+class GroupCollectives : public Collectives {
+ public:
+  GroupCollectives(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<Group> group, int worldSize)
+      : store_(std::move(store)), group_(std::move(group)), worldSize_(worldSize) {}
+
+  std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors) override {
+    if (node.op == "spmd::broadcast") {
+      std::vector<at::Tensor> t = {tensors.at(0).clone()};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = node.args.at(1).i;
+      group_->broadcast(t, opts)->wait();
+      return t;
+    }
+    if (node.op == "spmd::all_reduce") {
+      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s)};
+      group_->allreduce(t)->wait();
+      return t;
+    }
+    const int64_t bucket = node.args.back().i;
+    if (node.op == "spmd::bucket_start") {
+      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s)};
+      inFlight_[bucket] = {group_->allreduce(t), t[0]};
+      return t;
+    }
+    auto it = inFlight_.find(bucket);  // spmd::bucket_wait
+    if (it == inFlight_.end()) throw std::logic_error("bucket_wait without bucket_start");
+    it->second.first->wait();
+    at::Tensor reduced = it->second.second;
+    inFlight_.erase(it);
+    return {reduced};
+  }
+
+ private:
+  at::Tensor prepared(const at::Tensor& t, const std::string& reduce) {
+    at::Tensor copy = t.clone();
+    if (reduce == "mean") copy.div_(worldSize_);
+    return copy;
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<Group> group_;
+  int worldSize_;
+  std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> inFlight_;
+};
+
+c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(info.masterPort);
+  opts.isServer = info.rank == 0;
+  opts.numWorkers = static_cast<size_t>(info.worldSize);
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(info.masterAddr, opts);
+  } catch (const std::exception& e) {
+    std::string what = firstLine(e.what());
+    std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
+    if (info.rank == 0 && what.find("in use") != std::string::npos) {
+      throw Diagnostic(where, "the port is busy; choose another MASTER_PORT");
+    }
+    throw Diagnostic(where, "rank " + std::to_string(info.rank) + " could not join the group within the timeout: " + what);
+  }
+}
+
+bool isLoopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
+
+}  // namespace
+
+std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
+                                              std::chrono::milliseconds timeout) {
+  auto store = connect(info, timeout);
+  if (device == "cuda") {
+#ifdef SPMD_WITH_CUDA
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    auto group = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, info.rank, info.worldSize, opts);
+    return std::make_unique<GroupCollectives<c10d::ProcessGroupNCCL>>(store, group, info.worldSize);
+#else
+    throw Diagnostic("--device cuda", "this build of spmd has no CUDA support");
+#endif
+  }
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(isLoopback(info.masterAddr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                                      : c10d::ProcessGroupGloo::createDefaultDevice());
+  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, info.rank, info.worldSize, opts);
+  return std::make_unique<GroupCollectives<c10d::ProcessGroupGloo>>(store, group, info.worldSize);
+}
+
+}  // namespace spmd

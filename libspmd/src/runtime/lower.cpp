@@ -1,0 +1,46 @@
+#include "spmd/runtime/lower.h"
+
+#include "spmd/ir/verify.h"
+#include "spmd/runtime/interpreter.h"
+#include "spmd/runtime/weights.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+
+namespace spmd {
+
+Artifact lowerGraph(Graph graph, const std::string& device) {
+  if (device != "cpu" && device != "cuda") throw Diagnostic("--device", "expected cpu or cuda, got '" + device + "'");
+  verifyGraphOrThrow(graph);
+  Interpreter binding(graph);  // every node bound to its kernel, or a Diagnostic
+  Artifact artifact;
+  artifact.device = device;
+  std::map<std::string, at::Tensor> weights;
+  bool needsWeights = false;
+  for (const auto& in : graph.inputs()) needsWeights = needsWeights || in.kind == InputKind::Parameter || in.kind == InputKind::Buffer;
+  if (needsWeights) {
+    if (graph.weights().file.empty()) throw Diagnostic("/weights", "the graph references no weights file");
+    weights = loadWeights(graph.weights());
+  }
+  for (const auto& in : graph.inputs()) {
+    if (in.kind == InputKind::Data) continue;
+    const Value& v = graph.value(in.value);
+    auto it = weights.find(v.name);
+    if (it == weights.end()) {
+      if (in.kind != InputKind::State) {
+        throw Diagnostic("'" + v.name + "'", "not in the weights file " + graph.weights().file);
+      }
+      artifact.state[v.name] = at::zeros(v.shape, at::TensorOptions().dtype(v.dtype));
+      continue;
+    }
+    const at::Tensor& t = it->second;
+    if (t.sizes() != c10::IntArrayRef(v.shape) || t.scalar_type() != v.dtype) {
+      throw Diagnostic("'" + v.name + "'", "the weights file holds a tensor of another shape or dtype");
+    }
+    artifact.state[v.name] = t.detach().clone();
+  }
+  artifact.graph = std::move(graph);
+  return artifact;
+}
+
+}  // namespace spmd

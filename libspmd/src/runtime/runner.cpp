@@ -1,0 +1,194 @@
+#include "spmd/runtime/runner.h"
+
+#include "spmd/io/load.h"
+#include "spmd/io/torch_save.h"
+#include "spmd/ir/printer.h"
+#include "spmd/runtime/interpreter.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#ifdef SPMD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+namespace spmd {
+namespace {
+
+std::string resolveDevice(const Artifact& a, const std::string& requested) {
+  const bool haveCuda = torch::cuda::is_available();
+  if (a.device == "cuda" && !haveCuda) {
+    throw Diagnostic("", "the artifact was lowered for CUDA and this machine has no CUDA device; lower it with --device cpu");
+  }
+  if (requested == "cuda" && !haveCuda) throw Diagnostic("--device cuda", "this machine has no CUDA device");
+  return requested == "auto" ? a.device : requested;
+}
+
+struct DataInput {
+  std::string name;
+  at::Tensor all;  // [S, G, ...]
+};
+
+// The data inputs' slices for one rank, checked against the graph before step 1.
+std::vector<DataInput> loadData(const Graph& g, const std::string& file, int worldSize) {
+  auto dict = loadTorchSave(file);
+  if (!dict.isGenericDict()) throw Diagnostic("", "expected a dict {input name: tensor}").inFile(file);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& item : dict.toGenericDict()) {
+    if (item.key().isString() && item.value().isTensor()) tensors[item.key().toStringRef()] = item.value().toTensor();
+  }
+  std::vector<DataInput> data;
+  for (const auto& in : g.inputs()) {
+    if (in.kind != InputKind::Data) continue;
+    const Value& v = g.value(in.value);
+    auto it = tensors.find(v.name);
+    if (it == tensors.end()) throw Diagnostic("'" + v.name + "'", "the data file has no tensor for this graph input").inFile(file);
+    const at::Tensor& t = it->second;
+    const std::string want = "[S, " + std::to_string(v.shape.empty() ? 1 : v.shape[0] * worldSize) + ", ...]";
+    if (v.shape.empty() || t.dim() != static_cast<int64_t>(v.shape.size()) + 1) {
+      throw Diagnostic("'" + v.name + "'", "expected shape " + want + " for per-rank " + typeText(v) + ", got " +
+                                               std::to_string(t.dim()) + " dimensions").inFile(file);
+    }
+    if (t.size(1) % worldSize != 0) {
+      throw Diagnostic("'" + v.name + "'", "the batch of " + std::to_string(t.size(1)) + " rows does not divide among " +
+                                               std::to_string(worldSize) + " ranks").inFile(file);
+    }
+    std::vector<int64_t> perRank = t.sizes().slice(1).vec();
+    perRank[0] /= worldSize;
+    if (perRank != v.shape || t.scalar_type() != v.dtype) {
+      Value got{v.name, t.scalar_type(), perRank};
+      throw Diagnostic("'" + v.name + "'", "each rank's slice would be " + typeText(got) + ", the graph takes " + typeText(v))
+          .inFile(file);
+    }
+    data.push_back({v.name, t});
+  }
+  return data;
+}
+
+std::map<std::string, at::Tensor> randomBatch(const Graph& g, uint64_t seed, int rank, int step) {
+  at::Generator gen = at::detail::createCPUGenerator(seed * 1000003 + rank * 7919 + step);
+  std::map<std::string, at::Tensor> batch;
+  for (const auto& in : g.inputs()) {
+    if (in.kind != InputKind::Data) continue;
+    const Value& v = g.value(in.value);
+    auto opts = at::TensorOptions().dtype(v.dtype);
+    batch[v.name] = c10::isFloatingType(v.dtype) ? at::randn(v.shape, gen, opts) : at::randint(0, 2, v.shape, gen, opts);
+  }
+  return batch;
+}
+
+void synchronize(const std::string& device) {
+#ifdef SPMD_WITH_CUDA
+  if (device == "cuda") at::cuda::getCurrentCUDAStream().synchronize();
+#else
+  (void)device;
+#endif
+}
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+}
+
+void saveParameters(const Graph& g, const std::map<std::string, at::Tensor>& state, const std::string& path) {
+  c10::Dict<std::string, at::Tensor> params;
+  for (const auto& in : g.inputs()) {
+    if (in.kind == InputKind::Parameter) {
+      const std::string& name = g.value(in.value).name;
+      params.insert(name, state.at(name).detach().to(at::kCPU).contiguous());
+    }
+  }
+  std::vector<char> bytes = torch::pickle_save(c10::IValue(params));
+  writeOutput(path, std::string(bytes.begin(), bytes.end()));
+}
+
+void progress(int step, int steps) {
+  const int width = 30, done = width * step / steps;
+  std::fprintf(stderr, "\r[%s%s] %d/%d", std::string(done, '=').c_str(), std::string(width - done, ' ').c_str(), step, steps);
+  if (step == steps) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankInfo, const RunOptions& o,
+                 std::ostream& out) {
+  const Graph& g = artifact.graph;
+  const RankInfo info = rankInfo.value_or(RankInfo{});
+  const std::string device = resolveDevice(artifact, o.device);
+  std::vector<DataInput> data;
+  if (!o.dataFile.empty()) data = loadData(g, o.dataFile, info.worldSize);
+  if (o.steps < 1) throw Diagnostic("--steps", "must be at least 1");
+
+  std::map<std::string, at::Tensor> state;
+  const at::Device dev = device == "cuda" ? at::Device(at::kCUDA, info.localRank) : at::Device(at::kCPU);
+  for (const auto& in : g.inputs()) {
+    if (in.kind == InputKind::Data) continue;
+    const std::string& name = g.value(in.value).name;
+    auto it = artifact.state.find(name);
+    if (it == artifact.state.end()) throw Diagnostic("'" + name + "'", "the artifact holds no value for this input");
+    state[name] = it->second.to(dev);
+  }
+  Interpreter interpreter(g);
+  std::unique_ptr<Collectives> comm;
+  if (rankInfo) comm = joinProcessGroup(info, device, o.timeout);
+
+  const bool lead = info.rank == 0;
+  const bool bar = lead && !o.json && ::isatty(STDERR_FILENO);
+  std::vector<double> losses, ms;
+  for (int step = 0; step < o.steps; ++step) {
+    std::map<std::string, at::Tensor> inputs = state;
+    if (data.empty()) {
+      for (auto& [name, t] : randomBatch(g, o.seed, info.rank, step)) inputs[name] = t.to(dev);
+    } else {
+      for (const auto& d : data) {
+        const int64_t rows = d.all.size(1) / info.worldSize;
+        inputs[d.name] = d.all[step % d.all.size(0)].narrow(0, info.rank * rows, rows).contiguous().to(dev);
+      }
+    }
+    synchronize(device);
+    const auto begin = std::chrono::steady_clock::now();
+    RunResult result = interpreter.run(inputs, comm.get());
+    synchronize(device);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count());
+    for (auto& [name, t] : result.updates) state[name] = std::move(t);
+    const double loss = result.outputs.empty() ? 0.0 : result.outputs[0].to(at::kCPU).to(at::kDouble).item<double>();
+    losses.push_back(loss);
+    if (lead && !o.json && !bar) {
+      char line[128];
+      std::snprintf(line, sizeof line, "step %d/%d  loss %.6g  %.3f ms\n", step + 1, o.steps, loss, ms.back());
+      out << line << std::flush;
+    }
+    if (bar) progress(step + 1, o.steps);
+  }
+  if (!lead) return;
+  if (!o.saveParams.empty()) saveParameters(g, state, o.saveParams);
+  const double median = percentile(ms, 0.5), lo = *std::min_element(ms.begin(), ms.end()),
+               hi = *std::max_element(ms.begin(), ms.end());
+  char summary[256];
+  if (o.json) {
+    std::ostringstream j;
+    j << "{\"ranks\": " << info.worldSize << ", \"device\": \"" << device << "\", \"steps\": " << o.steps << ", \"losses\": [";
+    for (size_t i = 0; i < losses.size(); ++i) j << (i ? ", " : "") << floatText(losses[i]);
+    std::snprintf(summary, sizeof summary,
+                  "], \"ms_per_step\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, \"steps_per_s\": %.3f}\n", median,
+                  lo, hi, median > 0 ? 1000.0 / median : 0.0);
+    out << j.str() << summary << std::flush;
+    return;
+  }
+  if (bar) out << "final loss " << floatText(losses.back()) << "\n";
+  std::snprintf(summary, sizeof summary, "%d steps on %d rank%s (%s): median %.3f ms, min %.3f ms, max %.3f ms per step, %.1f steps/s\n",
+                o.steps, info.worldSize, info.worldSize == 1 ? "" : "s", device.c_str(), median, lo, hi,
+                median > 0 ? 1000.0 / median : 0.0);
+  out << summary << std::flush;
+}
+
+}  // namespace spmd
