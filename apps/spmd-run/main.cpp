@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
     if (!rank && nproc > 1) {
       return spmd::launchLocalRanks(tool, nproc, std::vector<std::string>(argv, argv + argc), std::cerr);
     }
-    std::string prefix = rank ? "rank " + std::to_string(rank->rank) + ": " : "";
+    // Every line a rank prints names it: several ranks share one terminal.
+    const std::string prefix = rank ? "rank " + std::to_string(rank->rank) + ": " : "";
     try {
       auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
       spmd::Artifact artifact = loaded.artifact ? *loaded.artifact : spmd::lowerGraph(std::move(loaded.graph), "cpu");
@@ -45,11 +46,17 @@ int main(int argc, char** argv) {
       } catch (spmd::Diagnostic& d) {
         throw d.inFile(loaded.displayName);
       }
-    } catch (spmd::Diagnostic& d) {
-      throw spmd::Diagnostic(prefix + d.format(), "").inFile("");
+    } catch (const spmd::Diagnostic& d) {
+      spmd::printError(tool, prefix + d.format());
+      return 1;
     } catch (const c10::Error& e) {
       std::string what = e.what_without_backtrace();
-      throw spmd::Diagnostic("", prefix + what.substr(0, what.find('\n')));
+      spmd::printError(tool, prefix + "a collective failed (did a peer stop?): " + what.substr(0, what.find('\n')));
+      return 1;
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      spmd::printError(tool, prefix + "a collective failed (did a peer stop?): " + what.substr(0, what.find('\n')));
+      return 1;
     }
     return 0;
   });

@@ -111,6 +111,8 @@ def build_model(a):
 def worker(rank, a, port, state, data):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    # all ranks are local: keep Gloo off whatever interface the hostname resolves to
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=a.nproc,
                             timeout=datetime.timedelta(seconds=120))

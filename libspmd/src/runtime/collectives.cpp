@@ -9,6 +9,12 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <map>
 
 namespace spmd {
@@ -69,7 +75,26 @@ class GroupCollectives : public Collectives {
   std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> inFlight_;
 };
 
+// Rank 0 serves the store: a port something else holds is reported as such,
+// before c10d's own (noisy) attempt.
+void requirePortFree(const RankInfo& info) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<uint16_t>(info.masterPort));
+  const bool busy = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 && errno == EADDRINUSE;
+  ::close(fd);
+  if (busy) {
+    throw Diagnostic("MASTER_PORT " + std::to_string(info.masterPort), "the port is busy; choose another MASTER_PORT");
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout) {
+  if (info.rank == 0) requirePortFree(info);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(info.masterPort);
   opts.isServer = info.rank == 0;
@@ -81,9 +106,6 @@ c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milli
   } catch (const std::exception& e) {
     std::string what = firstLine(e.what());
     std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
-    if (info.rank == 0 && what.find("in use") != std::string::npos) {
-      throw Diagnostic(where, "the port is busy; choose another MASTER_PORT");
-    }
     throw Diagnostic(where, "rank " + std::to_string(info.rank) + " could not join the group within the timeout: " + what);
   }
 }

@@ -1,0 +1,163 @@
+"""spmd-lower and spmd-run under faults and bad input: every rank ends with an
+error naming it within --timeout, never a hang; bad data and artifacts are
+refused before step 1.
+
+  check_run.py BIN_DIR        (run from the repository root; python3 with torch)
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+BIN = sys.argv[1]
+TMP = tempfile.mkdtemp()
+passed = failed = 0
+
+
+def tool(name):
+    return os.path.join(BIN, name)
+
+
+def report(name, ok, detail=""):
+    global passed, failed
+    passed, failed = passed + ok, failed + (not ok)
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + detail))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_artifact(name, device="cpu"):
+    path = os.path.join(TMP, name)
+    expand = subprocess.run([tool("spmd-expand"), "samples/mlp.pt", "--input", "x:f32[8,100]", "--optimizer", "sgd",
+                             "--lr", "0.01"], capture_output=True, check=True)
+    split = subprocess.run([tool("spmd-split")], input=expand.stdout, capture_output=True, check=True)
+    subprocess.run([tool("spmd-lower"), "-o", path, "--device", device], input=split.stdout, capture_output=True,
+                   check=True)
+    return path
+
+
+def rank_env(rank, world, port):
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port))
+    return env
+
+
+def wait_for_step(proc, step, limit=30):
+    """Reads proc's stdout until it reports `step`; returns the text read."""
+    text, start = b"", time.time()
+    os.set_blocking(proc.stdout.fileno(), False)
+    while time.time() - start < limit:
+        chunk = proc.stdout.read() or b""
+        text += chunk
+        if f"step {step}/".encode() in text:
+            return text.decode()
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    return text.decode()
+
+
+def one_line_error(stderr, fragment):
+    lines = [l for l in stderr.strip().split("\n") if l]
+    return len(lines) >= 1 and all(l.startswith("spmd-run: error: ") for l in lines) and fragment in stderr
+
+
+def main():
+    step = build_artifact("mlp.spmd")
+
+    # A peer that never joins: rank 0 of 2 alone gives up after --timeout.
+    start = time.time()
+    proc = subprocess.run([tool("spmd-run"), step, "--steps", "2", "--timeout", "3"], env=rank_env(0, 2, free_port()),
+                          capture_output=True, text=True, timeout=60)
+    took = time.time() - start
+    report("peer never joins", proc.returncode == 1 and took < 20 and one_line_error(proc.stderr, "rank 0"),
+           f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
+
+    # A busy port.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([tool("spmd-run"), step, "--steps", "1", "--timeout", "5"], env=rank_env(0, 2, port),
+                              capture_output=True, text=True, timeout=60)
+        report("busy port", proc.returncode == 1 and one_line_error(proc.stderr, "busy"), proc.stderr)
+
+    # A rank killed mid-run under --nproc: the launcher stops the others and names it.
+    proc = subprocess.Popen([tool("spmd-run"), step, "--nproc", "2", "--steps", "100000", "--timeout", "20"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for_step(proc, 3)
+    children = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                text=True).stdout.split()]
+    if len(children) == 2:
+        os.kill(children[1], signal.SIGKILL)
+    try:
+        proc.wait(timeout=30)
+        err = proc.stderr.read().decode()
+        report("rank killed under --nproc", proc.returncode == 1 and "was killed by signal 9" in err, err)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        report("rank killed under --nproc", False, "the launcher hung")
+
+    # Ranks started by another launcher (as torchrun does): kill rank 1, rank 0 must fail within the timeout.
+    port = free_port()
+    ranks = [subprocess.Popen([tool("spmd-run"), step, "--steps", "100000", "--timeout", "10"], env=rank_env(r, 2, port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in range(2)]
+    wait_for_step(ranks[0], 3)
+    ranks[1].kill()
+    start = time.time()
+    try:
+        ranks[0].wait(timeout=40)
+        err = ranks[0].stderr.read().decode()
+        report("peer killed mid-run", ranks[0].returncode == 1 and time.time() - start < 30 and
+               one_line_error(err, "rank 0"), f"exit {ranks[0].returncode}: {err!r}")
+    except subprocess.TimeoutExpired:
+        ranks[0].kill()
+        report("peer killed mid-run", False, "rank 0 hung")
+
+    # Bad data: each refused before step 1, naming the input.
+    def data_case(name, data, fragment, nproc="2"):
+        path = os.path.join(TMP, name + ".pt")
+        torch.save(data, path)
+        proc = subprocess.run([tool("spmd-run"), step, "--nproc", nproc, "--steps", "1", "--data", path],
+                              capture_output=True, text=True, timeout=60)
+        report(name, proc.returncode == 1 and "step 1" not in proc.stdout and fragment in proc.stderr, proc.stderr)
+
+    data_case("data lacks an input", {"y": torch.zeros(1, 16, 100)}, "'x': the data file has no tensor", "1")
+    data_case("data of the wrong shape", {"x": torch.zeros(1, 16, 99)}, "the graph takes f32[8,100]", "1")
+    data_case("batch not divisible by N", {"x": torch.zeros(1, 15, 100)}, "does not divide among 2 ranks")
+
+    # An artifact lowered for CUDA, on a machine without CUDA.
+    if not torch.cuda.is_available():
+        cuda_step = build_artifact("cuda.spmd", "cuda")
+        proc = subprocess.run([tool("spmd-run"), cuda_step, "--steps", "1"], capture_output=True, text=True, timeout=60)
+        report("CUDA artifact on a CPU machine", proc.returncode == 1 and "no CUDA device" in proc.stderr, proc.stderr)
+
+    # Truncated and altered artifacts.
+    with open(step, "rb") as f:
+        data = f.read()
+    cut = os.path.join(TMP, "cut.spmd")
+    with open(cut, "wb") as f:
+        f.write(data[: len(data) // 2])
+    altered = os.path.join(TMP, "altered.spmd")
+    blob = bytearray(data)
+    blob[len(blob) // 2] ^= 0xFF
+    with open(altered, "wb") as f:
+        f.write(bytes(blob))
+    for name, path in (("truncated artifact", cut), ("altered artifact", altered)):
+        proc = subprocess.run([tool("spmd-run"), path, "--steps", "1"], capture_output=True, text=True, timeout=60)
+        report(name, proc.returncode == 1 and proc.stderr.count("\n") == 1 and "step 1" not in proc.stdout, proc.stderr)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
