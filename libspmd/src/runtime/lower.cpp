@@ -9,6 +9,20 @@
 
 namespace spmd {
 
+namespace {
+
+// Factory calls traced on CPU (aten::arange(..., device="cpu")) create their
+// tensors where the step runs: "cuda" is the rank's current device.
+void targetDevice(Graph& graph, const std::string& device) {
+  for (Node& n : graph.nodes()) {
+    for (Arg& a : n.args) {
+      if (a.kind == Arg::Kind::Device) a.s = device;
+    }
+  }
+}
+
+}  // namespace
+
 Artifact lowerGraph(Graph graph, const std::string& device) {
   if (device != "cpu" && device != "cuda") throw Diagnostic("--device", "expected cpu or cuda, got '" + device + "'");
   verifyGraphOrThrow(graph);
@@ -39,6 +53,7 @@ Artifact lowerGraph(Graph graph, const std::string& device) {
     }
     artifact.state[v.name] = t.detach().clone();
   }
+  targetDevice(graph, device);
   artifact.graph = std::move(graph);
   return artifact;
 }

@@ -130,6 +130,9 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
 
   std::map<std::string, at::Tensor> state;
   const at::Device dev = device == "cuda" ? at::Device(at::kCUDA, info.localRank) : at::Device(at::kCPU);
+#ifdef SPMD_WITH_CUDA
+  if (device == "cuda") c10::cuda::set_device(static_cast<c10::DeviceIndex>(info.localRank));
+#endif
   for (const auto& in : g.inputs()) {
     if (in.kind == InputKind::Data) continue;
     const std::string& name = g.value(in.value).name;
@@ -137,6 +140,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (it == artifact.state.end()) throw Diagnostic("'" + name + "'", "the artifact holds no value for this input");
     state[name] = it->second.to(dev);
   }
+  if (device == "cuda") at::globalContext().setAllowTF32CuBLAS(o.tf32);
   Interpreter interpreter(g);
   std::unique_ptr<Collectives> comm;
   if (rankInfo) comm = joinProcessGroup(info, device, o.timeout);

@@ -18,6 +18,7 @@ struct RunOptions {
   std::string device = "auto";
   uint64_t seed = 0;
   bool json = false;
+  bool tf32 = false;  // TF32 matmuls on CUDA, as torch.backends.cuda.matmul.allow_tf32
   std::chrono::milliseconds timeout{300000};
 };
 

@@ -1,0 +1,102 @@
+"""PyTorch DDP (NCCL, one GPU per rank) on a sample: parity reference and timing.
+
+  ddp_gpu.py --sample mlp --nproc 2 --data DATA.pt --steps 5 --out REF.pt    # parity
+  ddp_gpu.py --sample mlp --nproc 2 --time 200 --warmup 20 [--compile]        # median ms/step
+
+The model is the sample's class with the TorchScript sample's weights; the
+optimizer is Adam(lr=1e-2) (the seeds' test). DATA.pt follows spmd-run's data
+contract ({input: [S, G, ...]}, rank r takes rows [r*G/N, (r+1)*G/N)). TF32
+matmuls are on, as for every system in the benchmark. Timing prints one JSON
+line: {"system": ..., "ranks": N, "median_ms": ..., "min_ms": ..., "max_ms": ...}.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "samples"))
+from models import SAMPLES  # noqa: E402
+
+
+def model_for(sample, device):
+    make, specs = SAMPLES[sample]
+    model = make()
+    model.load_state_dict(torch.jit.load(os.path.join(ROOT, "samples", sample + ".pt")).state_dict())
+    return model.train().to(device), specs
+
+
+def worker(rank, args, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.cuda.set_device(rank)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    dist.init_process_group("nccl", rank=rank, world_size=args.nproc)
+    device = torch.device("cuda", rank)
+    model, specs = model_for(args.sample, device)
+    ddp = DDP(model, device_ids=[rank])
+    step_fn = ddp
+    if args.compile:
+        step_fn = torch.compile(ddp)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+
+    if args.data:
+        data = torch.load(args.data)
+        names = [s.split(":")[0] for s in specs]
+        for s in range(args.steps):
+            inputs = []
+            for n in names:
+                t = data[n][s % data[n].shape[0]]
+                rows = t.shape[0] // args.nproc
+                inputs.append(t[rank * rows:(rank + 1) * rows].to(device))
+            opt.zero_grad()
+            step_fn(*inputs).backward()
+            opt.step()
+        if rank == 0:
+            torch.save({n: p.detach().cpu() for n, p in ddp.module.named_parameters()}, args.out)
+    else:
+        g = torch.Generator(device=device).manual_seed(rank)
+        x = torch.randn(100, 100, device=device, generator=g)
+        times = []
+        for i in range(args.warmup + args.time):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            step_fn(x).backward()
+            opt.step()
+            torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append((time.perf_counter() - t0) * 1000)
+        if rank == 0:
+            print(json.dumps({"system": "torch.compile(DDP)" if args.compile else "DDP eager", "ranks": args.nproc,
+                              "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}))
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sample", default="mlp")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--data")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out")
+    p.add_argument("--time", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--compile", action="store_true")
+    args = p.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(args, port), nprocs=args.nproc, join=True)
+
+
+if __name__ == "__main__":
+    main()
