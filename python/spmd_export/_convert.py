@@ -298,6 +298,21 @@ class _Converter:
         self.current[node.args[4]] = new_var
 
 
+def _marked_tensor(marker, markers):
+    """The fx node of the gradient a marker detach marks. Tensor.detach() may
+    trace as two detach calls; those that only feed markers are stepped over,
+    back to the value the optimizer itself reads."""
+    detach = torch.ops.aten.detach.default
+
+    def feeds_only_markers(node):
+        return all(u in markers or (u.target is detach and feeds_only_markers(u)) for u in node.users)
+
+    node = marker.args[0]
+    while node.target is detach and isinstance(node.args[0], torch.fx.Node) and feeds_only_markers(node):
+        node = node.args[0]
+    return node
+
+
 def _eliminate_dead(nodes, roots):
     live = set(roots)
     kept = []
@@ -332,7 +347,7 @@ def convert(gm, inputs, grad_params, error):
     grad_value = {}
     for node in gm.graph.nodes:
         if node in markers:
-            grad_value[node] = c.ref(node.args[0], node)
+            grad_value[node] = c.ref(_marked_tensor(node, markers), node)
         elif node.op == "call_function":
             c.call(node)
         elif node.op not in ("placeholder", "output"):

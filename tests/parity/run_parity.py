@@ -71,6 +71,11 @@ CASES = [
          "--optimizer sgd --lr 1e-3 --momentum 0.9 --nesterov --weight-decay 1e-2", 4, 5, "", 1, False),
     Case("mlp_adam_amsgrad_wd", "mlp", ADAM + " --amsgrad --weight-decay 1e-2", 2, 5, "", 1, False),
     Case("lm_adamw_n4", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 4, 5, "", 1, False),
+    # make_fx-exported train steps (spmd_export), entering the pipeline at spmd-split.
+    Case("export_mlp_adam", "mlp", ADAM, 2, 5, "", 1, False),
+    Case("export_lm_adamw", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5, "", 1, False),
+    Case("export_cnn_sgd_momentum", "cnn", SGD_MOMENTUM, 2, 5, "--bucket-cap-mb 0.002 --first-bucket-cap-mb 0.002", 1,
+         False),
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     Case("strict_lm_adamw_eps1e-8", "lm", "--optimizer adamw --lr 1e-2", 2, 5, "", 0, True),
 ]
@@ -90,11 +95,11 @@ class Failure(Exception):
         self.reason, self.details = reason, details
 
 
-def run(argv, timeout, stdin=None, what=None):
+def run(argv, timeout, stdin=None, what=None, env=None):
     """Runs argv from the repository root; returns its stdout (bytes); raises Failure."""
     what = what or os.path.basename(argv[0])
     try:
-        proc = subprocess.run(argv, cwd=ROOT, input=stdin, capture_output=True, timeout=timeout)
+        proc = subprocess.run(argv, cwd=ROOT, input=stdin, capture_output=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         raise Failure(f"{what} timed out after {timeout}s", (e.stderr or b"").decode(errors="replace"))
     except OSError as e:
@@ -122,8 +127,14 @@ def run_case(case, bin_dir, python, tmp, timeout):
          "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data, "--out", ref,
          "--seed", str(case.seed), "--model-pt", model, *extra], timeout, what="ddp_reference.py")
 
-    graph = run([tools["spmd-expand"], model, *inputs, *optimizer], timeout)
-    graph = run([tools["spmd-split"], *extra], timeout, stdin=graph)
+    if case.name.startswith("export_"):
+        dump = os.path.join(tmp, "exported.json")
+        run([python, os.path.join(HERE, "export_step.py"), "--sample", case.sample, *optimizer, "--out", dump], timeout,
+            what="export_step.py", env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
+        graph = run([tools["spmd-split"], dump, *extra], timeout)
+    else:
+        graph = run([tools["spmd-expand"], model, *inputs, *optimizer], timeout)
+        graph = run([tools["spmd-split"], *extra], timeout, stdin=graph)
     run([tools["spmd-lower"], "-o", step], timeout, stdin=graph)
     run([tools["spmd-run"], step, "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data,
          "--save-params", ours, "--device", "cpu"], timeout)

@@ -124,7 +124,7 @@ void accumulate(GraphBuilder& b, std::map<ValueId, ValueId>& grads, ValueId inpu
 void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
   const size_t forwardCount = g.nodes().size();
   GraphBuilder b(g);
-  b.setMeta(NodeMeta{"", "backward"});
+  b.setMeta(NodeMeta{"", "backward", -1, -1, ""});
   std::map<ValueId, ValueId> grads;
   grads[loss] = b.call("aten::ones_like", {Arg::tensor(loss), Arg::none(), Arg::none(), Arg::none(), Arg::none(), Arg::none()},
                        "grad_loss");
@@ -140,7 +140,7 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
       any = any || it != grads.end();
     }
     if (!any) continue;
-    b.setMeta(NodeMeta{node.meta.source, "backward"});
+    b.setMeta(NodeMeta{node.meta.source, "backward", -1, -1, ""});
     RuleInput input{b, node, outGrads, needsGrad};
     for (const Contribution& c : findDerivative(node)->backward(input)) {
       if (needsGrad(c.input)) accumulate(b, grads, c.input, c.grad);

@@ -3,8 +3,12 @@
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// pip's LibTorch ships no Gloo headers (Debian's does): Gloo only where they are.
+#if __has_include(<gloo/algorithm.h>)
+#define SPMD_HAVE_GLOO 1
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 #ifdef SPMD_WITH_CUDA
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -127,11 +131,16 @@ std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::s
     throw Diagnostic("--device cuda", "this build of spmd has no CUDA support");
 #endif
   }
+#ifdef SPMD_HAVE_GLOO
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(isLoopback(info.masterAddr) ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                                       : c10d::ProcessGroupGloo::createDefaultDevice());
   auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, info.rank, info.worldSize, opts);
   return std::make_unique<GroupCollectives<c10d::ProcessGroupGloo>>(store, group, info.worldSize);
+#else
+  (void)isLoopback;
+  throw Diagnostic("--device cpu", "this build of spmd has no Gloo (its LibTorch ships no Gloo headers); run on CUDA");
+#endif
 }
 
 }  // namespace spmd

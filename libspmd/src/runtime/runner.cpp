@@ -8,7 +8,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
-#include <torch/serialize.h>
 #ifdef SPMD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif
@@ -99,15 +98,16 @@ double percentile(std::vector<double> v, double q) {
 }
 
 void saveParameters(const Graph& g, const std::map<std::string, at::Tensor>& state, const std::string& path) {
-  c10::Dict<std::string, at::Tensor> params;
+  std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& in : g.inputs()) {
     if (in.kind == InputKind::Parameter) {
       const std::string& name = g.value(in.value).name;
-      params.insert(name, state.at(name).detach().to(at::kCPU).contiguous());
+      params.emplace_back(name, state.at(name).detach().to(at::kCPU).contiguous());
     }
   }
-  std::vector<char> bytes = torch::pickle_save(c10::IValue(params));
-  writeOutput(path, std::string(bytes.begin(), bytes.end()));
+  // Not torch::pickle_save: torch.load(weights_only=True) rejects the
+  // torch.jit._pickle globals in its output.
+  writeOutput(path, saveTorchSave(params));
 }
 
 void progress(int step, int steps) {

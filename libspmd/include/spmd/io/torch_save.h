@@ -1,10 +1,12 @@
-// Reading files written by Python's torch.save (the default zip format), on
-// LibTorch 1.13 and 2.x alike.
+// Reading and writing files in Python's torch.save format (the default zip
+// format), on LibTorch 1.13 and 2.x alike.
 #pragma once
 
 #include <ATen/core/ivalue.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace spmd {
 
@@ -18,5 +20,15 @@ namespace spmd {
 // file in it.
 c10::IValue loadTorchSave(const std::string& path);
 c10::IValue loadTorchSaveBytes(const std::string& bytes);
+
+// The bytes of a torch.save zip file holding a dict {name: tensor}, in the
+// given order: what Python's torch.save(dict, f) writes (pickle protocol 2),
+// using only the globals that torch.load(weights_only=True) allows
+// (torch._utils._rebuild_tensor_v2, collections.OrderedDict and the
+// torch.<Type>Storage classes). Each tensor is saved as a contiguous CPU copy
+// with requires_grad False, in a storage of its own. Dtypes: float32,
+// float64, float16, bfloat16, int64, int32, int16, int8, uint8 and bool.
+// Throws Diagnostic (where "") for other dtypes and for a name given twice.
+std::string saveTorchSave(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
 }  // namespace spmd
