@@ -43,7 +43,11 @@ demo: build
 	$(INSPECT) samples/lm.pt $$(cat samples/lm.inputs) --json | $(INSPECT) - --stats
 	@echo "== spmd-expand: the MLP's data-parallel train step with Adam (forward, backward, all-reduce, update)"
 	$(EXPAND) samples/mlp.pt $$(cat samples/mlp.inputs) --optimizer adam --lr 1e-2 | $(INSPECT) - --stats
-	$(EXPAND) samples/cnn.pt $$(cat samples/cnn.inputs) --optimizer sgd --lr 0.05 --momentum 0.9 | $(INSPECT) - | tail -n 30
+	@echo "== the pipeline: expand | split | lower, then 20 steps on 2 local ranks (Gloo, CPU)"
+	$(EXPAND) samples/cnn.pt $$(cat samples/cnn.inputs) --optimizer sgd --lr 0.05 --momentum 0.9 \
+	  | $(BUILD)/spmd-split --bucket-cap-mb 0.002 | $(BUILD)/spmd-lower -o $(BUILD)/cnn.spmd
+	$(INSPECT) $(BUILD)/cnn.spmd --buckets
+	$(BUILD)/spmd-run $(BUILD)/cnn.spmd --nproc 2 --steps 20
 
 # Rewrites every golden file from the current build; review `git diff` after.
 golden: build
