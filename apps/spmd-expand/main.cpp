@@ -3,7 +3,6 @@
 // optimizer update), written as a JSON graph dump.
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
-#include "spmd/ir/verify.h"
 #include "spmd/passes/derivatives.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -84,12 +83,7 @@ int main(int argc, char** argv) {
     spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
 
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
-    try {
-      spmd::verifyGraphOrThrow(loaded.graph);
-      spmd::runPasses(loaded.graph, spmd::expandPipeline(), options, debug);
-    } catch (spmd::Diagnostic& d) {
-      throw d.inFile(loaded.displayName);
-    }
+    spmd::runStage(loaded, spmd::expandPipeline(), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;
   });

@@ -2,7 +2,6 @@
 // one flat all-reduce per bucket, written as a JSON graph dump.
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
-#include "spmd/ir/verify.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
@@ -37,12 +36,7 @@ int main(int argc, char** argv) {
     options.gradReduce = gradReduce == "sum" ? spmd::GradReduce::Sum : spmd::GradReduce::Mean;
     spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
-    try {
-      spmd::verifyGraphOrThrow(loaded.graph);
-      spmd::runPasses(loaded.graph, spmd::splitPipeline(), options, debug);
-    } catch (spmd::Diagnostic& d) {
-      throw d.inFile(loaded.displayName);
-    }
+    spmd::runStage(loaded, spmd::splitPipeline(), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;
   });

@@ -12,32 +12,13 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include <fstream>
-#include <iterator>
-#include <sstream>
-
-// Last: glog (via LibTorch) defines CHECK too, and Catch's must win.
-#include "catch.h"
+#include "test_support.h"
 
 using namespace spmd;
+using spmd::testing::readFile;
+using spmd::testing::sampleSpecs;
 
 namespace {
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-std::vector<InputSpec> sampleSpecs(const std::string& name) {
-  std::istringstream in(readFile(std::string(SPMD_SOURCE_DIR) + "/samples/" + name + ".inputs"));
-  std::vector<std::string> specs;
-  std::string word;
-  while (in >> word) {
-    if (word != "--input") specs.push_back(word);
-  }
-  return parseInputSpecs(specs);
-}
 
 std::map<std::string, at::Tensor> batch(const std::vector<InputSpec>& specs, int step) {
   torch::manual_seed(100 + step);
@@ -50,9 +31,7 @@ std::map<std::string, at::Tensor> batch(const std::vector<InputSpec>& specs, int
 }
 
 void requireClose(const at::Tensor& ours, const at::Tensor& ref, const std::string& what) {
-  INFO(what << ": max abs diff " << (ours.to(torch::kDouble) - ref.to(torch::kDouble)).abs().max().item<double>());
-  REQUIRE(ours.sizes() == ref.sizes());
-  CHECK(torch::allclose(ours.to(torch::kDouble), ref.to(torch::kDouble), 1e-5, 1e-7));
+  testing::requireClose(ours, ref, what, 1e-5, 1e-7);
 }
 
 // The reference: LibTorch training the TorchScript module itself.

@@ -12,20 +12,12 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
-#include <iterator>
-
-#include "catch.h"
+#include "test_support.h"
 
 using namespace spmd;
+using spmd::testing::readFile;
 
 namespace {
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 std::map<std::string, at::Tensor> tensorDict(const c10::IValue& v) {
   std::map<std::string, at::Tensor> out;
@@ -34,9 +26,7 @@ std::map<std::string, at::Tensor> tensorDict(const c10::IValue& v) {
 }
 
 void requireClose(const at::Tensor& ours, const at::Tensor& ref, const std::string& what) {
-  INFO(what << ": max abs diff " << (ours.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>());
-  REQUIRE(ours.sizes() == ref.sizes());
-  CHECK(at::allclose(ours.to(at::kDouble), ref.to(at::kDouble), 1e-5, 1e-6));
+  testing::requireClose(ours, ref, what, 1e-5, 1e-6);
 }
 
 }  // namespace

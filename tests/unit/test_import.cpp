@@ -15,32 +15,12 @@
 #include <torch/script.h>
 #include <torch/serialize.h>
 
-#include <fstream>
-#include <iterator>
-#include <sstream>
-
-// Last: glog (via LibTorch) defines CHECK too, and Catch's must win.
-#include "catch.h"
+#include "test_support.h"
 
 using namespace spmd;
+using spmd::testing::readFile;
 
 namespace {
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-std::vector<std::string> splitSpecs(const std::string& flags) {
-  std::istringstream in(flags);
-  std::vector<std::string> specs;
-  std::string word;
-  while (in >> word) {
-    if (word != "--input") specs.push_back(word);
-  }
-  return specs;
-}
 
 struct Sample {
   std::string name;
@@ -50,7 +30,7 @@ struct Sample {
 
 Sample sample(const std::string& name) {
   std::string base = std::string(SPMD_SOURCE_DIR) + "/samples/" + name;
-  return {name, base + ".pt", parseInputSpecs(splitSpecs(readFile(base + ".inputs")))};
+  return {name, base + ".pt", testing::sampleSpecs(name)};
 }
 
 // Random inputs as the samples expect them: integers are token ids or

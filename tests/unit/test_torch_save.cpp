@@ -2,6 +2,10 @@
 // written at test time by PyTorch (SPMD_TORCH_PYTHON), with the expected
 // tensors as JSON (shape, strides, offset, and the values listed exactly) so
 // that the check does not go through the reader under test.
+//
+// saveTorchSave writes what Python's torch.load(weights_only=True) reads: its
+// files are checked by PyTorch against the tensors as JSON, and against the
+// pickle torch.save itself writes for the same dict.
 #include "spmd/io/torch_save.h"
 #include "spmd/support/diagnostic.h"
 
@@ -336,4 +340,183 @@ TEST_CASE("bad torch.save files are diagnostics", "[torch_save]") {
   const Caught c = caught([&] { load("notzip.pt"); });
   CHECK(c.file == fx.path("notzip.pt"));
   CHECK(caught([&] { loadTorchSaveBytes(notZip); }).file.empty());
+}
+
+// ---- saveTorchSave ---------------------------------------------------------------
+
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Checks the files named in <dir>/expected.json with torch.load(weights_only=True):
+// names in order, dtypes, shapes and values; and that torch.save of what was
+// loaded pickles to the same data.pkl bytes.
+const char* const kLoadScript = R"PY(
+import io, json, os, sys, zipfile
+import torch
+
+out = sys.argv[1]
+DTYPES = {"Float": torch.float32, "Double": torch.float64, "Half": torch.float16,
+          "BFloat16": torch.bfloat16, "Long": torch.int64, "Int": torch.int32,
+          "Short": torch.int16, "Char": torch.int8, "Byte": torch.uint8, "Bool": torch.bool}
+failures = []
+for file, tensors in json.load(open(os.path.join(out, "expected.json"))).items():
+    path = os.path.join(out, file)
+    try:
+        d = torch.load(path, weights_only=True)
+    except Exception as e:
+        failures.append("%s: torch.load(weights_only=True) failed: %s" % (file, e))
+        continue
+    if type(d) is not dict:
+        failures.append("%s: loaded a %s, not a dict" % (file, type(d).__name__))
+        continue
+    if list(d) != [t["name"] for t in tensors]:
+        failures.append("%s: names %r" % (file, list(d)[:10]))
+        continue
+    for want in tensors:
+        name, t = want["name"], d[want["name"]]
+        if not isinstance(t, torch.Tensor):
+            failures.append("%s: %s is a %s" % (file, name, type(t).__name__))
+        elif t.dtype != DTYPES[want["dtype"]] or list(t.shape) != want["shape"] or t.requires_grad:
+            failures.append("%s: %s is %s %s requires_grad=%s" % (file, name, t.dtype, list(t.shape), t.requires_grad))
+        elif t.reshape(-1).tolist() != want["values"]:
+            failures.append("%s: %s has values %s" % (file, name, t.reshape(-1).tolist()[:10]))
+    with zipfile.ZipFile(path) as ours:
+        pkl = ours.read(ours.namelist()[0].split("/")[0] + "/data.pkl")
+    buf = io.BytesIO()
+    torch.save(d, buf)
+    with zipfile.ZipFile(buf) as theirs:
+        python_pkl = theirs.read(theirs.namelist()[0].split("/")[0] + "/data.pkl")
+    if pkl != python_pkl:
+        failures.append("%s: data.pkl differs from what torch.save writes" % file)
+for f in failures:
+    print(f, file=sys.stderr)
+sys.exit(1 if failures else 0)
+)PY";
+
+// A temporary folder, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "spmd-torch-save-out-XXXXXX").string();
+    REQUIRE(mkdtemp(pattern.data()) != nullptr);
+    dir_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+// A tensor as the load script expects it: dtype, shape and the values in
+// row-major order, exactly.
+json describeTensor(const std::string& name, const at::Tensor& t) {
+  json values = json::array();
+  const at::Tensor flat = t.contiguous().reshape(-1);
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    if (t.scalar_type() == at::kBool) values.push_back(flat[i].item<bool>());
+    else if (c10::isFloatingType(t.scalar_type())) values.push_back(flat[i].item<double>());
+    else values.push_back(flat[i].item<int64_t>());
+  }
+  return {{"name", name}, {"dtype", c10::toString(t.scalar_type())}, {"shape", t.sizes().vec()}, {"values", values}};
+}
+
+NamedTensors oneTensor() { return {{"x", at::arange(12, at::kFloat).reshape({3, 4}) * 0.25}}; }
+
+// Every dtype saveTorchSave writes, a 0-dim tensor, an empty one, and tensors
+// that are not contiguous or start inside their storage.
+NamedTensors manyDtypes() {
+  return {
+      {"f32.t", at::arange(6, at::kFloat).reshape({3, 2}).t() - 2.5},
+      {"f64", at::arange(4, at::kDouble) / 3},
+      {"f16", (at::arange(-3, 3, at::kFloat) * 0.25).to(at::kHalf)},
+      {"bf16", (at::arange(6, at::kFloat) * 0.5).reshape({3, 2}).to(at::kBFloat16)},
+      {"i64", at::tensor(std::vector<int64_t>{-(int64_t(1) << 62), -1, 0, int64_t(1) << 40, int64_t(1) << 62})},
+      {"i32", at::tensor(std::vector<int32_t>{INT32_MIN, 7, INT32_MAX})},
+      {"i16", at::tensor(std::vector<int64_t>{-300, 300}).to(at::kShort)},
+      {"i8", at::tensor(std::vector<int64_t>{-128, 127}).to(at::kChar)},
+      {"u8", at::tensor(std::vector<int64_t>{0, 255}).to(at::kByte)},
+      {"b", at::tensor(std::vector<int64_t>{1, 0, 1}).to(at::kBool)},
+      {"scalar", at::scalar_tensor(3.25, at::kFloat)},
+      {"empty", at::zeros({0, 3})},
+      {"slice", at::arange(10, at::kLong).slice(0, 3, 7)},
+      {"big", at::arange(70000, at::kInt).to(at::kByte)},
+      {"h\xc3\xa9llo.weight", at::ones({2, 1, 2})},
+  };
+}
+
+// More entries than one SETITEMS batch (1000) and one-byte memo indices.
+NamedTensors manyEntries(int n = 1001) {
+  NamedTensors tensors;
+  for (int i = 0; i < n; ++i) tensors.emplace_back("layer" + std::to_string(i), at::full({2}, i, at::kLong));
+  return tensors;
+}
+
+void writeBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+  REQUIRE(out.good());
+}
+
+void checkRoundTrip(const NamedTensors& tensors) {
+  c10::IValue value = loadTorchSaveBytes(saveTorchSave(tensors));
+  REQUIRE(value.isGenericDict());
+  c10::impl::GenericDict dict = value.toGenericDict();
+  REQUIRE(dict.size() == tensors.size());
+  size_t i = 0;
+  for (const auto& entry : dict) {
+    const auto& [name, want] = tensors[i++];
+    INFO(name);
+    CHECK(entry.key().toStringRef() == name);
+    const at::Tensor got = entry.value().toTensor();
+    CHECK(got.scalar_type() == want.scalar_type());
+    CHECK(got.sizes() == want.sizes());
+    CHECK(got.is_contiguous());
+    CHECK(got.storage_offset() == 0);
+    CHECK_FALSE(got.requires_grad());
+    CHECK(at::equal(got, want));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("saveTorchSave round-trips through loadTorchSaveBytes", "[torch_save]") {
+  checkRoundTrip(oneTensor());
+  checkRoundTrip(manyDtypes());
+  checkRoundTrip(manyEntries());
+  checkRoundTrip(manyEntries(2000));
+  checkRoundTrip({});
+  at::Tensor param = at::ones({2, 2}).requires_grad_(true);
+  checkRoundTrip({{"p", param}});
+}
+
+TEST_CASE("saveTorchSave's files load in PyTorch with weights_only=True", "[torch_save]") {
+  TempDir dir;
+  const std::vector<std::pair<std::string, NamedTensors>> files = {
+      {"one.pt", oneTensor()}, {"multi.pt", manyDtypes()}, {"many.pt", manyEntries()},
+      {"batches.pt", manyEntries(2000)}, {"two.pt", manyEntries(2)}, {"empty.pt", {}}};
+  json expected = json::object();
+  for (const auto& [file, tensors] : files) {
+    writeBytes(dir.path(file), saveTorchSave(tensors));
+    json described = json::array();
+    for (const auto& [name, t] : tensors) described.push_back(describeTensor(name, t));
+    expected[file] = described;
+  }
+  std::ofstream(dir.path("expected.json")) << expected.dump();
+  std::ofstream(dir.path("check.py")) << kLoadScript;
+  const std::string command = std::string(SPMD_TORCH_PYTHON) + " " + dir.path("check.py") + " " + dir.dir();
+  CHECK(std::system(command.c_str()) == 0);
+}
+
+TEST_CASE("saveTorchSave rejects what it cannot write", "[torch_save]") {
+  checkError([] { saveTorchSave({{"c", at::ones({2}, at::kComplexFloat)}}); },
+             "cannot save tensor 'c': unsupported dtype ComplexFloat");
+  checkError([] { saveTorchSave({{"a", at::ones({1})}, {"a", at::ones({1})}}); },
+             "cannot save tensor 'a': the name is given twice");
+  checkError([] { saveTorchSave({{"u", at::Tensor()}}); }, "cannot save tensor 'u': it is undefined");
 }

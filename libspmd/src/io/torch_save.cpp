@@ -598,26 +598,34 @@ class Pickler {
   }
 
   // A dict of the tensors (already contiguous CPU tensors, each with its own
-  // storage data/<i>). Like Python, SETITEMS in batches of 1000, SETITEM for
-  // a batch of one.
+  // storage data/<i>). Like CPython's C pickler (batch_dict_exact): SETITEM
+  // for a dict of one, else MARK ... SETITEMS for each 1000 items, and one
+  // more (maybe empty) batch after a full one.
   void tensorDict(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
     opcode(op::EMPTY_DICT);
     memoize();
+    if (tensors.empty()) return;
+    if (tensors.size() == 1) {
+      entry(tensors[0], 0);
+      opcode(op::SETITEM);
+      return;
+    }
     const size_t batch = 1000;
     for (size_t start = 0;; start += batch) {
-      const size_t n = std::min(batch, tensors.size() - start);
-      if (n > 1) opcode(op::MARK);
-      for (size_t i = start; i < start + n; ++i) {
-        string(tensors[i].first);
-        tensor(tensors[i].second, std::to_string(i));
-      }
-      if (n > 1) opcode(op::SETITEMS);
-      else if (n == 1) opcode(op::SETITEM);
-      if (n < batch) break;
+      const size_t end = std::min(start + batch, tensors.size());
+      opcode(op::MARK);
+      for (size_t i = start; i < end; ++i) entry(tensors[i], i);
+      opcode(op::SETITEMS);
+      if (end - start < batch) break;
     }
   }
 
  private:
+  void entry(const std::pair<std::string, at::Tensor>& named, size_t index) {
+    string(named.first);
+    tensor(named.second, std::to_string(index));
+  }
+
   // _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad,
   // backward_hooks), the storage a persistent id
   // ('storage', torch.<Type>Storage, key, 'cpu', numel).

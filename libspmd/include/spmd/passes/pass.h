@@ -33,6 +33,12 @@ struct DebugOptions {
 void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
                const DebugOptions& debug);
 
+// A stage's work on its loaded input: verify, run `names`, and name the
+// input file in any diagnostic.
+struct LoadedGraph;
+void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const PipelineOptions& options,
+              const DebugOptions& debug);
+
 // What spmd-expand runs: autodiff, grad-sync, optimizer.
 const std::vector<std::string>& expandPipeline();
 
