@@ -72,7 +72,7 @@ struct Reference {
   // The optimizer state of parameter i under spmd's names for it.
   std::map<std::string, at::Tensor> state(size_t i, const OptimizerOptions& o) {
     auto& all = optimizer->state();
-    auto it = all.find(c10::guts::to_string(params[i].unsafeGetTensorImpl()));
+    auto it = testing::findOptimizerState(all, params[i]);
     std::map<std::string, at::Tensor> out;
     if (it == all.end()) return out;
     const std::string& n = names[i];
