@@ -5,8 +5,8 @@
 
 The model is the sample's class with the TorchScript sample's weights; the
 optimizer is Adam(lr=1e-2) (the seeds' test). DATA.pt follows spmd-run's data
-contract ({input: [S, G, ...]}, rank r takes rows [r*G/N, (r+1)*G/N)). TF32
-matmuls are on, as for every system in the benchmark. Timing prints one JSON
+contract ({input: [S, G, ...]}, rank r takes rows [r*G/N, (r+1)*G/N)). Timing
+runs with TF32 matmuls on, as every system in the benchmark; parity in fp32. Timing prints one JSON
 line: {"system": ..., "ranks": N, "median_ms": ..., "min_ms": ..., "max_ms": ...}.
 """
 import argparse
@@ -37,8 +37,9 @@ def model_for(sample, device):
 def worker(rank, args, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    # TF32 for timing (as every system in the benchmark); full fp32 for parity.
+    torch.backends.cuda.matmul.allow_tf32 = not args.data
+    torch.backends.cudnn.allow_tf32 = not args.data
     dist.init_process_group("nccl", rank=rank, world_size=args.nproc)
     device = torch.device("cuda", rank)
     model, specs = model_for(args.sample, device)
