@@ -18,9 +18,11 @@ tail -n 3 "$OUT/unit.log"
 NPROC=${NPROC:-2}
 # A data file in spmd-run's layout: 5 slices of the global batch (100 rows per rank).
 python3 -c "import torch; torch.manual_seed(3); torch.save({'x': torch.randn(5, 100*$NPROC, 100)}, '$OUT/data.pt')"
+$B/spmd-expand samples/mlp.pt $(cat samples/mlp.inputs) --optimizer adam --lr 1e-2 --eps 1e-2 | $B/spmd-split \
+  | $B/spmd-lower --device cuda -o "$OUT/parity.spmd"
 $B/spmd-expand samples/mlp.pt $(cat samples/mlp.inputs) --optimizer adam --lr 1e-2 | $B/spmd-split \
   | $B/spmd-lower --device cuda -o "$OUT/mlp.spmd"
-$B/spmd-run "$OUT/mlp.spmd" --nproc $NPROC --device cuda --steps 5 --data "$OUT/data.pt" --save-params "$OUT/ours.pt" > "$OUT/parity-run.log" 2>&1
+$B/spmd-run "$OUT/parity.spmd" --nproc $NPROC --device cuda --steps 5 --data "$OUT/data.pt" --save-params "$OUT/ours.pt" > "$OUT/parity-run.log" 2>&1
 python3 bench/ddp_gpu.py --nproc $NPROC --data "$OUT/data.pt" --steps 5 --out "$OUT/ref.pt" > "$OUT/parity-ddp.log" 2>&1
 python3 -c "
 import torch
