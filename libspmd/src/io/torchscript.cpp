@@ -268,8 +268,9 @@ class Converter {
     for (int i : {0, 1, 2, 3, 4, 6, 7}) {
       node.args.push_back(convertArg(n, schema.arguments()[i], n->inputs()[i]));
     }
-    const Value& input = graph_.value(node.args[0].value);
-    const Value& stat = graph_.value(node.args[3].value);
+    // Copies: newValue() may move the graph's values.
+    const Value input = graph_.value(node.args[0].value);
+    const Value stat = graph_.value(node.args[3].value);
     const int64_t channels = input.shape.size() > 1 ? input.shape[1] : 0;
     node.outputs.push_back(newValue("batch_norm", input.dtype, input.shape));
     node.outputs.push_back(newValue("save_mean", input.dtype, {channels}));

@@ -331,8 +331,9 @@ Grads maskedFillRule(RuleInput& r) {
 // ---- reductions and losses -------------------------------------------------------
 
 // The gradient of a reduction: `g` reshaped to keep the reduced dims, then
-// expanded over the input.
-ValueId expandReduced(GraphBuilder& b, ValueId g, const std::vector<int64_t>& inShape, const Arg& dims) {
+// expanded over the input. `inShape` by value: appending nodes may move the
+// graph's values, and with them a referenced shape.
+ValueId expandReduced(GraphBuilder& b, ValueId g, const std::vector<int64_t> inShape, const Arg& dims) {
   std::vector<int64_t> kept = inShape;
   const bool all = dims.kind == Arg::Kind::None || dims.ints.empty();
   for (size_t d = 0; d < kept.size(); ++d) {
@@ -560,7 +561,7 @@ std::string sdpaUnsupported(const Node& n) {
 
 void rewriteSdpa(GraphBuilder& b, const Node& n) {
   ValueId q = in(n, 0), k = in(n, 1), v = in(n, 2);
-  const auto& qShape = b.shape(q);
+  const auto qShape = b.shape(q);
   const int64_t L = qShape[qShape.size() - 2], S = b.shape(k)[b.shape(k).size() - 2];
   const double scale = n.args.size() > 6 && !isNone(n, 6) ? scalarAt(n, 6) : 1.0 / std::sqrt(static_cast<double>(qShape.back()));
   ValueId scores = b.call("aten::matmul", {Arg::tensor(q), Arg::tensor(mT(b, k))});

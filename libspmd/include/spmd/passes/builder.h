@@ -31,6 +31,7 @@ class GraphBuilder {
                                  const std::vector<ValueId>& preset = {});
   ValueId call(const std::string& op, std::vector<Arg> args, const std::string& base = "");
 
+  // References into the graph: valid until the next node is appended.
   const Value& value(ValueId v) const { return graph_.value(v); }
   const std::vector<int64_t>& shape(ValueId v) const { return graph_.value(v).shape; }
   Graph& graph() { return graph_; }
