@@ -16,6 +16,7 @@
 #include "spmd/ir/printer.h"
 
 #include <map>
+#include <stdexcept>
 #include <set>
 
 namespace spmd {
@@ -29,6 +30,15 @@ void forEachTensorArg(const Node& n, F&& f) {
     if (a.kind == Arg::Kind::Value) f(a.value);
     for (ValueId v : a.values) f(v);
   }
+}
+
+// Ops whose results take only the shape, dtype or device of their tensor
+// arguments: nothing flows back through them.
+bool createsFreshTensor(const Node& n) {
+  static const std::set<std::string> ops = {"aten::new_full", "aten::new_zeros", "aten::new_ones", "aten::new_empty",
+                                            "aten::zeros_like", "aten::ones_like", "aten::full_like",
+                                            "aten::empty_like", "aten::rand_like", "aten::randn_like"};
+  return ops.count(n.op) > 0;
 }
 
 // Which values depend on a trainable parameter, and which feed the loss.
@@ -51,7 +61,7 @@ Activity analyse(const Graph& g, ValueId loss) {
   }
   for (const Node& n : g.nodes()) {
     bool any = false;
-    forEachTensorArg(n, [&](ValueId v) { any = any || a.requiresGrad[v]; });
+    if (!createsFreshTensor(n)) forEachTensorArg(n, [&](ValueId v) { any = any || a.requiresGrad[v]; });
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       ValueId o = n.outputs[k];
       if (o == kNoValue) continue;
@@ -83,12 +93,15 @@ ValueId checkedLoss(const Graph& g) {
 }
 
 // Every active node must be differentiable; all that are not are reported
-// together, each with its source line.
-void requireRules(const Graph& g, const Activity& activity) {
+// together, each with its source line. After the forward rewrites every
+// active node needs a rule of its own (a rewrite that did not apply, e.g.
+// cross-entropy over more than 2 dimensions, leaves the composite op).
+void requireRules(const Graph& g, const Activity& activity, bool rewritten) {
   std::vector<std::string> missing;
   for (const Node& n : g.nodes()) {
     if (!activity.active(n)) continue;
-    const std::string why = whyNotDifferentiable(n);
+    std::string why = whyNotDifferentiable(n);
+    if (why.empty() && rewritten && !findDerivative(n)) why = "not supported for these arguments";
     if (why.empty()) continue;
     missing.push_back(n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source) + " (" + why + ")");
   }
@@ -141,8 +154,10 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
     }
     if (!any) continue;
     b.setMeta(NodeMeta{node.meta.source, "backward", -1, -1, ""});
+    const DerivativeRule* rule = findDerivative(node);
+    if (!rule) throw std::logic_error("autodiff: no rule for " + node.qualifiedName() + " after the forward rewrites");
     RuleInput input{b, node, outGrads, needsGrad};
-    for (const Contribution& c : findDerivative(node)->backward(input)) {
+    for (const Contribution& c : rule->backward(input)) {
       if (needsGrad(c.input)) accumulate(b, grads, c.input, c.grad);
     }
   }
@@ -157,9 +172,11 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
 bool runAutodiff(Graph& g, const PipelineOptions&) {
   const ValueId loss = checkedLoss(g);
   const Activity activity = analyse(g, loss);
-  requireRules(g, activity);
+  requireRules(g, activity, false);
   prepareForward(g, activity);
-  appendBackward(g, analyse(g, loss), loss);  // again: rewrites added values
+  const Activity rewritten = analyse(g, loss);  // again: rewrites added values
+  requireRules(g, rewritten, true);
+  appendBackward(g, rewritten, loss);
   eliminateDeadNodes(g);  // backward results no gradient needed
   return true;
 }
