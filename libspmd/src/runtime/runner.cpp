@@ -119,6 +119,11 @@ void progress(int step, int steps) {
 
 }  // namespace
 
+std::string loweringDevice(const std::string& requested) {
+  if (requested != "auto") return requested;
+  return torch::cuda::is_available() ? "cuda" : "cpu";
+}
+
 void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankInfo, const RunOptions& o,
                  std::ostream& out) {
   const Graph& g = artifact.graph;

@@ -22,6 +22,10 @@ struct RunOptions {
   std::chrono::milliseconds timeout{300000};
 };
 
+// The device a graph given to spmd-run is lowered for: `requested`, or for
+// "auto" CUDA where this machine has it.
+std::string loweringDevice(const std::string& requested);
+
 // Runs `artifact` for options.steps steps as rank `rank` (nullopt: a single
 // process without a process group). Rank 0 reports each step's loss and a
 // summary on `out` (JSON with options.json), and a progress bar on a
