@@ -84,6 +84,15 @@ def check_json(binary, outdir, entry):
             problems.append("parameter %s has requires_grad %s, expected %s" %
                             (i.get("name"), i.get("requires_grad"), trainable))
 
+    # Traced modules: every node names the user's own line (gen_modules.py),
+    # not torch.nn's, read from the Python stack the tracer recorded.
+    if entry.get("mode") == "trace":
+        for k, node in enumerate(dump.get("nodes", [])):
+            source = node.get("meta", {}).get("source", "")
+            if not source.startswith("gen_modules.py:"):
+                problems.append("node %d (%s) names %r, not a gen_modules.py line" % (k, node.get("op"), source))
+                break
+
     # Updates may only write buffers.
     buffers = set(entry["buffers"])
     for update in dump.get("updates", []):

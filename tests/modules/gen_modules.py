@@ -546,6 +546,7 @@ def main():
         write_expected(pt_path, args, os.path.join(out, name + ".expected.pt"))
         manifest.append({
             "name": name,
+            "mode": mode,
             "file": name + ".pt",
             "inputs": [arg.spec() for arg in args],
             "parameters": [n for n, _ in eager.named_parameters()],

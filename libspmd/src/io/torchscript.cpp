@@ -42,6 +42,29 @@ c10::optional<jit::SourceRange> preferredSource(const std::vector<jit::SourceRan
   return fallback;
 }
 
+std::string baseName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// torch.jit.trace records each op's Python stack as the text of its source
+// range, one "path(line): function" per frame, innermost first: the first
+// frame outside torch is the user's line.
+std::string userFrameInTracedStack(const jit::SourceRange& range) {
+  if (!range.source()) return "";
+  std::istringstream lines(range.source()->text_str().str());
+  std::string line;
+  while (std::getline(lines, line)) {
+    size_t close = line.rfind("): ");
+    size_t open = close == std::string::npos ? std::string::npos : line.rfind('(', close);
+    if (open == std::string::npos || open == 0) continue;
+    const std::string path = line.substr(0, open), number = line.substr(open + 1, close - open - 1);
+    if (number.empty() || number.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (!isLibraryFile(path)) return baseName(path) + ":" + number;
+  }
+  return "";
+}
+
 // "model.py:12" for a node whose Python source is known, else "".
 std::string sourceOf(const jit::Node* n) {
   std::vector<jit::SourceRange> frames{n->sourceRange()};
@@ -52,10 +75,11 @@ std::string sourceOf(const jit::Node* n) {
   auto range = preferredSource(frames);
   if (!range) return "";
   auto flc = range->file_line_col();
-  std::string file = std::get<0>(*flc);
-  size_t slash = file.find_last_of('/');
-  if (slash != std::string::npos) file = file.substr(slash + 1);
-  return file + ":" + std::to_string(std::get<1>(*flc));
+  if (isLibraryFile(std::get<0>(*flc))) {
+    std::string traced = userFrameInTracedStack(*range);
+    if (!traced.empty()) return traced;
+  }
+  return baseName(std::get<0>(*flc)) + ":" + std::to_string(std::get<1>(*flc));
 }
 
 std::string describe(const jit::Node* n) {
