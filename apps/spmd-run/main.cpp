@@ -19,7 +19,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   app.add_option("IN", in, "artifact from spmd-lower, or a graph (JSON/TorchScript) to lower with defaults")->required();
   app.add_option("--nproc", nproc, "spawn N local ranks (ignored under torchrun, srun or mpirun)")->check(CLI::Range(1, 1024));
-  app.add_option("--steps", o.steps, "training steps")->check(CLI::Range(1, 100000000))->capture_default_str();
+  app.add_option("--steps", o.steps, "training steps (default: spmd-unroll's --iters, else 10)")->check(CLI::Range(1, 100000000));
+  app.add_option("--warmup", o.warmup, "steps left out of the timing summary (they still train)")
+      ->check(CLI::Range(0, 100000000))
+      ->capture_default_str();
   app.add_option("--data", o.dataFile, "torch.save'd {input: tensor [S, G, ...]}; rank r takes rows [r*G/N, (r+1)*G/N) of slice s % S");
   app.add_option("--save-params", o.saveParams, "write rank 0's parameters {name: tensor} (torch.load reads it)");
   app.add_option("--device", o.device, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();

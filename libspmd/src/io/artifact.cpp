@@ -58,6 +58,7 @@ std::string writeArtifact(const Artifact& artifact) {
   const std::string indexText = index.dump();
   sum.add(indexText);
   json header{{"format", kArtifactFormat}, {"version", kArtifactVersion}, {"device", artifact.device},
+              {"cudagraphs", artifact.cudagraphs},
               {"nodes", artifact.graph.nodes().size()}, {"checksum", sum.hex()}};
   const std::string headerText = header.dump(2) + "\n";
   writer.writeRecord("header.json", headerText.data(), headerText.size());
@@ -103,6 +104,7 @@ Artifact readArtifact(const std::string& bytes) {
     const std::string indexText = record(zip, "tensors.json");
     Artifact artifact;
     artifact.device = header.value("device", "cpu");
+    artifact.cudagraphs = header.value("cudagraphs", false);
     for (const auto& entry : json::parse(indexText)) {
       const std::string data = record(zip, entry["record"].get<std::string>());
       auto dtype = parseDtype(entry["dtype"].get<std::string>());

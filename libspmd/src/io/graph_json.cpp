@@ -134,6 +134,7 @@ std::string writeGraphJson(const Graph& g) {
     ojson weights{{"file", g.weights().file}, {"format", g.weights().format}};
     out += "  \"weights\": " + weights.dump() + ",\n";
   }
+  if (g.iters() > 0) out += "  \"iters\": " + std::to_string(g.iters()) + ",\n";
   std::vector<ojson> items;
   for (const auto& in : g.inputs()) items.push_back(inputJson(g, in));
   writeArray(out, "inputs", items, false);
@@ -174,7 +175,7 @@ namespace {
 class Reader {
  public:
   Graph read(const json& doc) {
-    expectObject(doc, "", {"format", "version", "weights", "inputs", "nodes", "outputs", "updates", "gradients", "buckets"},
+    expectObject(doc, "", {"format", "version", "weights", "iters", "inputs", "nodes", "outputs", "updates", "gradients", "buckets"},
                  {"format", "version", "inputs", "nodes", "outputs"});
     if (!doc["format"].is_string() || doc["format"] != "spmd-graph") {
       fail("/format", "expected \"spmd-graph\"");
@@ -184,6 +185,10 @@ class Reader {
                            std::to_string(kGraphFormatVersion) + ")");
     }
     if (doc.contains("weights")) readWeights(doc["weights"]);
+    if (doc.contains("iters")) {
+      if (!doc["iters"].is_number_integer() || doc["iters"] < 1) fail("/iters", "expected a positive integer");
+      graph_.setIters(doc["iters"].get<int>());
+    }
     const json& inputs = expectArray(doc["inputs"], "/inputs");
     for (size_t i = 0; i < inputs.size(); ++i) readInput(inputs[i], "/inputs/" + std::to_string(i));
     const json& nodes = expectArray(doc["nodes"], "/nodes");
@@ -400,7 +405,12 @@ class Reader {
     if (j.contains("role")) m.role = str(j["role"], where + "/role");
     if (j.contains("bucket")) m.bucket = index(j["bucket"], where + "/bucket");
     if (j.contains("partition")) m.partition = index(j["partition"], where + "/partition");
-    if (j.contains("iteration")) m.iteration = str(j["iteration"], where + "/iteration");
+    if (j.contains("iteration")) {
+      m.iteration = str(j["iteration"], where + "/iteration");
+      if (m.iteration != "previous" && m.iteration != "last") {
+        fail(where + "/iteration", "expected \"previous\" or \"last\", got \"" + m.iteration + "\"");
+      }
+    }
     return m;
   }
 

@@ -76,6 +76,7 @@ std::string printListing(const Graph& g) {
   std::ostringstream out;
   out << "graph";
   if (!g.weights().file.empty()) out << " {weights: " << g.weights().file << "}";
+  if (g.iters() > 0) out << " {unrolled: " << g.iters() << " iterations}";
   out << "\n";
   for (const auto& in : g.inputs()) {
     const Value& v = g.value(in.value);

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <sstream>
 
 namespace spmd {
@@ -74,6 +75,7 @@ class Verifier {
     }
     for (size_t i = 0; i < graph_.updates().size(); ++i) checkUpdate(i);
     for (size_t i = 0; i < graph_.gradients().size(); ++i) checkGradient(i);
+    checkUpdatedOnce();
     return std::move(problems_);
   }
 
@@ -228,6 +230,28 @@ class Verifier {
     if (p.dtype != v.dtype || p.shape != v.shape) {
       problem(where, "gradient of '" + p.name + "' " + dtypeShortName(p.dtype) + shapeText(p.shape) + " is '" + v.name +
                          "' " + dtypeShortName(v.dtype) + shapeText(v.shape));
+    }
+  }
+
+  // Each input is updated once per iteration: an unrolled graph may update it
+  // a second time from a node tagged "last", which replaces the first then.
+  void checkUpdatedOnce() {
+    std::vector<std::string> tag(graph_.numValues());
+    for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+      const Node& n = graph_.nodes()[i];
+      if (!n.meta.iteration.empty() && graph_.iters() == 0) {
+        problem("/nodes/" + std::to_string(i) + "/meta/iteration", "iteration tag in a graph that is not unrolled");
+      }
+      for (ValueId o : n.outputs) {
+        if (o != kNoValue) tag[o] = n.meta.iteration;
+      }
+    }
+    std::map<ValueId, std::pair<int, int>> counts;  // input -> (other updates, updates from "last" nodes)
+    for (size_t i = 0; i < graph_.updates().size(); ++i) {
+      const StateUpdate& u = graph_.updates()[i];
+      auto& [other, last] = counts[u.input];
+      (tag[u.value] == "last" ? last : other) += 1;
+      if (other > 1 || last > 1) problem("/updates/" + std::to_string(i), "'" + graph_.value(u.input).name + "' is updated twice");
     }
   }
 

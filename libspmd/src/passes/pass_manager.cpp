@@ -18,6 +18,7 @@ const std::vector<PassInfo>& registeredPasses() {
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", runGradSync},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", runOptimizer},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", runBucket},
+      {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration", runUnroll},
   };
   return passes;
 }

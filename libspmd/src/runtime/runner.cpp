@@ -3,18 +3,21 @@
 #include "spmd/io/load.h"
 #include "spmd/io/torch_save.h"
 #include "spmd/ir/printer.h"
-#include "spmd/runtime/interpreter.h"
+#include "spmd/ir/iter_graph.h"
+#include "spmd/runtime/executor.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 #ifdef SPMD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -117,6 +120,48 @@ void progress(int step, int steps) {
   std::fflush(stderr);
 }
 
+// Peak bytes the caching allocator handed out on this rank's GPU (0 on CPU).
+int64_t peakDeviceBytes(const std::string& device, int localRank) {
+#ifdef SPMD_WITH_CUDA
+  if (device == "cuda") {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(localRank));
+    // Index 0 is StatType::AGGREGATE, whose namespace moved between LibTorch versions.
+    return stats.allocated_bytes[0].peak;
+  }
+#endif
+  (void)device;
+  (void)localRank;
+  return 0;
+}
+
+// The graph each kind of iteration runs, bound once. With CUDA graphs, the
+// main iteration (the one that repeats) is captured unless a node forbids it.
+class IterationPlans {
+ public:
+  IterationPlans(const Graph& g, bool cudagraphs, bool lead) : unrolled_(g), cudagraphs_(cudagraphs) {
+    if (!cudagraphs) return;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      std::string why;
+      if (!capturable(g.nodes()[i], why)) {
+        if (lead) std::cerr << "spmd-run: note: /nodes/" << i << ": " << why << "; the step runs without CUDA graphs\n";
+        cudagraphs_ = false;
+        break;
+      }
+    }
+  }
+
+  StepExecutor& at(Iteration it) {
+    auto& slot = plans_[it];
+    if (!slot) slot = std::make_unique<StepExecutor>(graphForIteration(unrolled_, it), cudagraphs_ && it == Iteration::Middle);
+    return *slot;
+  }
+
+ private:
+  const Graph& unrolled_;
+  bool cudagraphs_;
+  std::map<Iteration, std::unique_ptr<StepExecutor>> plans_;
+};
+
 }  // namespace
 
 std::string loweringDevice(const std::string& requested) {
@@ -131,7 +176,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const std::string device = resolveDevice(artifact, o.device);
   std::vector<DataInput> data;
   if (!o.dataFile.empty()) data = loadData(g, o.dataFile, info.worldSize);
-  if (o.steps < 1) throw Diagnostic("--steps", "must be at least 1");
+  const int steps = o.steps > 0 ? o.steps : (g.iters() > 0 ? g.iters() : 10);
+  if (o.warmup >= steps) throw Diagnostic("--warmup", "must be fewer than the " + std::to_string(steps) + " steps");
 
   std::map<std::string, at::Tensor> state;
   const at::Device dev = device == "cuda" ? at::Device(at::kCUDA, info.localRank) : at::Device(at::kCPU);
@@ -146,15 +192,15 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     state[name] = it->second.to(dev);
   }
   if (device == "cuda") at::globalContext().setAllowTF32CuBLAS(o.tf32);
-  Interpreter interpreter(g);
+  IterationPlans plans(g, artifact.cudagraphs && device == "cuda", info.rank == 0);
   std::unique_ptr<Collectives> comm;
   if (rankInfo) comm = joinProcessGroup(info, device, o.timeout);
 
   const bool lead = info.rank == 0;
   const bool bar = lead && !o.json && ::isatty(STDERR_FILENO);
   std::vector<double> losses, ms;
-  for (int step = 0; step < o.steps; ++step) {
-    std::map<std::string, at::Tensor> inputs = state;
+  for (int step = 0; step < steps; ++step) {
+    TensorMap inputs;
     if (data.empty()) {
       for (auto& [name, t] : randomBatch(g, o.seed, info.rank, step)) inputs[name] = t.to(dev);
     } else {
@@ -165,19 +211,20 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     }
     synchronize(device);
     const auto begin = std::chrono::steady_clock::now();
-    RunResult result = interpreter.run(inputs, comm.get());
+    at::Tensor lossTensor = plans.at(iterationAt(step, steps)).run(state, inputs, comm.get());
     synchronize(device);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count());
-    for (auto& [name, t] : result.updates) state[name] = std::move(t);
-    const double loss = result.outputs.empty() ? 0.0 : result.outputs[0].to(at::kCPU).to(at::kDouble).item<double>();
+    const double stepMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+    if (step >= o.warmup) ms.push_back(stepMs);
+    const double loss = lossTensor.defined() ? lossTensor.to(at::kCPU).to(at::kDouble).item<double>() : 0.0;
     losses.push_back(loss);
     if (lead && !o.json && !bar) {
       char line[128];
-      std::snprintf(line, sizeof line, "step %d/%d  loss %.6g  %.3f ms\n", step + 1, o.steps, loss, ms.back());
+      std::snprintf(line, sizeof line, "step %d/%d  loss %.6g  %.3f ms\n", step + 1, steps, loss, stepMs);
       out << line << std::flush;
     }
-    if (bar) progress(step + 1, o.steps);
+    if (bar) progress(step + 1, steps);
   }
+  const int64_t peak = peakDeviceBytes(device, info.localRank);
   if (!lead) return;
   if (!o.saveParams.empty()) saveParameters(g, state, o.saveParams);
   const double median = percentile(ms, 0.5), lo = *std::min_element(ms.begin(), ms.end()),
@@ -185,7 +232,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   char summary[256];
   if (o.json) {
     std::ostringstream j;
-    j << "{\"ranks\": " << info.worldSize << ", \"device\": \"" << device << "\", \"steps\": " << o.steps << ", \"losses\": [";
+    j << "{\"ranks\": " << info.worldSize << ", \"device\": \"" << device << "\", \"steps\": " << steps
+      << ", \"timed_steps\": " << ms.size() << ", \"peak_bytes\": " << peak << ", \"losses\": [";
     for (size_t i = 0; i < losses.size(); ++i) j << (i ? ", " : "") << floatText(losses[i]);
     std::snprintf(summary, sizeof summary,
                   "], \"ms_per_step\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, \"steps_per_s\": %.3f}\n", median,
@@ -195,9 +243,11 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   }
   if (bar) out << "final loss " << floatText(losses.back()) << "\n";
   std::snprintf(summary, sizeof summary, "%d steps on %d rank%s (%s): median %.3f ms, min %.3f ms, max %.3f ms per step, %.1f steps/s\n",
-                o.steps, info.worldSize, info.worldSize == 1 ? "" : "s", device.c_str(), median, lo, hi,
+                steps, info.worldSize, info.worldSize == 1 ? "" : "s", device.c_str(), median, lo, hi,
                 median > 0 ? 1000.0 / median : 0.0);
-  out << summary << std::flush;
+  out << summary;
+  if (peak > 0) out << "peak device memory " << floatText(std::round(peak / 1048576.0 * 10) / 10) << " MiB on rank 0\n";
+  out << std::flush;
 }
 
 }  // namespace spmd

@@ -20,6 +20,7 @@ constexpr int kArtifactVersion = 1;
 struct Artifact {
   Graph graph;
   std::string device = "cpu";                 // "cpu" or "cuda"
+  bool cudagraphs = false;                    // spmd-lower --cudagraphs: spmd-run captures the step
   std::map<std::string, at::Tensor> state;    // parameters, buffers, optimizer state (CPU)
 };
 

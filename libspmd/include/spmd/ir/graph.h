@@ -155,6 +155,9 @@ class Graph {
   std::vector<Node> takeNodes();
   const WeightsRef& weights() const { return weights_; }
   void setWeights(WeightsRef w) { weights_ = std::move(w); }
+  // spmd-unroll's iteration count (0: not unrolled). See ir/iter_graph.h.
+  int iters() const { return iters_; }
+  void setIters(int n) { iters_ = n; }
 
   // A value name not used yet, derived from `base` the way FX does
   // (relu, relu_1, relu_2, ...).
@@ -170,6 +173,7 @@ class Graph {
   std::vector<Gradient> gradients_;
   std::vector<Bucket> buckets_;
   WeightsRef weights_;
+  int iters_ = 0;
   std::map<std::string, int> nextSuffix_;
 };
 

@@ -33,10 +33,28 @@ struct BucketOptions {
   std::vector<std::string> ignored;  // --ignore-param: never bucketed, never synced
 };
 
+// IterGraphModule's unrolling (spmd-unroll).
+struct UnrollOptions {
+  int iters = 10;    // --iters: spmd-run's step count for the artifact
+  bool move = true;  // --no-move: unroll without moving work across iterations
+};
+
+// The lowering passes (spmd-lower).
+struct LowerOptions {
+  std::string device = "cpu";  // --device
+  bool cudagraphs = false;     // --cudagraphs
+  bool fuse = true;            // --no-fuse: keep the optimizer's per-parameter ops
+};
+
 struct PipelineOptions {
   OptimizerOptions optimizer;
   GradReduce gradReduce = GradReduce::Mean;  // DDP averages; _spmd summed
   BucketOptions buckets;
+  UnrollOptions unroll;
+  LowerOptions lower;
+  // Where passes say what they did not do and why (one line each, printed
+  // by the tool as "TOOL: note: FILE: LINE"), or nullptr.
+  std::vector<std::string>* notes = nullptr;
 };
 
 std::string optimizerName(OptimizerKind kind);

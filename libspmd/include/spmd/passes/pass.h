@@ -54,4 +54,8 @@ bool runBucket(Graph& graph, const PipelineOptions& options);
 // What spmd-split runs: grad-sync (for dumps that lack it), bucket.
 const std::vector<std::string>& splitPipeline();
 
+bool runUnroll(Graph& graph, const PipelineOptions& options);
+// What spmd-unroll runs: unroll.
+const std::vector<std::string>& unrollPipeline();
+
 }  // namespace spmd

@@ -12,7 +12,8 @@
 namespace spmd {
 
 struct RunOptions {
-  int steps = 10;
+  int steps = 0;   // 0: the unrolled graph's iterations, else 10
+  int warmup = 0;  // steps left out of the timing summary
   std::string dataFile;    // --data: {input: [S, G, ...]} saved with torch.save
   std::string saveParams;  // --save-params: rank 0's parameters after the run
   std::string device = "auto";

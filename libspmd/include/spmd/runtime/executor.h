@@ -1,0 +1,53 @@
+// Running one iteration's graph as a training step, eagerly through the
+// interpreter or, on CUDA with --cudagraphs, captured once into a CUDA graph
+// and replayed.
+#pragma once
+
+#include "spmd/ir/graph.h"
+#include "spmd/runtime/interpreter.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace spmd {
+
+class Collectives;
+struct CapturedStep;
+
+using TensorMap = std::map<std::string, at::Tensor>;
+
+class StepExecutor {
+ public:
+  // `capture`: after `eagerSteps` eager steps (which also let NCCL and
+  // cuBLAS set themselves up), capture the step and replay it from then on.
+  StepExecutor(Graph graph, bool capture, int eagerSteps = 2);
+  ~StepExecutor();
+  StepExecutor(const StepExecutor&) = delete;
+  StepExecutor& operator=(const StepExecutor&) = delete;
+
+  // One step: reads parameters, buffers and state from `state` and the data
+  // inputs from `data`, and leaves the updated values in `state` (in place
+  // once captured). Returns the graph's first output (the loss).
+  at::Tensor run(TensorMap& state, const TensorMap& data, Collectives* comm);
+
+  bool captured() const { return captured_ != nullptr; }
+
+ private:
+  at::Tensor runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm);
+  void capture(TensorMap& state, const TensorMap& data, Collectives* comm);
+
+  Graph graph_;
+  Interpreter interpreter_;
+  bool capture_;
+  int eagerSteps_;
+  int stepsRun_ = 0;
+  std::unique_ptr<CapturedStep> captured_;
+};
+
+// Whether the node can run inside a CUDA graph; if not, `why` says why.
+bool capturable(const Node& node, std::string& why);
+
+}  // namespace spmd

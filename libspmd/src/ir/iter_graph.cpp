@@ -1,0 +1,187 @@
+#include "spmd/ir/iter_graph.h"
+
+#include "spmd/support/diagnostic.h"
+
+#include <map>
+#include <stdexcept>
+
+namespace spmd {
+namespace {
+
+template <typename F>
+void forEachTensorArg(Node& n, F&& f) {
+  for (Arg& a : n.args) {
+    if (a.kind == Arg::Kind::Value) f(a.value);
+    for (ValueId& v : a.values) f(v);
+  }
+}
+
+void remapArgs(Node& n, const std::map<ValueId, ValueId>& to) {
+  forEachTensorArg(n, [&](ValueId& v) {
+    auto it = to.find(v);
+    if (it != to.end()) v = it->second;
+  });
+}
+
+// The iteration tag of the node producing each value ("" for inputs).
+std::vector<std::string> producerTags(const Graph& g) {
+  std::vector<std::string> tags(g.numValues());
+  for (const Node& n : g.nodes()) {
+    for (ValueId o : n.outputs) {
+      if (o != kNoValue) tags[o] = n.meta.iteration;
+    }
+  }
+  return tags;
+}
+
+bool keepsNode(const std::string& tag, Iteration it) {
+  if (tag == kFromPrevious) return it == Iteration::Middle || it == Iteration::Last;
+  if (tag == kLastOnly) return it == Iteration::Last || it == Iteration::Only;
+  return true;
+}
+
+}  // namespace
+
+Iteration iterationAt(int step, int steps) {
+  if (steps == 1) return Iteration::Only;
+  if (step == 0) return Iteration::First;
+  return step == steps - 1 ? Iteration::Last : Iteration::Middle;
+}
+
+const char* iterationName(Iteration it) {
+  switch (it) {
+    case Iteration::First: return "setup";
+    case Iteration::Middle: return "main";
+    case Iteration::Last: return "cleanup";
+    case Iteration::Only: return "single";
+  }
+  return "?";
+}
+
+Graph graphForIteration(const Graph& graph, Iteration it) {
+  if (graph.iters() == 0) return graph;
+  const std::vector<std::string> tags = producerTags(graph);
+  const bool runsPrevious = keepsNode(kFromPrevious, it), runsLast = keepsNode(kLastOnly, it);
+  Graph out = graph;
+  out.setIters(0);
+  // Without the previous iteration's moved work, what it would have updated
+  // keeps its input value.
+  std::map<ValueId, ValueId> keptInput;
+  std::set<ValueId> updatedByLast;
+  for (const auto& u : graph.updates()) {
+    if (!runsPrevious && tags[u.value] == kFromPrevious) keptInput[u.value] = u.input;
+    if (tags[u.value] == kLastOnly) updatedByLast.insert(u.input);
+  }
+  std::set<ValueId> dropped;
+  for (Node& n : out.takeNodes()) {
+    if (!keepsNode(n.meta.iteration, it)) {
+      for (ValueId o : n.outputs) dropped.insert(o);
+      continue;
+    }
+    remapArgs(n, keptInput);
+    n.meta.iteration.clear();
+    out.addNode(std::move(n));
+  }
+  out.updates().clear();
+  for (const auto& u : graph.updates()) {
+    const std::string& tag = tags[u.value];
+    if (dropped.count(u.value)) continue;
+    if (runsLast && tag != kLastOnly && updatedByLast.count(u.input)) continue;
+    out.addUpdate(u);
+  }
+  for (Gradient& g : out.gradients()) {
+    if (dropped.count(g.reduced)) g.reduced = kNoValue;
+  }
+  return out;
+}
+
+IterGraph::IterGraph(Graph& graph) : graph_(graph) {
+  if (graph.iters() > 0) throw Diagnostic("/iters", "the graph is unrolled already");
+}
+
+void IterGraph::moveToNextIteration(const std::set<size_t>& nodes) {
+  if (frozen_) throw std::logic_error("IterGraph: moves after freeze()");
+  for (size_t i : nodes) {
+    if (i >= graph_.nodes().size()) throw std::logic_error("IterGraph: no node " + std::to_string(i));
+  }
+  staged_.insert(nodes.begin(), nodes.end());
+}
+
+void IterGraph::freeze(int iters) {
+  if (frozen_) throw std::logic_error("IterGraph: freeze() twice");
+  frozen_ = true;
+  Graph& g = graph_;
+  std::vector<bool> moved(g.numValues(), false);  // produced by a moved node
+  for (size_t i : staged_) {
+    for (ValueId o : g.nodes()[i].outputs) {
+      if (o != kNoValue) moved[o] = true;
+    }
+  }
+  // What stays must not read what moves: it would read last iteration's value.
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    if (staged_.count(i)) continue;
+    Node n = g.nodes()[i];
+    forEachTensorArg(n, [&](ValueId& v) {
+      if (moved[v]) {
+        throw Diagnostic("/nodes/" + std::to_string(i), "'" + g.value(v).name +
+                                                            "' cannot move to the next iteration: this node reads it and stays");
+      }
+    });
+  }
+  for (size_t k = 0; k < g.outputs().size(); ++k) {
+    if (moved[g.outputs()[k]]) throw Diagnostic("/outputs/" + std::to_string(k), "a graph output cannot move to the next iteration");
+  }
+  // Parameters and state the moved nodes update, with their new values.
+  std::map<ValueId, ValueId> movedUpdate;
+  std::set<ValueId> updatedByRest;
+  for (const auto& u : g.updates()) {
+    if (moved[u.value]) movedUpdate[u.input] = u.value;
+    else updatedByRest.insert(u.input);
+  }
+  // What the moved nodes read from the rest of the step, or from state the
+  // rest updates, is carried over as it was in the iteration that made it.
+  std::map<ValueId, ValueId> carried;
+  std::vector<Node> nodes = g.takeNodes();
+  for (size_t i : staged_) {
+    forEachTensorArg(nodes[i], [&](ValueId& v) {
+      if (moved[v] || carried.count(v)) return;
+      if (g.inputOf(v) && !updatedByRest.count(v)) return;  // still as the previous iteration left it
+      Value c = g.value(v);
+      c.name = g.freshName("carry." + c.name);
+      carried[v] = g.addInput(c, InputKind::State);
+    });
+  }
+  for (size_t i : staged_) {
+    Node n = nodes[i];
+    remapArgs(n, carried);
+    n.meta.iteration = kFromPrevious;
+    g.addNode(std::move(n));
+  }
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (staged_.count(i)) continue;
+    remapArgs(nodes[i], movedUpdate);
+    g.addNode(std::move(nodes[i]));
+  }
+  // The last iteration's own share: moved values get copies; reads of what
+  // the previous share updated see its results.
+  std::map<ValueId, ValueId> lastCopy = movedUpdate;
+  for (size_t i : staged_) {
+    Node n = nodes[i];
+    remapArgs(n, lastCopy);
+    for (ValueId& o : n.outputs) {
+      if (o == kNoValue) continue;
+      Value copy = g.value(o);
+      copy.name = g.freshName(copy.name + ".last");
+      const ValueId fresh = g.addValue(copy);
+      lastCopy[o] = fresh;
+      o = fresh;
+    }
+    n.meta.iteration = kLastOnly;
+    g.addNode(std::move(n));
+  }
+  for (const auto& [input, value] : movedUpdate) g.addUpdate({input, lastCopy.at(value)});
+  for (const auto& [from, input] : carried) g.addUpdate({input, from});
+  g.setIters(iters);
+}
+
+}  // namespace spmd

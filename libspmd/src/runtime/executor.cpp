@@ -1,0 +1,121 @@
+#include "spmd/runtime/executor.h"
+
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+#ifdef SPMD_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <set>
+
+namespace spmd {
+
+// Ops whose CUDA kernels read a result back to the host (a size that decides
+// the output's shape, or a value), which a CUDA graph cannot hold.
+bool capturable(const Node& node, std::string& why) {
+  static const std::set<std::string> hostSync = {
+      "aten::nonzero", "aten::_local_scalar_dense", "aten::item", "aten::masked_select", "aten::unique",
+      "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
+      // Counts the distinct indices on the host to size its segments.
+      "aten::embedding_dense_backward", "aten::embedding_backward",
+  };
+  if (hostSync.count(node.op)) {
+    why = node.qualifiedName() + " waits for a result on the host";
+    return false;
+  }
+  return true;
+}
+
+struct CapturedStep {
+#ifdef SPMD_WITH_CUDA
+  at::cuda::CUDAGraph graph;
+#endif
+  TensorMap staticData;  // the data inputs the graph reads: refilled each step
+  at::Tensor loss;       // the graph's first output, rewritten by each replay
+};
+
+StepExecutor::StepExecutor(Graph graph, bool capture, int eagerSteps)
+    : graph_(std::move(graph)), interpreter_(graph_), capture_(capture), eagerSteps_(eagerSteps) {}
+
+StepExecutor::~StepExecutor() = default;
+
+at::Tensor StepExecutor::run(TensorMap& state, const TensorMap& data, Collectives* comm) {
+  ++stepsRun_;
+  if (captured_) {
+    for (auto& [name, t] : captured_->staticData) t.copy_(data.at(name));
+#ifdef SPMD_WITH_CUDA
+    captured_->graph.replay();
+#endif
+    return captured_->loss;
+  }
+  if (!capture_ || stepsRun_ <= eagerSteps_) return runEagerly(state, data, comm);
+  capture(state, data, comm);
+#ifdef SPMD_WITH_CUDA
+  captured_->graph.replay();
+#endif
+  return captured_->loss;
+}
+
+at::Tensor StepExecutor::runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm) {
+  TensorMap inputs = state;
+  for (const auto& [name, t] : data) inputs[name] = t;
+  RunResult result = interpreter_.run(inputs, comm);
+  for (auto& [name, t] : result.updates) state[name] = std::move(t);
+  return result.outputs.empty() ? at::Tensor() : result.outputs[0];
+}
+
+void StepExecutor::capture(TensorMap& state, const TensorMap& data, Collectives* comm) {
+#ifdef SPMD_WITH_CUDA
+  auto step = std::make_unique<CapturedStep>();
+  // The graph reads and writes fixed addresses: every state tensor gets
+  // storage of its own (an eager step may have left two names on one).
+  std::set<const void*> seen;
+  for (auto& [name, t] : state) {
+    if (!seen.insert(t.data_ptr()).second) t = t.clone();
+  }
+  for (const auto& [name, t] : data) step->staticData[name] = t.clone();
+  TensorMap inputs = state;
+  for (const auto& [name, t] : step->staticData) inputs[name] = t;
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  side.synchronize();
+  c10::cuda::getCurrentCUDAStream().synchronize();
+  {
+    c10::cuda::CUDAStreamGuard guard(side);
+    // Thread-local: NCCL's watchdog thread keeps polling its events meanwhile.
+    step->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+    RunResult result = interpreter_.run(inputs, comm);
+    // Updates whose new value is another input's old value go first, before
+    // that input is overwritten.
+    std::vector<std::pair<std::string, at::Tensor>> ordered;
+    for (const auto& u : graph_.updates()) {
+      if (graph_.inputOf(u.value)) {
+        const std::string& name = graph_.value(u.input).name;
+        ordered.emplace_back(name, result.updates.at(name));
+      }
+    }
+    for (const auto& u : graph_.updates()) {
+      if (!graph_.inputOf(u.value)) {
+        const std::string& name = graph_.value(u.input).name;
+        ordered.emplace_back(name, result.updates.at(name));
+      }
+    }
+    for (auto& [name, t] : ordered) {
+      if (!t.is_same(state.at(name))) state.at(name).copy_(t);
+    }
+    step->loss = result.outputs.empty() ? at::Tensor() : result.outputs[0];
+    step->graph.capture_end();
+  }
+  c10::cuda::getCurrentCUDAStream().synchronize();
+  captured_ = std::move(step);
+#else
+  (void)state;
+  (void)data;
+  (void)comm;
+  throw Diagnostic("--cudagraphs", "this build of spmd has no CUDA support");
+#endif
+}
+
+}  // namespace spmd
