@@ -18,6 +18,8 @@ const std::vector<PassInfo>& registeredPasses() {
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", runGradSync},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", runOptimizer},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", runBucket},
+      {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group", runFuseOptimizer},
+      {"check-capture", "with --cudagraphs: notes what keeps the step out of a CUDA graph", runCheckCapture},
       {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration", runUnroll},
   };
   return passes;
@@ -54,7 +56,7 @@ std::string listPasses() {
   std::string out;
   for (const auto& p : registeredPasses()) {
     std::string name = p.name;
-    out += "  " + name + std::string(name.size() < 12 ? 12 - name.size() : 1, ' ') + p.summary + "\n";
+    out += "  " + name + std::string(name.size() < 16 ? 16 - name.size() : 1, ' ') + p.summary + "\n";
   }
   return out;
 }

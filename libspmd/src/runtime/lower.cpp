@@ -24,11 +24,20 @@ void targetDevice(Graph& graph, const std::string& device) {
 }  // namespace
 
 Artifact lowerGraph(Graph graph, const std::string& device) {
+  PipelineOptions options;
+  options.lower.device = device;
+  return lowerGraph(std::move(graph), options);
+}
+
+Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOptions& debug) {
+  const std::string& device = options.lower.device;
   if (device != "cpu" && device != "cuda") throw Diagnostic("--device", "expected cpu or cuda, got '" + device + "'");
   verifyGraphOrThrow(graph);
+  runPasses(graph, lowerPipeline(), options, debug);
   Interpreter binding(graph);  // every node bound to its kernel, or a Diagnostic
   Artifact artifact;
   artifact.device = device;
+  artifact.cudagraphs = options.lower.cudagraphs && device == "cuda";
   std::map<std::string, at::Tensor> weights;
   bool needsWeights = false;
   for (const auto& in : graph.inputs()) needsWeights = needsWeights || in.kind == InputKind::Parameter || in.kind == InputKind::Buffer;

@@ -28,6 +28,8 @@ int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::Success&) {  // a flag such as --list-passes did its work
+    return 0;
   } catch (const CLI::ParseError& e) {
     printError(tool, e.what());
     std::cerr << "Run with --help for more information." << std::endl;

@@ -3,12 +3,17 @@
 #pragma once
 
 #include "spmd/io/artifact.h"
+#include "spmd/passes/pass.h"
 
 namespace spmd {
 
 // Binds every node (an op this LibTorch lacks is a Diagnostic), loads the
 // parameters and buffers the graph's weights reference, and starts optimizer
 // state at zero where the weights file has none, as torch.optim does.
+// The lowering passes (lowerPipeline()) run first, with notes and debug
+// output as every stage's passes.
+Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOptions& debug = {});
+// With the default lowering for `device` (what spmd-run does with a graph).
 Artifact lowerGraph(Graph graph, const std::string& device);
 
 }  // namespace spmd

@@ -1,0 +1,223 @@
+// fuse-optimizer: the optimizer's per-parameter element-wise ops become
+// LibTorch's multi-tensor _foreach_* ops, one call per group of like ops, as
+// torch.optim's foreach implementations do. On CUDA one call launches a few
+// kernels for all parameters instead of one kernel per parameter.
+//
+// Grouped: optimizer nodes with the same op, overload and constant arguments,
+// at the same depth of the graph (so none reads another's result), behind
+// the same bucket_wait (so a bucket's update still overlaps later buckets'
+// all-reduces) and with the same iteration tag. Ops without a _foreach form
+// (pow of a Scalar, rsub, _to_copy, full_like, where) stay as they are; a
+// note lists them. The nodes are then rescheduled, a group running where its
+// last input is ready; communication keeps its order. Values and results do
+// not change: on CPU _foreach ops loop over the same per-tensor kernels.
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <queue>
+#include <set>
+#include <stdexcept>
+
+namespace spmd {
+namespace {
+
+struct ForeachForm {
+  const char* op;
+  const char* overload;
+  size_t tensorArgs;  // leading tensor arguments that become lists
+  size_t constants;   // constant arguments kept after them (add.Scalar's alpha of 1 goes)
+};
+
+// The _foreach form of an element-wise op, for the argument layouts the
+// optimizer pass emits; nullopt when there is none or the arguments differ.
+std::optional<ForeachForm> foreachFormOf(const Node& n) {
+  const std::string name = n.qualifiedName();
+  auto isOne = [](const Arg& a) { return (a.kind == Arg::Kind::Int && a.i == 1) || (a.kind == Arg::Kind::Float && a.f == 1.0); };
+  if (name == "aten::add.Scalar" && n.args.size() == 3 && isOne(n.args[2])) return ForeachForm{"aten::_foreach_add", "Scalar", 1, 1};
+  if (name == "aten::mul.Scalar") return ForeachForm{"aten::_foreach_mul", "Scalar", 1, 1};
+  if (name == "aten::add.Tensor") return ForeachForm{"aten::_foreach_add", "List", 2, 1};
+  if (name == "aten::sub.Tensor") return ForeachForm{"aten::_foreach_sub", "List", 2, 1};
+  if (name == "aten::mul.Tensor") return ForeachForm{"aten::_foreach_mul", "List", 2, 0};
+  if (name == "aten::div.Tensor") return ForeachForm{"aten::_foreach_div", "List", 2, 0};
+  if (name == "aten::maximum") return ForeachForm{"aten::_foreach_maximum", "List", 2, 0};
+  if (name == "aten::addcmul") return ForeachForm{"aten::_foreach_addcmul", "Scalar", 3, 1};
+  if (name == "aten::addcdiv") return ForeachForm{"aten::_foreach_addcdiv", "Scalar", 3, 1};
+  if (name == "aten::sqrt") return ForeachForm{"aten::_foreach_sqrt", "", 1, 0};
+  if (name == "aten::neg") return ForeachForm{"aten::_foreach_neg", "", 1, 0};
+  return std::nullopt;
+}
+
+template <typename F>
+void forEachTensorArg(const Node& n, F&& f) {
+  for (const Arg& a : n.args) {
+    if (a.kind == Arg::Kind::Value) f(a.value);
+    for (ValueId v : a.values) f(v);
+  }
+}
+
+bool isCommunication(const Node& n) { return n.op.rfind("spmd::", 0) == 0 && n.op != "spmd::batch_norm_train"; }
+
+// A text key of everything but the tensor arguments.
+std::string constantsKey(const Node& n, size_t tensorArgs) {
+  std::string key;
+  for (size_t i = tensorArgs; i < n.args.size(); ++i) {
+    const Arg& a = n.args[i];
+    key += std::to_string(static_cast<int>(a.kind)) + ":" + std::to_string(a.i) + ":" + std::to_string(a.f) + ":" +
+           std::to_string(a.b) + ":" + a.s + ";";
+  }
+  return key;
+}
+
+struct Analysis {
+  std::vector<int> depth;  // per node: longest path from the graph inputs
+  std::vector<int> stage;  // per node: the latest bucket_wait it depends on (-1: none)
+  std::vector<std::vector<size_t>> deps;  // per node: producing nodes
+};
+
+Analysis analyse(const Graph& g) {
+  const auto& nodes = g.nodes();
+  std::map<ValueId, size_t> producer;
+  Analysis a{std::vector<int>(nodes.size(), 0), std::vector<int>(nodes.size(), -1), std::vector<std::vector<size_t>>(nodes.size())};
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    std::set<size_t> deps;
+    forEachTensorArg(nodes[i], [&](ValueId v) {
+      auto it = producer.find(v);
+      if (it != producer.end()) deps.insert(it->second);
+    });
+    for (size_t d : deps) {
+      a.depth[i] = std::max(a.depth[i], a.depth[d] + 1);
+      a.stage[i] = std::max(a.stage[i], a.stage[d]);
+    }
+    if (nodes[i].op == "spmd::bucket_wait") a.stage[i] = static_cast<int>(i);
+    a.deps[i].assign(deps.begin(), deps.end());
+    for (ValueId o : nodes[i].outputs) {
+      if (o != kNoValue) producer[o] = i;
+    }
+  }
+  return a;
+}
+
+Node fusedNode(const Graph& g, const std::vector<size_t>& members, const ForeachForm& form) {
+  const Node& first = g.nodes()[members[0]];
+  Node fused;
+  fused.op = form.op;
+  fused.overload = form.overload;
+  fused.meta = first.meta;
+  fused.meta.source.clear();
+  for (size_t k = 0; k < form.tensorArgs; ++k) {
+    Arg list;
+    list.kind = Arg::Kind::Values;
+    for (size_t m : members) list.values.push_back(g.nodes()[m].args[k].value);
+    fused.args.push_back(list);
+  }
+  for (size_t k = form.tensorArgs; k < form.tensorArgs + form.constants; ++k) fused.args.push_back(first.args[k]);
+  for (size_t m : members) fused.outputs.push_back(g.nodes()[m].outputs[0]);
+  return fused;
+}
+
+bool allTensorArgsLeading(const Node& n, size_t tensorArgs) {
+  for (size_t k = 0; k < n.args.size(); ++k) {
+    if ((n.args[k].kind == Arg::Kind::Value) != (k < tensorArgs)) return false;
+  }
+  return n.outputs.size() == 1 && n.outputs[0] != kNoValue;
+}
+
+// Kahn's algorithm over units (single nodes or groups), taking the ready unit
+// that came first in the old order: without groups the order is unchanged.
+std::vector<Node> schedule(const Graph& g, const Analysis& a, const std::vector<int>& unitOf,
+                           const std::vector<Node>& units, const std::vector<size_t>& unitFirst) {
+  const size_t n = units.size();
+  std::vector<std::set<size_t>> succ(n);
+  std::vector<size_t> pending(n, 0);
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    for (size_t d : a.deps[i]) {
+      const size_t from = unitOf[d], to = unitOf[i];
+      if (from != to && succ[from].insert(to).second) ++pending[to];
+    }
+  }
+  using Item = std::pair<size_t, size_t>;  // (first old index, unit)
+  std::priority_queue<Item, std::vector<Item>, std::greater<Item>> ready;
+  for (size_t u = 0; u < n; ++u) {
+    if (pending[u] == 0) ready.push({unitFirst[u], u});
+  }
+  std::vector<Node> out;
+  while (!ready.empty()) {
+    const size_t u = ready.top().second;
+    ready.pop();
+    out.push_back(units[u]);
+    for (size_t s : succ[u]) {
+      if (--pending[s] == 0) ready.push({unitFirst[s], s});
+    }
+  }
+  if (out.size() != n) throw std::logic_error("fuse-optimizer: grouping made a cycle");
+  return out;
+}
+
+std::vector<std::string> commOrder(const std::vector<Node>& nodes) {
+  std::vector<std::string> order;
+  for (const Node& n : nodes) {
+    if (isCommunication(n)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + n.meta.iteration);
+  }
+  return order;
+}
+
+}  // namespace
+
+bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
+  if (!options.lower.fuse) return false;
+  const Analysis a = analyse(g);
+  std::map<std::string, std::vector<size_t>> groups;
+  std::map<std::string, ForeachForm> formOf;
+  std::set<std::string> unfused;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.meta.role != "optimizer") continue;
+    auto form = foreachFormOf(n);
+    if (!form || !allTensorArgsLeading(n, form->tensorArgs)) {
+      unfused.insert(n.qualifiedName());
+      continue;
+    }
+    const std::string key = n.qualifiedName() + "|" + constantsKey(n, form->tensorArgs) + "|" + std::to_string(a.depth[i]) +
+                            "|" + std::to_string(a.stage[i]) + "|" + n.meta.iteration + "|" +
+                            std::to_string(static_cast<int>(g.value(n.outputs[0]).dtype));
+    groups[key].push_back(i);
+    formOf.emplace(key, *form);
+  }
+  // Units: every node alone, except groups of two or more.
+  std::vector<int> unitOf(g.nodes().size(), -1);
+  std::vector<Node> units;
+  std::vector<size_t> unitFirst;
+  size_t fusedCalls = 0, fusedNodes = 0;
+  for (const auto& [key, members] : groups) {
+    if (members.size() < 2) continue;
+    for (size_t m : members) unitOf[m] = static_cast<int>(units.size());
+    units.push_back(fusedNode(g, members, formOf.at(key)));
+    unitFirst.push_back(members.front());
+    ++fusedCalls;
+    fusedNodes += members.size();
+  }
+  if (fusedCalls == 0) return false;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    if (unitOf[i] >= 0) continue;
+    unitOf[i] = static_cast<int>(units.size());
+    units.push_back(g.nodes()[i]);
+    unitFirst.push_back(i);
+  }
+  std::vector<Node> scheduled = schedule(g, a, unitOf, units, unitFirst);
+  if (commOrder(scheduled) != commOrder(g.nodes())) throw std::logic_error("fuse-optimizer: communication reordered");
+  g.takeNodes();
+  for (Node& n : scheduled) g.addNode(std::move(n));
+  if (options.notes) {
+    std::string kept;
+    for (const auto& name : unfused) kept += (kept.empty() ? "" : ", ") + name;
+    options.notes->push_back("fuse-optimizer: " + std::to_string(fusedNodes) + " optimizer nodes became " +
+                             std::to_string(fusedCalls) + " _foreach calls" +
+                             (kept.empty() ? "" : "; without a _foreach form, these stay per parameter: " + kept));
+  }
+  return true;
+}
+
+}  // namespace spmd
