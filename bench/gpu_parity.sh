@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine: parity of all three samples with torch's DDP over NCCL
 # (2 GPUs, fp32, Adam lr 1e-2 eps 1e-2, 5 steps on the same data slices).
-# Expects build-gpu from bench/gpu_run.sh (or builds the tools).
+# Uses build-gpu from bench/bench.sh where it exists (else builds the tools).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out}

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# The benchmark of issue #6, on the GPU machine, from the repository root:
+#   OUT=/some/dir bash bench/bench.sh
+# Builds spmd against python3's torch (build-gpu, as README's "Building against
+# another LibTorch"), writes the models of bench/models.py (mlp, mlp4096, gpt),
+# compiles each with spmd's pipeline, times spmd-run beside DDP eager and
+# torch.compile(DDP) (bench/torch_step.py) on 1 and 2 GPUs, times the pipeline for
+# gpt, and writes to $OUT: results.jsonl (one JSON object per line), RESULTS-section.md
+# (bench/report.py's markdown, to append to bench/RESULTS.md), bench.log (progress)
+# and logs.tar.gz (every command's log). Models, data and artifacts (GBs) go to
+# $WORK (default build-gpu/bench), so that $OUT holds few, small files.
+# A system that fails is recorded as an error line (with its log's tail) and the
+# run goes on; the exit status is 1 if anything failed.
+#
+# Knobs (environment): MODELS="mlp mlp4096 gpt", NPROCS="1 2", SYSTEMS="spmd ddp
+# compile", DEVICE=cuda, PYTHON=python3, B=build-gpu (BUILD=0: use it as it is;
+# BUILD_ONLY=1: build and stop, e.g. as a device call of its own), TIMEOUT=300
+# (seconds per command), QUICK=1 (5 steps + 2 warm-up), TINY=1 (the small models;
+# with DEVICE=cpu BUILD=0 B=build PYTHON=/usr/bin/python3 a smoke test on CPU), WORK,
+# and spmd's flags below.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# ---- spmd's flags, in one place ---------------------------------------------
+EXPAND_FLAGS=${EXPAND_FLAGS-}              # beside each model's --input and --optimizer flags
+SPLIT_FLAGS=${SPLIT_FLAGS-}                # e.g. --bucket-cap-mb 25
+UNROLL=${UNROLL-spmd-unroll}               # empty: leave the stage out; run with --iters STEPS+WARMUP
+UNROLL_FLAGS=${UNROLL_FLAGS-}              # beside --iters
+LOWER_FLAGS=${LOWER_FLAGS---cudagraphs}    # beside --device $DEVICE
+RUN_FLAGS=${RUN_FLAGS---tf32}              # beside --nproc, --device, --steps, --warmup, --data, --json
+PIPELINE_RUNS=${PIPELINE_RUNS:-3}          # timed pipeline runs for gpt (median)
+
+# ---- what runs ----------------------------------------------------------------
+MODELS=${MODELS:-mlp mlp4096 gpt}
+NPROCS=${NPROCS:-1 2}
+SYSTEMS=${SYSTEMS:-spmd ddp compile}
+DEVICE=${DEVICE:-cuda}
+PY=${PYTHON:-python3}
+B=${B:-build-gpu}
+BUILD=${BUILD:-1}
+TIMEOUT=${TIMEOUT:-300}
+TINY=${TINY:-0}
+declare -A STEPS=([mlp]=300 [mlp4096]=50 [gpt]=30) WARMUP=([mlp]=30 [mlp4096]=10 [gpt]=5)
+if [ "${QUICK:-0}" = 1 ]; then STEPS=([mlp]=5 [mlp4096]=5 [gpt]=5) WARMUP=([mlp]=2 [mlp4096]=2 [gpt]=2); fi
+TINY_FLAG=()
+if [ "$TINY" = 1 ]; then TINY_FLAG=(--tiny); fi
+
+OUT=${OUT:-$PWD/bench-out}
+WORK=${WORK:-$PWD/$B/bench}
+mkdir -p "$OUT" "$WORK"
+OUT=$(cd "$OUT" && pwd) WORK=$(cd "$WORK" && pwd)
+rm -rf "$WORK/logs" "$WORK/models" "$WORK/art" "$WORK/cache"
+mkdir -p "$WORK/logs" "$WORK/models" "$WORK/art" "$WORK/cache"
+RESULTS=$OUT/results.jsonl
+: > "$RESULTS"
+: > "$OUT/bench.log"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # NVLink multicast stays off on shared hosts
+export PYTHONUNBUFFERED=1
+FAILED=0
+
+log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/bench.log" >&2; }
+record() { "$PY" bench/record.py "$@" >> "$RESULTS"; }
+# fail SYSTEM MODEL RANKS LOG WHAT: an error line, a progress line, and a failed run.
+fail() {
+  FAILED=1
+  log "FAILED: $5 (log: ${4#"$WORK"/})"
+  record error --system "$1" --model "$2" ${3:+--ranks "$3"} --log "$4" --what "$5" || true
+}
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+
+build() {
+  local tp targets=() t
+  tp=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2> "$WORK/logs/build.log") || return 1
+  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps;$tp" \
+    -DSPMD_TORCH_PYTHON="$(command -v "$PY")" > "$WORK/logs/cmake.log" 2>&1 \
+    || { cp "$WORK/logs/cmake.log" "$WORK/logs/build.log"; return 1; }
+  for t in spmd-expand spmd-split spmd-unroll spmd-lower spmd-run spmd-inspect; do
+    if ninja -C "$B" -t query "$t" > /dev/null 2>&1; then targets+=("$t"); else log "note: no build target $t"; fi
+  done
+  ninja -C "$B" "${targets[@]}" > "$WORK/logs/build.log" 2>&1
+}
+
+# pipeline MODEL ITERS ARTIFACT: spmd-expand | spmd-split | [spmd-unroll] | spmd-lower
+# (exported, for timeout to run it in a fresh bash).
+# shellcheck disable=SC2317  # reached through bash -c
+pipeline() {
+  set -o pipefail
+  local m=$1 iters=$2 art=$3 d=$WORK/models
+  # shellcheck disable=SC2046,SC2086  # the flag files and variables hold several words
+  $B/spmd-expand "$d/$m.pt" $(cat "$d/$m.inputs") $(cat "$d/$m.optim") $EXPAND_FLAGS \
+    | $B/spmd-split $SPLIT_FLAGS \
+    | if [ -n "$UNROLL" ]; then $B/$UNROLL --iters "$iters" $UNROLL_FLAGS; else cat; fi \
+    | $B/spmd-lower --device "$DEVICE" $LOWER_FLAGS -o "$art"
+}
+
+# compile_model MODEL: the artifact for the timed runs, its wall time recorded
+# (for gpt, the median of PIPELINE_RUNS runs).
+compile_model() {
+  local m=$1 iters=$((STEPS[$1] + WARMUP[$1])) runs=() i t0 t1 n=1 lg=$WORK/logs/$1.pipeline.log
+  if [ "$m" = gpt ]; then n=$PIPELINE_RUNS; fi
+  for ((i = 0; i < n; i++)); do
+    t0=$(now)
+    if ! timeout -k 10 "$TIMEOUT" bash -c 'pipeline "$@"' pipeline "$m" "$iters" "$WORK/art/$m.spmd" 2> "$lg"; then
+      fail spmd "$m" "" "$lg" "spmd pipeline for $m"
+      return 1
+    fi
+    t1=$(now)
+    runs+=("$(elapsed "$t0" "$t1")")
+  done
+  log "$m: pipeline ${runs[*]} s ($(du -h "$WORK/art/$m.spmd" | cut -f1) artifact)"
+  record pipeline --model "$m" --seconds "${runs[@]}"
+}
+
+SPMD_WARMUP=0
+# run_spmd MODEL N: STEPS+WARMUP steps, the first WARMUP left out of the timings.
+run_spmd() {
+  local m=$1 n=$2 s=${STEPS[$1]} w=${WARMUP[$1]} tag=$1.spmd.$2 warm=() excluded=()
+  if [ "$SPMD_WARMUP" = 1 ]; then warm=(--warmup "$w"); excluded=(--warmup-excluded); fi
+  # shellcheck disable=SC2086
+  if timeout -k 10 "$TIMEOUT" $B/spmd-run "$WORK/art/$m.spmd" --nproc "$n" --device "$DEVICE" $RUN_FLAGS \
+      --steps $((s + w)) "${warm[@]}" --data "$WORK/models/$m.data$n.pt" --json \
+      > "$WORK/logs/$tag.json" 2> "$WORK/logs/$tag.log" \
+    && record spmd --model "$m" --ranks "$n" --steps "$s" --warmup "$w" "${excluded[@]}" < "$WORK/logs/$tag.json"; then
+    log "$m: spmd-run, $n GPU(s): $(tail -n 1 "$RESULTS" | cut -c1-160)"
+  else
+    cat "$WORK/logs/$tag.json" >> "$WORK/logs/$tag.log" 2> /dev/null || true
+    fail spmd "$m" "$n" "$WORK/logs/$tag.log" "spmd-run $m --nproc $n"
+  fi
+}
+
+# run_torch SYSTEM MODEL N (a fresh compile cache for each run: compile_s is a cold compile)
+run_torch() {
+  local sys=$1 m=$2 n=$3 tag=$2.$1.$3
+  if TORCHINDUCTOR_CACHE_DIR=$WORK/cache/$tag TRITON_CACHE_DIR=$WORK/cache/$tag/triton \
+      timeout -k 10 "$TIMEOUT" "$PY" bench/torch_step.py --model "$m" --system "$sys" --nproc "$n" \
+      --steps "${STEPS[$m]}" --warmup "${WARMUP[$m]}" --device "$DEVICE" "${TINY_FLAG[@]}" \
+      > "$WORK/logs/$tag.json" 2> "$WORK/logs/$tag.log" \
+    && tail -n 1 "$WORK/logs/$tag.json" | grep -q '"kind": "result"'; then
+    tail -n 1 "$WORK/logs/$tag.json" >> "$RESULTS"
+    log "$m: $sys, $n GPU(s): $(tail -n 1 "$RESULTS" | cut -c1-160)"
+  else
+    fail "$sys" "$m" "$n" "$WORK/logs/$tag.log" "torch_step.py --system $sys --model $m --nproc $n"
+  fi
+}
+
+# record_machine: the results' first line (date, GPUs, versions, how each system ran).
+record_machine() {
+  local pipe comm=Gloo warmup_flag="" notes=()
+  pipe="spmd-expand M.pt INPUTS --optimizer adam --lr LR $EXPAND_FLAGS | spmd-split $SPLIT_FLAGS"
+  pipe+="${UNROLL:+ | $UNROLL --iters STEPS+WARMUP $UNROLL_FLAGS} | spmd-lower --device $DEVICE $LOWER_FLAGS"
+  if [ "$DEVICE" = cuda ]; then comm=NCCL; fi
+  if [ "$SPMD_WARMUP" = 1 ]; then warmup_flag=" --warmup WARMUP"; fi
+  notes=(--note "spmd: \`$(tr -s ' ' <<< "$pipe")\`, then \`spmd-run --nproc N --device $DEVICE $RUN_FLAGS
+--steps STEPS+WARMUP$warmup_flag --data\` (one batch of random inputs, drawn as torch_step.py draws its own)"
+         --note "PyTorch: \`bench/torch_step.py\` (DDP over $comm, also for 1 GPU; inputs drawn once per rank;
+each step timed between two synchronizations; torch.compile in its default mode)")
+  if [ "${QUICK:-0}" = 1 ]; then notes+=(--note "QUICK=1: 5 steps after 2 warm-up"); fi
+  if [ "$TINY" = 1 ]; then notes+=(--note "TINY=1: the small models of smoke tests, not a benchmark"); fi
+  record machine "${notes[@]}" 2> "$WORK/logs/machine.log" \
+    || fail machine "" "" "$WORK/logs/machine.log" "bench/record.py machine"
+}
+
+finish() {
+  log "report"
+  "$PY" bench/report.py "$RESULTS" > "$OUT/RESULTS-section.md" 2> "$WORK/logs/report.log" \
+    || { FAILED=1; log "FAILED: report.py"; cat "$WORK/logs/report.log" >&2; }
+  tar -czf "$OUT/logs.tar.gz" -C "$WORK" logs
+  cat "$OUT/RESULTS-section.md" >&2
+  log "done$([ "$FAILED" = 1 ] && echo ", with failures (see results.jsonl)")"
+  exit "$FAILED"
+}
+
+log "bench: models [$MODELS] on [$NPROCS] $DEVICE rank(s), systems [$SYSTEMS]; out $OUT, work $WORK"
+
+if [ "$BUILD" = 1 ]; then
+  log "build ($B)"
+  if ! build; then
+    record_machine
+    fail build "" "" "$WORK/logs/build.log" "build of the spmd tools (logs/cmake.log, logs/build.log)"
+    tail -n 30 "$WORK/logs/build.log" >&2 || true
+    finish
+  fi
+  if [ "${BUILD_ONLY:-0}" = 1 ]; then log "built; BUILD_ONLY=1: stop"; exit 0; fi
+fi
+if "$B/spmd-run" --help 2>&1 | grep -q -- '--warmup'; then SPMD_WARMUP=1; fi
+if [ "$SPMD_WARMUP" = 0 ]; then log "note: spmd-run has no --warmup: its timings include the warm-up steps"; fi
+record_machine
+export -f pipeline
+export WORK B DEVICE UNROLL EXPAND_FLAGS SPLIT_FLAGS UNROLL_FLAGS LOWER_FLAGS
+
+log "models"
+# shellcheck disable=SC2046,SC2086
+if ! "$PY" bench/models.py "$WORK/models" $(printf -- '--model %s ' $MODELS) "${TINY_FLAG[@]}" \
+    --data-ranks "$(echo $NPROCS | tr ' ' ,)" >> "$RESULTS" 2> "$WORK/logs/models.log"; then
+  fail models "" "" "$WORK/logs/models.log" "bench/models.py"
+  finish
+fi
+
+for m in $MODELS; do
+  spmd_ok=0
+  if [[ " $SYSTEMS " == *" spmd "* ]]; then
+    log "$m: spmd pipeline"
+    if compile_model "$m"; then spmd_ok=1; fi
+  fi
+  for n in $NPROCS; do
+    if [ "$spmd_ok" = 1 ]; then run_spmd "$m" "$n"; fi
+    for sys in ddp compile; do
+      if [[ " $SYSTEMS " == *" $sys "* ]]; then run_torch "$sys" "$m" "$n"; fi
+    done
+  done
+  rm -f "$WORK/art/$m.spmd"   # GBs for mlp4096
+done
+finish

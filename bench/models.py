@@ -1,0 +1,131 @@
+"""The benchmark models of issue #6, written as TorchScript for spmd's pipeline.
+
+  python3 bench/models.py OUTDIR [--tiny] [--model NAME]... [--data-ranks 1,2]
+
+For each model (mlp, mlp4096, gpt; all by default) writes OUTDIR/NAME.pt (scripted
+with torch.jit.script, weights seeded with torch.manual_seed(0), as
+samples/generate.py makes the samples), NAME.inputs (the --input flags),
+NAME.optim (spmd-expand's optimizer flags) and, for each N in --data-ranks,
+NAME.dataN.pt: one batch for N ranks in spmd-run's data contract ({input: [1, N*B,
+...]}, token ids uniform in [0, vocab) as torch_step.py draws them). Prints one JSON
+line per model ({"kind": "model", ...}) on stdout for results.jsonl. --tiny shrinks
+the models for smoke tests on CPU. torch_step.py builds the same modules from here.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from collections import namedtuple
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _samples():
+    """samples/models.py, under a name that does not clash with this file's."""
+    found = importlib.util.spec_from_file_location("sample_models", os.path.join(ROOT, "samples", "models.py"))
+    module = importlib.util.module_from_spec(found)
+    sys.modules["sample_models"] = module  # TorchScript looks classes up by module name
+    found.loader.exec_module(module)
+    return module
+
+
+_SAMPLES = _samples()
+MLP, TinyLM = _SAMPLES.MLP, _SAMPLES.TinyLM
+
+# One forward argument: dtype is a torch dtype; high bounds integer values (exclusive).
+Input = namedtuple("Input", "name dtype shape high")
+# make(): the module; inputs: per-rank arguments of forward; lr: Adam's learning rate.
+Bench = namedtuple("Bench", "name about make inputs lr")
+
+SHORT = {torch.float32: "f32", torch.int64: "i64"}
+
+
+def mlp_bench(name, layers, dim, lr, about):
+    return Bench(name, about, lambda: MLP(layers=layers, dim=dim), [Input("x", torch.float32, [dim, dim], None)], lr)
+
+
+def gpt_bench(name, vocab, dim, heads, layers, seq, batch, about):
+    tokens = [Input(n, torch.int64, [batch, seq], vocab) for n in ("tokens", "targets")]
+    return Bench(name, about, lambda: TinyLM(vocab=vocab, dim=dim, heads=heads, layers=layers, seq=seq), tokens, 1e-3)
+
+
+def benches(tiny=False):
+    """name -> Bench; tiny: sizes small enough for a CPU smoke test."""
+    if tiny:
+        return {
+            "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP (tiny: unchanged)"),
+            "mlp4096": mlp_bench("mlp4096", 16, 64, 1e-3, "MLP 16 x Linear(64,64)+ReLU (tiny)"),
+            "gpt": gpt_bench("gpt", 64, 32, 2, 2, 16, 8, "GPT vocab 64, dim 32, 2 heads, 2 layers, seq 16 (tiny)"),
+        }
+    return {
+        "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP: 10 x Linear(100,100)+ReLU, loss = sum"),
+        "mlp4096": mlp_bench("mlp4096", 16, 4096, 1e-3, "MLP 16 x Linear(4096,4096)+ReLU, loss = sum"),
+        "gpt": gpt_bench("gpt", 50304, 768, 12, 12, 1024, 8,
+                         "GPT-2 small shape: vocab 50304, dim 768, 12 heads, 12 layers, seq 1024"),
+    }
+
+
+def build(bench):
+    """The module with its seeded weights (the same on every call and rank)."""
+    torch.manual_seed(0)
+    return bench.make().train()
+
+
+def spec(inp):
+    """spmd's --input syntax: x:f32[100,100]."""
+    return "%s:%s[%s]" % (inp.name, SHORT[inp.dtype], ",".join(str(d) for d in inp.shape))
+
+
+def random_input(inp, rows_scale=1, generator=None):
+    """A random tensor for inp (normal floats, integers uniform in [0, high)), batch x rows_scale."""
+    shape = [inp.shape[0] * rows_scale] + list(inp.shape[1:])
+    if inp.dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, dtype=inp.dtype)
+    return torch.randint(0, inp.high, shape, generator=generator, dtype=inp.dtype)
+
+
+def write_model(bench, out):
+    module = torch.jit.script(build(bench))
+    module.save(os.path.join(out, bench.name + ".pt"))
+    with open(os.path.join(out, bench.name + ".inputs"), "w") as f:
+        f.write(" ".join("--input " + spec(i) for i in bench.inputs) + "\n")
+    with open(os.path.join(out, bench.name + ".optim"), "w") as f:
+        f.write("--optimizer adam --lr %g\n" % bench.lr)
+    return sum(p.numel() for p in module.parameters())
+
+
+def write_data(bench, out, nproc):
+    """One batch for nproc ranks, shaped [1, nproc*B, ...] as spmd-run's --data takes it."""
+    g = torch.Generator().manual_seed(1000 + nproc)
+    data = {i.name: random_input(i, nproc, g).unsqueeze(0) for i in bench.inputs}
+    torch.save(data, os.path.join(out, "%s.data%d.pt" % (bench.name, nproc)))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--model", action="append", help="model name (repeatable; default: all)")
+    p.add_argument("--data-ranks", default="", help="comma-separated rank counts to write data files for")
+    args = p.parse_args()
+    table = benches(args.tiny)
+    names = args.model or list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        p.error("unknown model %s (choose from %s)" % (", ".join(unknown), ", ".join(table)))
+    os.makedirs(args.out, exist_ok=True)
+    for name in names:
+        bench = table[name]
+        params = write_model(bench, args.out)
+        for n in [int(r) for r in args.data_ranks.split(",") if r]:
+            write_data(bench, args.out, n)
+        print(json.dumps({"kind": "model", "model": name, "about": bench.about, "params": params,
+                          "inputs": [spec(i) for i in bench.inputs], "optimizer": "adam", "lr": bench.lr,
+                          "tiny": args.tiny}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

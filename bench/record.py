@@ -1,0 +1,118 @@
+"""Writes bench.sh's results.jsonl lines (one JSON object per line, on stdout).
+
+  record.py machine [--note TEXT]...                   # date, GPUs, driver, torch, NCCL
+  record.py spmd --model M --ranks N --steps S --warmup W [--warmup-excluded] < RUN.json
+  record.py pipeline --model M --seconds T...          # wall times of expand|...|lower
+  record.py error --system S --model M [--ranks N] [--log FILE] --what TEXT
+
+`spmd` turns spmd-run's --json object ({"ranks", "ms_per_step": {...}, "peak_bytes",
+"losses", ...}) into the line torch_step.py prints for PyTorch; `error` keeps the
+last lines of the failed command's log so that report.py can show why.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+
+def emit(row):
+    print(json.dumps(row), flush=True)
+
+
+def nvidia_smi(query):
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=" + query, "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def git_commit():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine(args):
+    import torch
+    row = {"kind": "machine", "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "host_cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+           "commit": git_commit(), "notes": [" ".join(n.split()) for n in args.note or []]}
+    if torch.cuda.is_available():
+        nccl = torch.cuda.nccl.version()
+        row.update(gpu=torch.cuda.get_device_name(0), gpus=torch.cuda.device_count(), cuda=torch.version.cuda,
+                   nccl=".".join(str(v) for v in nccl) if isinstance(nccl, tuple) else str(nccl))
+        drivers = nvidia_smi("driver_version")
+        row["driver"] = drivers[0] if drivers else None
+    else:
+        row.update(gpu=None, gpus=0)
+    row["env"] = {k: os.environ[k] for k in ("NCCL_NVLS_ENABLE", "CUDA_VISIBLE_DEVICES") if k in os.environ}
+    emit(row)
+
+
+def spmd(args):
+    text = sys.stdin.read()
+    run = json.loads(text.strip().splitlines()[-1])
+    ms = run["ms_per_step"]
+    losses = run.get("losses") or []
+    row = {"kind": "result", "system": "spmd", "model": args.model, "ranks": run.get("ranks", args.ranks),
+           "device": run.get("device"), "steps": args.steps, "warmup": args.warmup,
+           "warmup_excluded": args.warmup_excluded, "median_ms": ms["median"], "min_ms": ms["min"],
+           "max_ms": ms["max"], "peak_bytes": run.get("peak_bytes"), "loss_last": losses[-1] if losses else None}
+    # Whatever else spmd-run reports (notes on partial lowering, say) travels along.
+    row.update({k: v for k, v in run.items() if k not in row and k not in ("losses", "ms_per_step")})
+    emit(row)
+
+
+def pipeline(args):
+    emit({"kind": "pipeline", "model": args.model, "runs_s": args.seconds, "median_s": statistics.median(args.seconds)})
+
+
+def tail(path, lines=12):
+    try:
+        with open(path, errors="replace") as f:
+            return [line.rstrip("\n") for line in f.readlines()[-lines:]]
+    except OSError:
+        return []
+
+
+def error(args):
+    emit({"kind": "error", "system": args.system, "model": args.model, "ranks": args.ranks, "what": args.what,
+          "log_tail": tail(args.log) if args.log else []})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("machine")
+    m.add_argument("--note", action="append")
+    s = sub.add_parser("spmd")
+    s.add_argument("--model", required=True)
+    s.add_argument("--ranks", type=int)
+    s.add_argument("--steps", type=int)
+    s.add_argument("--warmup", type=int)
+    s.add_argument("--warmup-excluded", action="store_true")
+    c = sub.add_parser("pipeline")
+    c.add_argument("--model", required=True)
+    c.add_argument("--seconds", type=float, nargs="+", required=True)
+    e = sub.add_parser("error")
+    e.add_argument("--system", required=True)
+    e.add_argument("--model")
+    e.add_argument("--ranks", type=int)
+    e.add_argument("--log")
+    e.add_argument("--what", required=True)
+    args = p.parse_args()
+    {"machine": machine, "spmd": spmd, "pipeline": pipeline, "error": error}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Times PyTorch's data-parallel training step on one benchmark model.
+
+  python3 bench/torch_step.py --model mlp|mlp4096|gpt --system ddp|compile --nproc N
+                              [--steps S=100] [--warmup W=10] [--device cuda|cpu] [--tiny]
+
+Spawns N ranks (NCCL on cuda, one GPU each; Gloo on cpu). Each rank wraps the model
+of bench/models.py (same seeded weights as the TorchScript spmd compiles) in
+DistributedDataParallel (also for N=1), with Adam at the model's learning rate and
+TF32 matmuls on; ddp runs it eagerly, compile through torch.compile (default mode).
+Inputs are drawn once per rank on the device. Each step (zero_grad(set_to_none=True),
+forward, backward, opt.step()) is timed between two device synchronizations, as
+spmd-run times its steps; the first W steps are left out. Rank 0 prints one JSON
+line: {"kind": "result", "system", "model", "ranks", "median_ms", "min_ms", "max_ms",
+"peak_bytes", "compile_s" (compile only: the first step, which compiles), ...}.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models as bench_models  # noqa: E402  (bench/models.py)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, choices=sorted(bench_models.benches()))
+    p.add_argument("--system", required=True, choices=["ddp", "compile"])
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--steps", type=int, default=100, help="timed steps")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--tiny", action="store_true", help="the small models of smoke tests")
+    args = p.parse_args(argv)
+    if args.nproc < 1 or args.steps < 1 or args.warmup < 0:
+        p.error("--nproc and --steps must be at least 1, --warmup at least 0")
+    if args.system == "compile" and args.warmup < 1:
+        p.error("--system compile needs --warmup >= 1 (the first step compiles)")
+    if args.device == "cuda" and torch.cuda.device_count() < args.nproc:
+        p.error("--nproc %d needs as many GPUs; %d visible" % (args.nproc, torch.cuda.device_count()))
+    if args.system == "compile" and not hasattr(torch, "compile"):
+        p.error("--system compile needs PyTorch 2 (this is %s)" % torch.__version__)
+    return args
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def enable_tf32():
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def setup(rank, args, port):
+    """Joins the process group; returns this rank's device."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=args.nproc)
+    return device
+
+
+def make_step(bench, args, device, rank):
+    """(step function, optimizer, inputs): the wrapped model and its data on device."""
+    model = bench_models.build(bench).to(device)
+    ddp = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+    fn = torch.compile(ddp) if args.system == "compile" else ddp
+    opt = torch.optim.Adam(ddp.parameters(), lr=bench.lr)
+    g = torch.Generator().manual_seed(rank)
+    inputs = [bench_models.random_input(i, 1, g).to(device) for i in bench.inputs]
+    return fn, opt, inputs
+
+
+def time_steps(fn, opt, inputs, device, count):
+    """Runs count steps; returns (ms per step, last loss)."""
+    ms = []
+    loss = None
+    for _ in range(count):
+        synchronize(device)
+        begin = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = fn(*inputs)
+        loss.backward()
+        opt.step()
+        synchronize(device)
+        ms.append((time.perf_counter() - begin) * 1000.0)
+    return ms, loss.item()
+
+
+def summary(args, ms, loss, device):
+    timed = ms[args.warmup:]
+    row = {"kind": "result", "system": args.system, "model": args.model, "ranks": args.nproc,
+           "device": args.device, "steps": args.steps, "warmup": args.warmup,
+           "median_ms": statistics.median(timed), "min_ms": min(timed), "max_ms": max(timed),
+           "peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
+           "first_step_ms": ms[0], "loss_last": loss, "torch": torch.__version__}
+    if args.system == "compile":
+        row["compile_s"] = ms[0] / 1000.0
+    return row
+
+
+def worker(rank, args, port):
+    enable_tf32()
+    device = setup(rank, args, port)
+    bench = bench_models.benches(args.tiny)[args.model]
+    fn, opt, inputs = make_step(bench, args, device, rank)
+    ms, loss = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
+    if rank == 0:
+        print(json.dumps(summary(args, ms, loss, device)), flush=True)
+    dist.barrier(device_ids=[rank]) if device.type == "cuda" else dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    args = parse_args()
+    mp.spawn(worker, args=(args, free_port()), nprocs=args.nproc, join=True)
+
+
+if __name__ == "__main__":
+    main()
