@@ -20,6 +20,7 @@
 
 #include <cerrno>
 #include <map>
+#include <type_traits>
 
 namespace spmd {
 
@@ -64,6 +65,12 @@ class GroupCollectives : public Collectives {
     at::Tensor reduced = it->second.second;
     inFlight_.erase(it);
     return {reduced};
+  }
+
+  void shutdown() override {
+#ifdef SPMD_WITH_CUDA
+    if constexpr (std::is_same_v<Group, c10d::ProcessGroupNCCL>) group_->shutdown();
+#endif
   }
 
  private:

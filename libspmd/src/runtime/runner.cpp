@@ -225,6 +225,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (bar) progress(step + 1, steps);
   }
   const int64_t peak = peakDeviceBytes(device, info.localRank);
+  synchronize(device);
+  if (comm) comm->shutdown();
   if (!lead) return;
   if (!o.saveParams.empty()) saveParameters(g, state, o.saveParams);
   const double median = percentile(ms, 0.5), lo = *std::min_element(ms.begin(), ms.end()),

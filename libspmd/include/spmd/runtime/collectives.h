@@ -21,6 +21,9 @@ class Collectives {
   virtual ~Collectives() = default;
   // Runs a communication node on its tensor arguments; returns its results.
   virtual std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors) = 0;
+  // Leaves the group once every rank's work is done, so that exit does not
+  // wait on NCCL's abort path.
+  virtual void shutdown() {}
 };
 
 struct RankInfo {
