@@ -1,6 +1,7 @@
 // spmd-inspect: prints a TorchScript module, a JSON graph dump or an artifact.
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
+#include "spmd/ir/memory_plan.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/verify.h"
 #include "spmd/support/diagnostic.h"
@@ -21,10 +22,15 @@ int main(int argc, char** argv) {
   app.add_flag("--verify", verify, "verify the graph; list every problem and exit 1 if there is any");
   auto* stats = app.add_flag("--stats", "node counts by op and role, parameter bytes");
   auto* dot = app.add_flag("--dot", "Graphviz digraph");
-  auto* json = app.add_flag("--json", "the canonical JSON graph dump (with --buckets: the bucket table as JSON)");
+  auto* json = app.add_flag("--json",
+                            "the canonical JSON graph dump (with --buckets or --memory: that table as JSON)");
   auto* buckets = app.add_flag("--buckets", "the bucket table spmd-split made: index, bytes, parameters");
-  stats->excludes(dot)->excludes(json)->excludes(buckets);
-  dot->excludes(json)->excludes(buckets);
+  auto* memory = app.add_flag("--memory",
+                              "the static memory plan: peak and live bytes, the largest buffers with offsets and "
+                              "lifetimes (with --json: every buffer)");
+  stats->excludes(dot)->excludes(json)->excludes(buckets)->excludes(memory);
+  dot->excludes(json)->excludes(buckets)->excludes(memory);
+  buckets->excludes(memory);
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
@@ -40,6 +46,9 @@ int main(int argc, char** argv) {
         throw spmd::Diagnostic("", "the graph has no bucket plan; run spmd-split first").inFile(loaded.displayName);
       }
       text = *json ? spmd::printBucketsJson(loaded.graph) : spmd::printBuckets(loaded.graph);
+    } else if (*memory) {
+      auto plan = spmd::planMemory(loaded.graph);
+      text = *json ? spmd::printMemoryPlanJson(loaded.graph, plan) : spmd::printMemoryPlan(loaded.graph, plan);
     } else if (*json) {
       text = spmd::writeGraphJson(loaded.graph);
     } else if (*dot) {
