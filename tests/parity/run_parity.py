@@ -8,7 +8,7 @@ Gloo, N local processes) into a temporary folder, which also gives the data
 file, then runs spmd's pipeline on the same sample and data:
 
   BIN/spmd-expand samples/X.pt <samples/X.inputs> OPTIMIZER-FLAGS
-    | BIN/spmd-split EXTRA-FLAGS | BIN/spmd-lower -o TMP/step.spmd
+    | BIN/spmd-split EXTRA-FLAGS | BIN/spmd-unroll --iters S | BIN/spmd-lower -o TMP/step.spmd
   BIN/spmd-run TMP/step.spmd --nproc N --steps S --data TMP/data.pt
     --save-params TMP/ours.pt --device cpu
 
@@ -79,7 +79,7 @@ CASES = [
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     Case("strict_lm_adamw_eps1e-8", "lm", "--optimizer adamw --lr 1e-2", 2, 5, "", 0, True),
 ]
-TOOLS = ["spmd-expand", "spmd-split", "spmd-lower", "spmd-run"]
+TOOLS = ["spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-run"]
 
 
 def default_python():
@@ -135,6 +135,9 @@ def run_case(case, bin_dir, python, tmp, timeout):
     else:
         graph = run([tools["spmd-expand"], model, *inputs, *optimizer], timeout)
         graph = run([tools["spmd-split"], *extra], timeout, stdin=graph)
+    # Every case runs unrolled (the last bucket's update moved into the next
+    # iteration) and lowered with the optimizer fused into _foreach calls.
+    graph = run([tools["spmd-unroll"], "--iters", str(case.steps)], timeout, stdin=graph)
     run([tools["spmd-lower"], "-o", step], timeout, stdin=graph)
     run([tools["spmd-run"], step, "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data,
          "--save-params", ours, "--device", "cpu"], timeout)
