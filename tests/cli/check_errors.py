@@ -14,6 +14,7 @@ import tempfile
 BIN_DIR = sys.argv[1]
 BIN = os.path.join(BIN_DIR, "spmd-inspect")
 EXPAND = os.path.join(BIN_DIR, "spmd-expand")
+UNROLL = os.path.join(BIN_DIR, "spmd-unroll")
 MLP = ["samples/mlp.pt", "--input", "x:f32[100,100]"]
 passed = failed = 0
 
@@ -96,6 +97,30 @@ def expand_errors(write, graph_json):
            E + r"samples/mlp\.pt: forward\(x\): missing --input spec for 'x'")
 
 
+def unroll_errors(write, graph_json):
+    E = r"spmd-unroll: error: "
+
+    def unroll(name, args, code, pattern, stdin=None):
+        check("spmd-unroll " + name, args, code, pattern, stdin, tool=UNROLL)
+
+    with open("tests/golden/unroll/mlp.adam.json") as f:
+        unrolled = f.read()
+    unroll("unrolled twice", [write("unrolled.json", unrolled)], 1, E + r".*/unrolled\.json: /iters: the graph is unrolled already")
+    doc = json.loads(unrolled)
+    doc["iters"] = 0
+    unroll("iters not positive", [write("iters0.json", json.dumps(doc))], 1,
+           E + r".*/iters0\.json: /iters: expected a positive integer")
+    doc = json.loads(unrolled)
+    next(n for n in doc["nodes"] if "iteration" in n.get("meta", {}))["meta"]["iteration"] = "later"
+    unroll("unknown iteration tag", [write("tag.json", json.dumps(doc))], 1,
+           E + r'.*/tag\.json: /nodes/\d+/meta/iteration: expected "previous" or "last", got "later"')
+    doc = json.loads(unrolled)
+    del doc["iters"]
+    unroll("tags without iters", [write("noiters.json", json.dumps(doc))], 1,
+           E + r".*/noiters\.json: /nodes/\d+/meta/iteration: iteration tag in a graph that is not unrolled")
+    unroll("usage: --iters 0", ["--iters", "0"], 2, r"iters")
+
+
 def main():
     tmp = tempfile.mkdtemp()
 
@@ -172,6 +197,7 @@ def main():
     check("usage: unknown flag", MLP + ["--frobnicate"], 2, r"frobnicate")
     check("usage: exclusive modes", MLP + ["--json", "--dot"], 2, r"excludes")
     expand_errors(write, graph_json)
+    unroll_errors(write, graph_json)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

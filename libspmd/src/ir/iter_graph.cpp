@@ -8,14 +8,6 @@
 namespace spmd {
 namespace {
 
-template <typename F>
-void forEachTensorArg(Node& n, F&& f) {
-  for (Arg& a : n.args) {
-    if (a.kind == Arg::Kind::Value) f(a.value);
-    for (ValueId& v : a.values) f(v);
-  }
-}
-
 void remapArgs(Node& n, const std::map<ValueId, ValueId>& to) {
   forEachTensorArg(n, [&](ValueId& v) {
     auto it = to.find(v);
@@ -120,8 +112,7 @@ void IterGraph::freeze(int iters) {
   // What stays must not read what moves: it would read last iteration's value.
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (staged_.count(i)) continue;
-    Node n = g.nodes()[i];
-    forEachTensorArg(n, [&](ValueId& v) {
+    forEachTensorArg(g.nodes()[i], [&](ValueId v) {
       if (moved[v]) {
         throw Diagnostic("/nodes/" + std::to_string(i), "'" + g.value(v).name +
                                                             "' cannot move to the next iteration: this node reads it and stays");
@@ -143,7 +134,7 @@ void IterGraph::freeze(int iters) {
   std::map<ValueId, ValueId> carried;
   std::vector<Node> nodes = g.takeNodes();
   for (size_t i : staged_) {
-    forEachTensorArg(nodes[i], [&](ValueId& v) {
+    forEachTensorArg(nodes[i], [&](ValueId v) {
       if (moved[v] || carried.count(v)) return;
       if (g.inputOf(v) && !updatedByRest.count(v)) return;  // still as the previous iteration left it
       Value c = g.value(v);

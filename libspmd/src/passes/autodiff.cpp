@@ -24,14 +24,6 @@ namespace {
 
 bool isFloating(const Value& v) { return c10::isFloatingType(v.dtype); }
 
-template <typename F>
-void forEachTensorArg(const Node& n, F&& f) {
-  for (const Arg& a : n.args) {
-    if (a.kind == Arg::Kind::Value) f(a.value);
-    for (ValueId v : a.values) f(v);
-  }
-}
-
 // Ops whose results take only the shape, dtype or device of their tensor
 // arguments: nothing flows back through them.
 bool createsFreshTensor(const Node& n) {

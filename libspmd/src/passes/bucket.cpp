@@ -27,14 +27,6 @@
 namespace spmd {
 namespace {
 
-template <typename F>
-void forEachTensorArg(const Node& n, F&& f) {
-  for (const Arg& a : n.args) {
-    if (a.kind == Arg::Kind::Value) f(a.value);
-    for (ValueId v : a.values) f(v);
-  }
-}
-
 // Indices of the nodes the loss (first output) depends on, in graph order.
 std::vector<size_t> forwardNodes(const Graph& g) {
   std::vector<bool> needed(g.numValues(), false);

@@ -50,14 +50,6 @@ std::optional<ForeachForm> foreachFormOf(const Node& n) {
   return std::nullopt;
 }
 
-template <typename F>
-void forEachTensorArg(const Node& n, F&& f) {
-  for (const Arg& a : n.args) {
-    if (a.kind == Arg::Kind::Value) f(a.value);
-    for (ValueId v : a.values) f(v);
-  }
-}
-
 bool isCommunication(const Node& n) { return n.op.rfind("spmd::", 0) == 0 && n.op != "spmd::batch_norm_train"; }
 
 // A text key of everything but the tensor arguments.

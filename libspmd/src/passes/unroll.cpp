@@ -20,14 +20,6 @@
 namespace spmd {
 namespace {
 
-template <typename F>
-void forEachTensorArg(const Node& n, F&& f) {
-  for (const Arg& a : n.args) {
-    if (a.kind == Arg::Kind::Value) f(a.value);
-    for (ValueId v : a.values) f(v);
-  }
-}
-
 // Index of the bucket_start node that comes last, or -1.
 int lastBucketStart(const Graph& g) {
   int last = -1;

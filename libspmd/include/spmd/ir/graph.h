@@ -181,6 +181,16 @@ class Graph {
 // or a gradient record. Returns whether any node was removed.
 bool eliminateDeadNodes(Graph& graph);
 
+// Calls f(ValueId) (or f(ValueId&) on a mutable node) for every tensor the
+// node reads, single values and list elements alike, in argument order.
+template <typename NodeT, typename F>
+void forEachTensorArg(NodeT& node, F&& f) {
+  for (auto& a : node.args) {
+    if (a.kind == Arg::Kind::Value) f(a.value);
+    for (auto& v : a.values) f(v);
+  }
+}
+
 // Element size in bytes, numel and total bytes of a value.
 int64_t numel(const Value& v);
 int64_t bytes(const Value& v);
