@@ -153,3 +153,22 @@ TEST_CASE("import errors are diagnostics, not crashes") {
     CHECK(d.message() == "missing --input spec for 'x'");
   }
 }
+
+TEST_CASE("a module traced on the meta device imports as one traced on CPU") {
+  torch::jit::Module m("Tiny");
+  m.register_parameter("w", torch::randn({8, 4}), false);
+  m.register_buffer("scale", torch::ones({4}));
+  // Ops with meta kernels in LibTorch 1.13 and 2.x alike.
+  m.define(R"(
+def forward(self, x, t):
+    h = torch.tanh(torch.matmul(x, self.w) * self.scale)
+    return torch.sum(h * h) + torch.sum(t)
+)");
+  std::ostringstream saved;
+  m.save(saved);
+  const auto specs = parseInputSpecs({"x:f32[3,8]", "t:f32[3]"});
+  const Graph onMeta = importTorchScript(saved.str(), "tiny.pt", specs, TraceOn::Meta);
+  const Graph onCpu = importTorchScript(saved.str(), "tiny.pt", specs, TraceOn::Cpu);
+  CHECK(writeGraphJson(onMeta) == writeGraphJson(onCpu));
+  CHECK(writeGraphJson(importTorchScript(saved.str(), "tiny.pt", specs)) == writeGraphJson(onCpu));
+}

@@ -492,7 +492,11 @@ class Converter {
       case c10::TypeKind::ScalarTypeType: a.kind = Arg::Kind::DType; a.i = c.toInt(); return a;
       case c10::TypeKind::LayoutType: a.kind = Arg::Kind::Layout; a.i = c.toInt(); return a;
       case c10::TypeKind::MemoryFormatType: a.kind = Arg::Kind::MemoryFormat; a.i = c.toInt(); return a;
-      case c10::TypeKind::DeviceObjType: a.kind = Arg::Kind::Device; a.s = c.toDevice().str(); return a;
+      case c10::TypeKind::DeviceObjType:
+        // A module traced on the meta device names it where it used x.device.
+        a.kind = Arg::Kind::Device;
+        a.s = c.toDevice().is_meta() ? "cpu" : c.toDevice().str();
+        return a;
       case c10::TypeKind::StringType: a.kind = Arg::Kind::Str; a.s = c.toStringRef(); return a;
       default: break;
     }
@@ -589,10 +593,65 @@ jit::Module loadModule(const std::string& bytes) {
   }
 }
 
+
+// The module's parameters and buffers as meta tensors (shared ones stay shared).
+std::vector<NamedTensor> onMeta(const std::vector<NamedTensor>& state) {
+  std::vector<NamedTensor> meta;
+  for (const auto& s : state) {
+    at::Tensor m = at::empty_strided(s.tensor.sizes(), s.tensor.strides(), s.tensor.options().device(at::kMeta));
+    meta.push_back({s.name, m.requires_grad_(s.tensor.requires_grad()), s.kind});
+  }
+  return meta;
+}
+
+// Puts `to` (in moduleState's order) into the module's parameter and buffer
+// slots, wherever the tensor now there (in moduleState's order) sits.
+void swapModuleTensors(jit::Module& module, const std::vector<NamedTensor>& to) {
+  std::map<std::string, at::Tensor> byName;
+  for (const auto& t : to) byName[t.name] = t.tensor;
+  std::map<const c10::TensorImpl*, at::Tensor> byImpl;
+  const auto current = moduleState(module);
+  for (size_t i = 0; i < current.size(); ++i) byImpl[current[i].tensor.unsafeGetTensorImpl()] = byName.at(current[i].name);
+  for (auto sub : module.modules()) {
+    std::vector<std::pair<std::string, at::Tensor>> slots;
+    for (const auto& p : sub.named_parameters(/*recurse=*/false)) slots.emplace_back(p.name, p.value);
+    for (const auto& b : sub.named_buffers(/*recurse=*/false)) slots.emplace_back(b.name, b.value);
+    for (const auto& [name, t] : slots) {
+      auto it = byImpl.find(t.unsafeGetTensorImpl());
+      if (it != byImpl.end()) sub.setattr(name, it->second);
+    }
+  }
+}
+
+Graph convertTrace(const jit::Graph& traced, const std::vector<InputSpec>& ordered,
+                   const std::vector<NamedTensor>& state, const std::string& fileName) {
+  Graph graph;
+  graph.setWeights(WeightsRef{fileName, "torchscript"});
+  Converter converter(graph, fileName);
+  std::vector<std::pair<const jit::Value*, ValueId>> stateInputs;
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    ValueId id = graph.addInput(Value{ordered[i].name, ordered[i].dtype, ordered[i].shape}, InputKind::Data);
+    converter.bindInput(traced.inputs()[i], id);
+  }
+  for (size_t i = 0; i < state.size(); ++i) {
+    const at::Tensor& t = state[i].tensor;
+    Value v{state[i].name, t.scalar_type(), t.sizes().vec()};
+    bool requiresGrad = state[i].kind == InputKind::Parameter && t.requires_grad();
+    ValueId id = graph.addInput(std::move(v), state[i].kind, requiresGrad);
+    const jit::Value* jv = traced.inputs()[ordered.size() + i];
+    converter.bindInput(jv, id);
+    stateInputs.emplace_back(jv, id);
+  }
+  converter.convert(traced);
+  converter.recordUpdates(stateInputs);
+  eliminateDeadNodes(graph);
+  return graph;
+}
+
 }  // namespace
 
 Graph importTorchScript(const std::string& bytes, const std::string& fileName,
-                        const std::vector<InputSpec>& specs) {
+                        const std::vector<InputSpec>& specs, TraceOn traceOn) {
   ensureSpmdOpsRegistered();
   jit::Module module = loadModule(bytes);
   if (!module.find_method("forward")) throw Diagnostic("", "the module has no forward method");
@@ -603,11 +662,28 @@ Graph importTorchScript(const std::string& bytes, const std::string& fileName,
   std::set<const jit::Value*> dependent;
   markDataDependence(forward->block(), dependent);
 
+  const auto state = moduleState(module);
+  // Tracing on the meta device computes nothing, so a large model imports in
+  // a moment. Where an op has no meta kernel or the trace reads a value (a
+  // tensor constant, .item()), the module is traced on CPU tensors instead.
+  // (LibTorch 1.13 lacks meta kernels for many ops, relu among them: there
+  // most modules take the CPU path.)
+  if (traceOn != TraceOn::Cpu) try {
+    std::vector<at::Tensor> metaInputs;
+    for (const auto& spec : ordered) metaInputs.push_back(at::zeros(spec.shape, at::TensorOptions().dtype(spec.dtype).device(at::kMeta)));
+    const auto metaState = onMeta(state);
+    swapModuleTensors(module, metaState);
+    auto traced = traceForward(module, forward, metaInputs, metaState);
+    Graph graph = convertTrace(*traced, ordered, metaState, fileName);
+    swapModuleTensors(module, state);
+    return graph;
+  } catch (const std::exception&) {
+    swapModuleTensors(module, state);
+    if (traceOn == TraceOn::Meta) throw;
+  }
   at::Generator gen = at::detail::createCPUGenerator(0);
   std::vector<at::Tensor> dataInputs;
   for (const auto& spec : ordered) dataInputs.push_back(exampleInput(spec, gen));
-  const auto state = moduleState(module);
-
   std::shared_ptr<jit::Graph> traced;
   try {
     traced = traceForward(module, forward, dataInputs, state);
@@ -616,28 +692,7 @@ Graph importTorchScript(const std::string& bytes, const std::string& fileName,
   } catch (const std::exception& e) {
     throw forwardFailure(e.what());
   }
-
-  Graph graph;
-  graph.setWeights(WeightsRef{fileName, "torchscript"});
-  Converter converter(graph, fileName);
-  std::vector<std::pair<const jit::Value*, ValueId>> stateInputs;
-  for (size_t i = 0; i < ordered.size(); ++i) {
-    ValueId id = graph.addInput(Value{ordered[i].name, ordered[i].dtype, ordered[i].shape}, InputKind::Data);
-    converter.bindInput(traced->inputs()[i], id);
-  }
-  for (size_t i = 0; i < state.size(); ++i) {
-    const at::Tensor& t = state[i].tensor;
-    Value v{state[i].name, t.scalar_type(), t.sizes().vec()};
-    bool requiresGrad = state[i].kind == InputKind::Parameter && t.requires_grad();
-    ValueId id = graph.addInput(std::move(v), state[i].kind, requiresGrad);
-    const jit::Value* jv = traced->inputs()[ordered.size() + i];
-    converter.bindInput(jv, id);
-    stateInputs.emplace_back(jv, id);
-  }
-  converter.convert(*traced);
-  converter.recordUpdates(stateInputs);
-  eliminateDeadNodes(graph);
-  return graph;
+  return convertTrace(*traced, ordered, state, fileName);
 }
 
 }  // namespace spmd

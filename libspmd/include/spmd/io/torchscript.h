@@ -17,7 +17,10 @@ namespace spmd {
 // parameters and buffers become graph inputs named as named_parameters() /
 // named_buffers() name them. In-place updates of buffers become explicit
 // StateUpdates. Throws Diagnostic for what cannot be flattened.
+// Auto traces the module on the meta device (nothing computed) and on CPU
+// tensors where that fails; tests compare the two paths.
+enum class TraceOn { Auto, Cpu, Meta };
 Graph importTorchScript(const std::string& bytes, const std::string& fileName,
-                        const std::vector<InputSpec>& inputs);
+                        const std::vector<InputSpec>& inputs, TraceOn traceOn = TraceOn::Auto);
 
 }  // namespace spmd
