@@ -49,6 +49,10 @@ std::string writeArtifact(const Artifact& artifact) {
   size_t record = 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, t] : artifact.state) {
+    if (artifact.zeroState.count(name)) {
+      index.push_back(json{{"name", name}, {"dtype", dtypeName(t.scalar_type())}, {"shape", t.sizes().vec()}, {"zeros", true}});
+      continue;
+    }
     at::Tensor c = t.detach().to(at::kCPU).contiguous();
     std::string key = "tensors/" + std::to_string(record++);
     index.push_back(json{{"name", name}, {"dtype", dtypeName(c.scalar_type())}, {"shape", c.sizes().vec()}, {"record", key}});
@@ -106,16 +110,23 @@ Artifact readArtifact(const std::string& bytes) {
     artifact.device = header.value("device", "cpu");
     artifact.cudagraphs = header.value("cudagraphs", false);
     for (const auto& entry : json::parse(indexText)) {
-      const std::string data = record(zip, entry["record"].get<std::string>());
       auto dtype = parseDtype(entry["dtype"].get<std::string>());
       if (!dtype) throw Diagnostic("tensors.json", "unknown dtype " + entry["dtype"].dump());
-      at::Tensor t = at::empty(entry["shape"].get<std::vector<int64_t>>(), at::TensorOptions().dtype(*dtype));
+      const auto shape = entry["shape"].get<std::vector<int64_t>>();
+      const std::string name = entry["name"].get<std::string>();
+      if (entry.value("zeros", false)) {
+        artifact.state.emplace(name, at::zeros(shape, at::TensorOptions().dtype(*dtype)));
+        artifact.zeroState.insert(name);
+        continue;
+      }
+      const std::string data = record(zip, entry["record"].get<std::string>());
+      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*dtype));
       if (static_cast<size_t>(t.nbytes()) != data.size()) {
         throw Diagnostic(entry["record"].get<std::string>(), "tensor data has the wrong size");
       }
       std::memcpy(t.data_ptr(), data.data(), data.size());
       sum.add(data);
-      artifact.state.emplace(entry["name"].get<std::string>(), t);
+      artifact.state.emplace(name, t);
     }
     sum.add(indexText);
     if (sum.hex() != header.value("checksum", "")) {

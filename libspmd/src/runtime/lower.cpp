@@ -54,6 +54,7 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
         throw Diagnostic("'" + v.name + "'", "not in the weights file " + graph.weights().file);
       }
       artifact.state[v.name] = at::zeros(v.shape, at::TensorOptions().dtype(v.dtype));
+      artifact.zeroState.insert(v.name);
       continue;
     }
     const at::Tensor& t = it->second;

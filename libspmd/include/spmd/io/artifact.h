@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <set>
 #include <string>
 
 namespace spmd {
@@ -22,6 +23,9 @@ struct Artifact {
   std::string device = "cpu";                 // "cpu" or "cuda"
   bool cudagraphs = false;                    // spmd-lower --cudagraphs: spmd-run captures the step
   std::map<std::string, at::Tensor> state;    // parameters, buffers, optimizer state (CPU)
+  // State that starts at zero (optimizer state, carried values): listed in
+  // the artifact by dtype and shape only, and made again when read.
+  std::set<std::string> zeroState;
 };
 
 std::string writeArtifact(const Artifact& artifact);
