@@ -71,6 +71,8 @@ CASES = [
          "--optimizer sgd --lr 1e-3 --momentum 0.9 --nesterov --weight-decay 1e-2", 4, 5, "", 1, False),
     Case("mlp_adam_amsgrad_wd", "mlp", ADAM + " --amsgrad --weight-decay 1e-2", 2, 5, "", 1, False),
     Case("lm_adamw_n4", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 4, 5, "", 1, False),
+    # Eight ranks, as on one 8-GPU box (issue #7), with several buckets.
+    Case("mlp_adam_n8", "mlp", ADAM, 8, 5, "--bucket-cap-mb 0.05 --first-bucket-cap-mb 0.05", 1, False),
     # make_fx-exported train steps (spmd_export), entering the pipeline at spmd-split.
     Case("export_mlp_adam", "mlp", ADAM, 2, 5, "", 1, False),
     Case("export_lm_adamw", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5, "", 1, False),
