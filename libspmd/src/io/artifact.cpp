@@ -83,6 +83,10 @@ std::string record(caffe2::serialize::PyTorchStreamReader& zip, const std::strin
 
 }  // namespace
 
+at::Tensor zeroPlaceholder(c10::IntArrayRef shape, c10::ScalarType dtype) {
+  return at::zeros({}, at::TensorOptions().dtype(dtype)).expand(shape);
+}
+
 bool isArtifact(const std::string& bytes) {
   try {
     caffe2::serialize::PyTorchStreamReader zip(
@@ -115,7 +119,7 @@ Artifact readArtifact(const std::string& bytes) {
       const auto shape = entry["shape"].get<std::vector<int64_t>>();
       const std::string name = entry["name"].get<std::string>();
       if (entry.value("zeros", false)) {
-        artifact.state.emplace(name, at::zeros(shape, at::TensorOptions().dtype(*dtype)));
+        artifact.state.emplace(name, zeroPlaceholder(shape, *dtype));
         artifact.zeroState.insert(name);
         continue;
       }

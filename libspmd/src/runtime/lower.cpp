@@ -53,7 +53,7 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
       if (in.kind != InputKind::State) {
         throw Diagnostic("'" + v.name + "'", "not in the weights file " + graph.weights().file);
       }
-      artifact.state[v.name] = at::zeros(v.shape, at::TensorOptions().dtype(v.dtype));
+      artifact.state[v.name] = zeroPlaceholder(v.shape, v.dtype);
       artifact.zeroState.insert(v.name);
       continue;
     }
@@ -61,7 +61,7 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
     if (t.sizes() != c10::IntArrayRef(v.shape) || t.scalar_type() != v.dtype) {
       throw Diagnostic("'" + v.name + "'", "the weights file holds a tensor of another shape or dtype");
     }
-    artifact.state[v.name] = t.detach().clone();
+    artifact.state[v.name] = t.detach();  // the weights file's own tensor: nothing else holds it
   }
   targetDevice(graph, device);
   artifact.graph = std::move(graph);

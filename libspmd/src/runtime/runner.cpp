@@ -189,7 +189,9 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     const std::string& name = g.value(in.value).name;
     auto it = artifact.state.find(name);
     if (it == artifact.state.end()) throw Diagnostic("'" + name + "'", "the artifact holds no value for this input");
-    state[name] = it->second.to(dev);
+    const at::Tensor& initial = it->second;
+    state[name] = artifact.zeroState.count(name) ? at::zeros(initial.sizes(), initial.options().device(dev))
+                                                 : initial.to(dev);
   }
   if (device == "cuda") at::globalContext().setAllowTF32CuBLAS(o.tf32);
   // Captured NCCL collectives hung on 2 x H200 (torch 2.11, NCCL 2.28) and

@@ -3,6 +3,7 @@
 #include "spmd/runtime/op_call.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 #include <torch/version.h>
 
@@ -46,7 +47,7 @@ std::vector<at::Tensor> inferOnMeta(const Node& node, const c10::OperatorHandle&
 }  // namespace spmd
 
 // LibTorch 1.13 has no meta kernel for many ops (relu, native_batch_norm,
-// embedding_dense_backward, ...); 2.x has one for nearly all. There, those
+// embedding_dense_backward, ...); 2.x has one for nearly all. On 1.13, those
 // ops run on zero-filled CPU tensors and return meta tensors of the results'
 // shapes, so that tracing and shape checks on the meta device work for every
 // op. In-place and out= results return the meta argument they write, as the
@@ -113,8 +114,82 @@ void metaByCpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// Shape functions for the 1.13 ops without meta kernels that are costly on
+// zero CPU tensors (layer norm over activations, the embedding gradient),
+// with the shapes and dtypes their CPU kernels give.
+void layerNormMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 5);  // input, normalized_shape, weight, bias, eps
+  const at::Tensor input = args[0].toTensor();
+  const auto normalized = args[1].toIntVector();
+  std::vector<int64_t> stats(input.sizes().begin(), input.sizes().end() - static_cast<int64_t>(normalized.size()));
+  stats.resize(input.dim(), 1);
+  torch::jit::drop(*stack, 5);
+  stack->emplace_back(at::empty(input.sizes(), input.options()));
+  stack->emplace_back(at::empty(stats, input.options()));
+  stack->emplace_back(at::empty(stats, input.options()));
+}
+
+void layerNormBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  // grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask
+  auto args = torch::jit::last(*stack, 8);
+  const at::Tensor input = args[1].toTensor();
+  const c10::IValue weight = args[5], bias = args[6];
+  const auto mask = args[7].toBoolList();
+  auto like = [](const c10::IValue& v, bool wanted) {
+    return wanted && v.isTensor() ? at::empty_like(v.toTensor()) : at::Tensor();
+  };
+  at::Tensor gradInput = mask[0] ? at::empty_like(input) : at::Tensor();
+  at::Tensor gradWeight = like(weight, mask[1]), gradBias = like(bias, mask[2]);
+  torch::jit::drop(*stack, 8);
+  stack->emplace_back(gradInput);
+  stack->emplace_back(gradWeight);
+  stack->emplace_back(gradBias);
+}
+
+void embeddingBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  // grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
+  auto args = torch::jit::last(*stack, 5);
+  const at::Tensor grad = args[0].toTensor();
+  const int64_t rows = args[2].toInt();
+  torch::jit::drop(*stack, 5);
+  stack->emplace_back(at::empty({rows, grad.size(-1)}, grad.options()));
+}
+
+// The _foreach ops fuse-optimizer emits: element i of the result takes the
+// broadcast shape and promoted dtype of element i of every tensor list.
+void foreachMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t argc = op.schema().arguments().size();
+  std::vector<std::vector<at::Tensor>> lists;
+  for (const c10::IValue& v : torch::jit::last(*stack, argc)) {
+    if (v.isTensorList()) lists.push_back(v.toTensorVector());
+  }
+  c10::List<at::Tensor> results;
+  for (size_t i = 0; i < lists.at(0).size(); ++i) {
+    std::vector<int64_t> shape = lists[0][i].sizes().vec();
+    at::native::ResultTypeState promotion{};
+    for (size_t l = 0; l < lists.size(); ++l) {
+      shape = at::infer_size(shape, lists[l][i].sizes());
+      promotion = at::native::update_result_type_state(lists[l][i], promotion);
+    }
+    results.push_back(at::empty(shape, lists[0][i].options().dtype(at::native::result_type(promotion))));
+  }
+  torch::jit::drop(*stack, argc);
+  stack->emplace_back(results);
+}
+
 }  // namespace
 }  // namespace spmd
+
+TORCH_LIBRARY_IMPL(aten, Meta, m) {
+  for (const char* name : {"_foreach_add.Scalar", "_foreach_mul.Scalar", "_foreach_add.List", "_foreach_sub.List",
+                           "_foreach_mul.List", "_foreach_div.List", "_foreach_maximum.List",
+                           "_foreach_addcmul.Scalar", "_foreach_addcdiv.Scalar", "_foreach_sqrt", "_foreach_neg"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&spmd::foreachMeta>());
+  }
+  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&spmd::layerNormMeta>());
+  m.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&spmd::layerNormBackwardMeta>());
+  m.impl("embedding_dense_backward", torch::CppFunction::makeFromBoxedFunction<&spmd::embeddingBackwardMeta>());
+}
 
 TORCH_LIBRARY_IMPL(_, Meta, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&spmd::metaByCpu>()); }
 #endif

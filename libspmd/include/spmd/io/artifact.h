@@ -24,7 +24,9 @@ struct Artifact {
   bool cudagraphs = false;                    // spmd-lower --cudagraphs: spmd-run captures the step
   std::map<std::string, at::Tensor> state;    // parameters, buffers, optimizer state (CPU)
   // State that starts at zero (optimizer state, carried values): listed in
-  // the artifact by dtype and shape only, and made again when read.
+  // the artifact by dtype and shape only. Its entry in `state` is a
+  // placeholder of that dtype and shape without memory of its own (a zero
+  // expanded); spmd-run makes real zeros on its device.
   std::set<std::string> zeroState;
 };
 
@@ -32,6 +34,9 @@ std::string writeArtifact(const Artifact& artifact);
 
 // Whether `bytes` (a zip) is an artifact rather than a TorchScript module.
 bool isArtifact(const std::string& bytes);
+
+// The placeholder for state that starts at zero (see Artifact::zeroState).
+at::Tensor zeroPlaceholder(c10::IntArrayRef shape, c10::ScalarType dtype);
 
 // Throws Diagnostic for a truncated, altered or foreign file.
 Artifact readArtifact(const std::string& bytes);
