@@ -12,6 +12,7 @@
 // last input is ready; communication keeps its order. Values and results do
 // not change: on CPU _foreach ops loop over the same per-tensor kernels.
 #include "spmd/passes/pass.h"
+#include "spmd/runtime/collectives.h"
 #include "spmd/support/diagnostic.h"
 
 #include <algorithm>
@@ -49,8 +50,6 @@ std::optional<ForeachForm> foreachFormOf(const Node& n) {
   if (name == "aten::neg") return ForeachForm{"aten::_foreach_neg", "", 1, 0};
   return std::nullopt;
 }
-
-bool isCommunication(const Node& n) { return n.op.rfind("spmd::", 0) == 0 && n.op != "spmd::batch_norm_train"; }
 
 // A text key of everything but the tensor arguments.
 std::string constantsKey(const Node& n, size_t tensorArgs) {
@@ -151,7 +150,7 @@ std::vector<Node> schedule(const Graph& g, const Analysis& a, const std::vector<
 std::vector<std::string> commOrder(const std::vector<Node>& nodes) {
   std::vector<std::string> order;
   for (const Node& n : nodes) {
-    if (isCommunication(n)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + n.meta.iteration);
+    if (isCollective(n)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + n.meta.iteration);
   }
   return order;
 }
