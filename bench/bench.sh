@@ -129,6 +129,19 @@ run_spmd() {
   fi
 }
 
+# profile MODEL: per-op device times of spmd-run (eager) and of DDP eager, 1 GPU.
+profile() {
+  local m=$1 lg=$WORK/logs/$1.profile.log
+  # shellcheck disable=SC2086
+  timeout -k 10 "$TIMEOUT" $B/spmd-run "$WORK/art/$m.spmd" --device "$DEVICE" $RUN_FLAGS --steps 7 --warmup 2 \
+    --data "$WORK/models/$m.data1.pt" --profile "$WORK/logs/$m.spmd.profile.txt" > "$lg" 2>&1 \
+    || fail spmd "$m" 1 "$lg" "spmd-run --profile $m"
+  timeout -k 10 "$TIMEOUT" "$PY" bench/torch_step.py --model "$m" --system ddp --nproc 1 --steps 3 --warmup 2 \
+    --device "$DEVICE" "${TINY_FLAG[@]}" --profile "$WORK/logs/$m.ddp.profile.txt" >> "$lg" 2>&1 \
+    || fail ddp "$m" 1 "$lg" "torch_step.py --profile $m"
+  log "$m: profiles in logs/$m.spmd.profile.txt, logs/$m.ddp.profile.txt"
+}
+
 # run_torch SYSTEM MODEL N (a fresh compile cache for each run: compile_s is a cold compile)
 run_torch() {
   local sys=$1 m=$2 n=$3 tag=$2.$1.$3
@@ -205,6 +218,7 @@ for m in $MODELS; do
   fi
   for n in $NPROCS; do
     if [ "$spmd_ok" = 1 ]; then run_spmd "$m" "$n"; fi
+    if [ "$spmd_ok" = 1 ] && [ "$n" = 1 ] && [ "${PROFILE:-0}" = 1 ]; then profile "$m"; fi
     for sys in ddp compile; do
       if [[ " $SYSTEMS " == *" $sys "* ]]; then run_torch "$sys" "$m" "$n"; fi
     done

@@ -39,6 +39,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="the small models of smoke tests")
+    p.add_argument("--profile", metavar="FILE",
+                   help="after the timed steps, profile 3 more with torch.profiler; rank 0 writes the "
+                        "table of ops by device time to FILE")
     args = p.parse_args(argv)
     if args.nproc < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--nproc and --steps must be at least 1, --warmup at least 0")
@@ -106,6 +109,23 @@ def time_steps(fn, opt, inputs, device, count):
     return ms, loss.item()
 
 
+def profile_steps(fn, opt, inputs, device, path):
+    """Profiles 3 steps; writes torch.profiler's table of ops, by device time, to path."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        time_steps(fn, opt, inputs, device, 3)
+    averages = prof.key_averages()
+    for key in ("device_time_total", "cuda_time_total", "cpu_time_total"):
+        try:
+            table = averages.table(sort_by=key, row_limit=40)
+            break
+        except (AttributeError, KeyError, ValueError):
+            continue
+    with open(path, "w") as f:
+        f.write("# torch_step.py --profile: 3 steps, rank 0 (totals over the 3 steps)\n" + table + "\n")
+
+
 def summary(args, ms, loss, device):
     timed = ms[args.warmup:]
     row = {"kind": "result", "system": args.system, "model": args.model, "ranks": args.nproc,
@@ -124,6 +144,8 @@ def worker(rank, args, port):
     bench = bench_models.benches(args.tiny)[args.model]
     fn, opt, inputs = make_step(bench, args, device, rank)
     ms, loss = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
+    if args.profile and rank == 0:
+        profile_steps(fn, opt, inputs, device, args.profile)
     if rank == 0:
         print(json.dumps(summary(args, ms, loss, device)), flush=True)
     dist.barrier(device_ids=[rank]) if device.type == "cuda" else dist.barrier()

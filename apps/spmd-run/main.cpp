@@ -28,6 +28,9 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the random inputs used without --data")->capture_default_str();
   app.add_flag("--json", o.json, "print the run's losses and timings as one JSON object");
+  app.add_flag("--eager", o.eager, "run every step through the interpreter, even for an artifact lowered with --cudagraphs");
+  app.add_option("--profile", o.profile,
+                 "write rank 0's time per operator to FILE (runs eagerly, the device synchronized after every node)");
   app.add_flag("--tf32", o.tf32, "allow TF32 matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32)");
   app.add_option("--timeout", timeoutSec, "seconds to wait for a peer (joining, or in a collective) before failing")
       ->check(CLI::PositiveNumber)

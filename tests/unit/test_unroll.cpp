@@ -67,7 +67,10 @@ std::map<std::string, at::Tensor> batch(const Graph& g, int step) {
 }
 
 // Runs `steps` steps as spmd-run does (one graph per kind of iteration).
-std::map<std::string, at::Tensor> train(const Graph& g, int steps) {
+// With Buffers::Reuse, returns the nodes that ran in place (over all graphs).
+std::map<std::string, at::Tensor> train(const Graph& g, int steps,
+                                        Interpreter::Buffers buffers = Interpreter::Buffers::Keep,
+                                        size_t* inPlaceNodes = nullptr) {
   std::map<std::string, at::Tensor> state = initialState(g);
   std::map<Iteration, Graph> graphs;
   for (int s = 0; s < steps; ++s) {
@@ -75,7 +78,9 @@ std::map<std::string, at::Tensor> train(const Graph& g, int steps) {
     if (!graphs.count(it)) graphs.emplace(it, graphForIteration(g, it));
     std::map<std::string, at::Tensor> inputs = state;
     for (auto& [name, t] : batch(g, s)) inputs[name] = t;
-    RunResult r = Interpreter(graphs.at(it)).run(inputs);
+    Interpreter interpreter(graphs.at(it), buffers);
+    if (inPlaceNodes) *inPlaceNodes += interpreter.inPlaceNodes();
+    RunResult r = interpreter.run(inputs);
     for (auto& [name, t] : r.updates) state[name] = t;
   }
   return state;
@@ -123,4 +128,27 @@ TEST_CASE("a block moves only with every node that reads it", "[unroll]") {
   IterGraph iter(g);
   iter.moveToNextIteration({firstForward});
   REQUIRE_THROWS_AS(iter.freeze(2), Diagnostic);
+}
+
+TEST_CASE("optimizer updates run in place over their state, with the same result", "[unroll]") {
+  const Graph mlp = trainStep("mlp", "adam", 0.05);
+  const Graph cnn = trainStep("cnn", "sgd", 0.002);
+  for (const Graph* g : {&mlp, &cnn}) {
+    const Graph lowered = withPasses(withPasses(*g, unrollPipeline(), 3), {"fuse-optimizer"});
+    for (int steps : {1, 3}) {
+      INFO(steps << " steps");
+      size_t inPlace = 0;
+      requireSameState(train(*g, steps), train(lowered, steps, Interpreter::Buffers::Reuse, &inPlace));
+      CHECK(inPlace > 0);
+    }
+  }
+  // Parameters and Adam's moments are written where they live.
+  const Graph fused = withPasses(mlp, {"fuse-optimizer"});
+  Interpreter interpreter(fused, Interpreter::Buffers::Reuse);
+  const auto& written = interpreter.overwrittenInputs();
+  for (const char* name : {"mod.0.weight", "mod.0.weight.exp_avg", "mod.0.weight.exp_avg_sq", "mod.0.weight.step"}) {
+    INFO(name);
+    CHECK(std::find(written.begin(), written.end(), name) != written.end());
+  }
+  CHECK(Interpreter(fused).overwrittenInputs().empty());
 }

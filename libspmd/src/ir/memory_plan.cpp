@@ -14,20 +14,6 @@
 #include <tuple>
 
 namespace spmd {
-namespace {
-
-// CUDA's caching allocator hands out blocks in multiples of 512 bytes.
-constexpr int64_t kAllocationGranularity = 512;
-
-int64_t allocatedBytes(const Value& v) {
-  return (bytes(v) + kAllocationGranularity - 1) / kAllocationGranularity * kAllocationGranularity;
-}
-
-// How a node output relates to the node's arguments.
-struct OutputAliasing {
-  ValueId base = kNoValue;  // the argument it may share memory with
-  bool ownsMemory = true;   // needs a buffer of its own
-};
 
 // Ops whose result is sometimes `self` (or a view of it) and sometimes a
 // fresh tensor, depending on strides, dtypes or arguments that a static
@@ -45,6 +31,21 @@ bool mayCopyOrAlias(const std::string& op) {
   };
   return kOps.count(op) != 0;
 }
+
+namespace {
+
+// CUDA's caching allocator hands out blocks in multiples of 512 bytes.
+constexpr int64_t kAllocationGranularity = 512;
+
+int64_t allocatedBytes(const Value& v) {
+  return (bytes(v) + kAllocationGranularity - 1) / kAllocationGranularity * kAllocationGranularity;
+}
+
+// How a node output relates to the node's arguments.
+struct OutputAliasing {
+  ValueId base = kNoValue;  // the argument it may share memory with
+  bool ownsMemory = true;   // needs a buffer of its own
+};
 
 // Ops whose Tensor[] result holds a view of each element of their Tensor[]
 // argument (expand views), although their schemas carry no alias sets.

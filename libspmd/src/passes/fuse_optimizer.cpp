@@ -6,16 +6,22 @@
 // Grouped: optimizer nodes with the same op, overload and constant arguments,
 // at the same depth of the graph (so none reads another's result), behind
 // the same bucket_wait (so a bucket's update still overlaps later buckets'
-// all-reduces) and with the same iteration tag. Ops without a _foreach form
-// (pow of a Scalar, rsub, _to_copy, full_like, where) stay as they are; a
-// note lists them. The nodes are then rescheduled, a group running where its
-// last input is ready; communication keeps its order. Values and results do
-// not change: on CPU _foreach ops loop over the same per-tensor kernels.
+// all-reduces) and with the same iteration tag. Before grouping, ops without
+// a _foreach form are rewritten where an exact equivalent has one: rsub
+// (s - x) becomes neg and add (-x + s, the same rounding), the full_like
+// constants of one value each (the bias-correction numerators) become one
+// node, and pow of a Scalar becomes _foreach_pow.ScalarAndTensor where this
+// LibTorch has it (2.1 on). What is left (_to_copy, where, ...) stays as it
+// is; a note lists it. The nodes are then rescheduled, a group running where
+// its last input is ready; communication keeps its order. Values and results
+// do not change: on CPU _foreach ops loop over the same per-tensor kernels.
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/collectives.h"
+#include "spmd/runtime/op_call.h"
 #include "spmd/support/diagnostic.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <queue>
@@ -30,7 +36,15 @@ struct ForeachForm {
   const char* overload;
   size_t tensorArgs;  // leading tensor arguments that become lists
   size_t constants;   // constant arguments kept after them (add.Scalar's alpha of 1 goes)
+  bool scalarFirst = false;  // pow.Scalar: one constant, then the tensor
 };
+
+bool hasOperator(const std::string& op, const std::string& overload) {
+  Node probe;
+  probe.op = op;
+  probe.overload = overload;
+  return findOperator(probe).has_value();
+}
 
 // The _foreach form of an element-wise op, for the argument layouts the
 // optimizer pass emits; nullopt when there is none or the arguments differ.
@@ -48,16 +62,23 @@ std::optional<ForeachForm> foreachFormOf(const Node& n) {
   if (name == "aten::addcdiv") return ForeachForm{"aten::_foreach_addcdiv", "Scalar", 3, 1};
   if (name == "aten::sqrt") return ForeachForm{"aten::_foreach_sqrt", "", 1, 0};
   if (name == "aten::neg") return ForeachForm{"aten::_foreach_neg", "", 1, 0};
+  static const bool havePowScalarAndTensor = hasOperator("aten::_foreach_pow", "ScalarAndTensor");
+  if (name == "aten::pow.Scalar" && havePowScalarAndTensor && n.args.size() == 2 && n.args[0].kind != Arg::Kind::Value &&
+      n.args[1].kind == Arg::Kind::Value && n.outputs.size() == 1 && n.outputs[0] != kNoValue) {
+    return ForeachForm{"aten::_foreach_pow", "ScalarAndTensor", 1, 1, true};
+  }
   return std::nullopt;
 }
 
-// A text key of everything but the tensor arguments.
-std::string constantsKey(const Node& n, size_t tensorArgs) {
+// A text key of the constant (non-tensor) arguments.
+std::string constantsKey(const Node& n) {
   std::string key;
-  for (size_t i = tensorArgs; i < n.args.size(); ++i) {
-    const Arg& a = n.args[i];
-    key += std::to_string(static_cast<int>(a.kind)) + ":" + std::to_string(a.i) + ":" + std::to_string(a.f) + ":" +
-           std::to_string(a.b) + ":" + a.s + ";";
+  for (const Arg& a : n.args) {
+    if (a.kind == Arg::Kind::Value || a.kind == Arg::Kind::Values) continue;
+    char f[32];
+    std::snprintf(f, sizeof f, "%.17g", a.f);  // every bit: groups share one constant
+    key += std::to_string(static_cast<int>(a.kind)) + ":" + std::to_string(a.i) + ":" + f + ":" + std::to_string(a.b) +
+           ":" + a.s + ";";
   }
   return key;
 }
@@ -98,22 +119,100 @@ Node fusedNode(const Graph& g, const std::vector<size_t>& members, const Foreach
   fused.overload = form.overload;
   fused.meta = first.meta;
   fused.meta.source.clear();
-  for (size_t k = 0; k < form.tensorArgs; ++k) {
+  const size_t tensorsFrom = form.scalarFirst ? 1 : 0;
+  if (form.scalarFirst) fused.args.push_back(first.args[0]);
+  for (size_t k = tensorsFrom; k < tensorsFrom + form.tensorArgs; ++k) {
     Arg list;
     list.kind = Arg::Kind::Values;
     for (size_t m : members) list.values.push_back(g.nodes()[m].args[k].value);
     fused.args.push_back(list);
   }
-  for (size_t k = form.tensorArgs; k < form.tensorArgs + form.constants; ++k) fused.args.push_back(first.args[k]);
+  if (!form.scalarFirst) {
+    for (size_t k = form.tensorArgs; k < form.tensorArgs + form.constants; ++k) fused.args.push_back(first.args[k]);
+  }
   for (size_t m : members) fused.outputs.push_back(g.nodes()[m].outputs[0]);
   return fused;
 }
 
-bool allTensorArgsLeading(const Node& n, size_t tensorArgs) {
+bool argsMatchForm(const Node& n, const ForeachForm& form) {
+  const size_t from = form.scalarFirst ? 1 : 0;
   for (size_t k = 0; k < n.args.size(); ++k) {
-    if ((n.args[k].kind == Arg::Kind::Value) != (k < tensorArgs)) return false;
+    if ((n.args[k].kind == Arg::Kind::Value) != (k >= from && k < from + form.tensorArgs)) return false;
   }
   return n.outputs.size() == 1 && n.outputs[0] != kNoValue;
+}
+
+// ---- exact rewrites that give ops a _foreach form ----------------------------
+
+bool isOptimizerOp(const Node& n, const char* name) { return n.meta.role == "optimizer" && n.qualifiedName() == name; }
+
+// rsub.Scalar(x, s, 1) = s - x  ->  add.Scalar(neg(x), s, 1) = -x + s.
+size_t splitRsubs(Graph& g) {
+  size_t rewritten = 0;
+  std::vector<Node> nodes = g.takeNodes();
+  for (Node& n : nodes) {
+    const bool alphaOne = n.args.size() == 3 && n.args[2].kind == Arg::Kind::Int && n.args[2].i == 1;
+    if (!isOptimizerOp(n, "aten::rsub.Scalar") || !alphaOne || n.args[0].kind != Arg::Kind::Value ||
+        n.args[1].kind == Arg::Kind::Value || n.outputs.size() != 1 || n.outputs[0] == kNoValue) {
+      g.addNode(std::move(n));
+      continue;
+    }
+    const Value& out = g.value(n.outputs[0]);
+    const ValueId negated = g.addValue({g.freshName(out.name + "_neg"), out.dtype, out.shape});
+    Node neg;
+    neg.op = "aten::neg";
+    neg.args = {n.args[0]};
+    neg.outputs = {negated};
+    neg.meta = n.meta;
+    Node add = n;
+    add.op = "aten::add";
+    add.overload = "Scalar";
+    add.args = {Arg::tensor(negated), n.args[1], n.args[2]};
+    g.addNode(std::move(neg));
+    g.addNode(std::move(add));
+    ++rewritten;
+  }
+  return rewritten;
+}
+
+void replaceUses(Graph& g, const std::map<ValueId, ValueId>& replaced) {
+  auto fix = [&](ValueId& v) {
+    auto it = replaced.find(v);
+    if (it != replaced.end()) v = it->second;
+  };
+  for (Node& n : g.nodes()) forEachTensorArg(n, fix);
+  for (ValueId& v : g.outputs()) fix(v);
+  for (StateUpdate& u : g.updates()) fix(u.value);
+  for (Gradient& gr : g.gradients()) {
+    fix(gr.value);
+    if (gr.reduced != kNoValue) fix(gr.reduced);
+  }
+}
+
+// full_like reads only its argument's type: those with the same constants,
+// type and iteration tag are one value, made once.
+size_t mergeFullLikes(Graph& g) {
+  std::map<std::string, ValueId> made;
+  std::map<ValueId, ValueId> replaced;
+  std::vector<Node> nodes = g.takeNodes();
+  for (Node& n : nodes) {
+    if (!isOptimizerOp(n, "aten::full_like") || n.args.empty() || n.args[0].kind != Arg::Kind::Value ||
+        n.outputs.size() != 1 || n.outputs[0] == kNoValue) {
+      g.addNode(std::move(n));
+      continue;
+    }
+    const Value& like = g.value(n.args[0].value);
+    std::string key = constantsKey(n) + "|" + n.meta.iteration + "|" + std::to_string(static_cast<int>(like.dtype));
+    for (int64_t d : like.shape) key += "," + std::to_string(d);
+    auto [it, first] = made.emplace(key, n.outputs[0]);
+    if (first) {
+      g.addNode(std::move(n));
+    } else {
+      replaced[n.outputs[0]] = it->second;
+    }
+  }
+  replaceUses(g, replaced);
+  return replaced.size();
 }
 
 // Kahn's algorithm over units (single nodes or groups), taking the ready unit
@@ -159,6 +258,7 @@ std::vector<std::string> commOrder(const std::vector<Node>& nodes) {
 
 bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
   if (!options.lower.fuse) return false;
+  const bool rewritten = splitRsubs(g) + mergeFullLikes(g) > 0;
   const Analysis a = analyse(g);
   std::map<std::string, std::vector<size_t>> groups;
   std::map<std::string, ForeachForm> formOf;
@@ -167,11 +267,11 @@ bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
     const Node& n = g.nodes()[i];
     if (n.meta.role != "optimizer") continue;
     auto form = foreachFormOf(n);
-    if (!form || !allTensorArgsLeading(n, form->tensorArgs)) {
+    if (!form || !argsMatchForm(n, *form)) {
       unfused.insert(n.qualifiedName());
       continue;
     }
-    const std::string key = n.qualifiedName() + "|" + constantsKey(n, form->tensorArgs) + "|" + std::to_string(a.depth[i]) +
+    const std::string key = n.qualifiedName() + "|" + constantsKey(n) + "|" + std::to_string(a.depth[i]) +
                             "|" + std::to_string(a.stage[i]) + "|" + n.meta.iteration + "|" +
                             std::to_string(static_cast<int>(g.value(n.outputs[0]).dtype));
     groups[key].push_back(i);
@@ -190,7 +290,7 @@ bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
     ++fusedCalls;
     fusedNodes += members.size();
   }
-  if (fusedCalls == 0) return false;
+  if (fusedCalls == 0) return rewritten;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (unitOf[i] >= 0) continue;
     unitOf[i] = static_cast<int>(units.size());

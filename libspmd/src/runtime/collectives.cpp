@@ -40,7 +40,7 @@ class GroupCollectives : public Collectives {
   GroupCollectives(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<Group> group, int worldSize)
       : store_(std::move(store)), group_(std::move(group)), worldSize_(worldSize) {}
 
-  std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors) override {
+  std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors, bool mayReuseInput) override {
     if (node.op == "spmd::broadcast") {
       std::vector<at::Tensor> t = {tensors.at(0).clone()};
       c10d::BroadcastOptions opts;
@@ -49,13 +49,13 @@ class GroupCollectives : public Collectives {
       return t;
     }
     if (node.op == "spmd::all_reduce") {
-      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s)};
+      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
       group_->allreduce(t)->wait();
       return t;
     }
     const int64_t bucket = node.args.back().i;
     if (node.op == "spmd::bucket_start") {
-      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s)};
+      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
       inFlight_[bucket] = {group_->allreduce(t), t[0]};
       return t;
     }
@@ -74,10 +74,11 @@ class GroupCollectives : public Collectives {
   }
 
  private:
-  at::Tensor prepared(const at::Tensor& t, const std::string& reduce) {
-    at::Tensor copy = t.clone();
-    if (reduce == "mean") copy.div_(worldSize_);
-    return copy;
+  // The tensor the group reduces in place: the input itself when it may be
+  // reused, else a copy; divided first for a mean (one pass either way).
+  at::Tensor prepared(const at::Tensor& t, const std::string& reduce, bool mayReuseInput) {
+    if (reduce == "mean") return mayReuseInput ? t.div_(worldSize_) : t.div(worldSize_);
+    return mayReuseInput ? t : t.clone();
   }
 
   c10::intrusive_ptr<c10d::Store> store_;

@@ -38,12 +38,17 @@ struct CapturedStep {
 };
 
 StepExecutor::StepExecutor(Graph graph, bool capture, int eagerSteps)
-    : graph_(std::move(graph)), interpreter_(graph_), capture_(capture), eagerSteps_(eagerSteps) {}
+    : graph_(std::move(graph)),
+      interpreter_(graph_, Interpreter::Buffers::Reuse),
+      capture_(capture),
+      eagerSteps_(eagerSteps) {}
 
 StepExecutor::~StepExecutor() = default;
 
-at::Tensor StepExecutor::run(TensorMap& state, const TensorMap& data, Collectives* comm) {
+at::Tensor StepExecutor::run(TensorMap& state, const TensorMap& data, Collectives* comm,
+                             const std::function<void(const Node&)>& afterNode) {
   ++stepsRun_;
+  if (afterNode) return runEagerly(state, data, comm, afterNode);
   if (captured_) {
     for (auto& [name, t] : captured_->staticData) t.copy_(data.at(name));
 #ifdef SPMD_WITH_CUDA
@@ -59,10 +64,29 @@ at::Tensor StepExecutor::run(TensorMap& state, const TensorMap& data, Collective
   return captured_->loss;
 }
 
-at::Tensor StepExecutor::runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm) {
+// The interpreter writes over some state inputs: none of them may share its
+// storage with another input (an earlier step may have left one tensor under
+// two names, or an artifact two names on one storage).
+void StepExecutor::separateOverwrittenState(TensorMap& state) const {
+  if (interpreter_.overwrittenInputs().empty()) return;
+  std::map<const void*, int> users;  // by storage: views of one buffer count too
+  for (const auto& [name, t] : state) ++users[t.storage().unsafeGetStorageImpl()];
+  for (const std::string& name : interpreter_.overwrittenInputs()) {
+    at::Tensor& t = state.at(name);
+    int& n = users[t.storage().unsafeGetStorageImpl()];
+    if (n > 1) {
+      --n;
+      t = t.clone();
+    }
+  }
+}
+
+at::Tensor StepExecutor::runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm,
+                                    const std::function<void(const Node&)>& afterNode) {
+  separateOverwrittenState(state);
   TensorMap inputs = state;
   for (const auto& [name, t] : data) inputs[name] = t;
-  RunResult result = interpreter_.run(inputs, comm);
+  RunResult result = interpreter_.run(inputs, comm, afterNode);
   for (auto& [name, t] : result.updates) state[name] = std::move(t);
   return result.outputs.empty() ? at::Tensor() : result.outputs[0];
 }

@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <iostream>
 #include <sstream>
 
@@ -134,6 +136,58 @@ int64_t peakDeviceBytes(const std::string& device, int localRank) {
   return 0;
 }
 
+// --profile: the time of every node, the device synchronized after it,
+// summed by operator over the timed steps.
+class OpProfile {
+ public:
+  explicit OpProfile(std::string device) : device_(std::move(device)) {}
+
+  std::function<void(const Node&)> startStep(bool timed) {
+    synchronize(device_);
+    last_ = std::chrono::steady_clock::now();
+    if (timed) ++steps_;
+    return [this, timed](const Node& node) {
+      synchronize(device_);
+      const auto now = std::chrono::steady_clock::now();
+      if (timed) {
+        auto& [ms, calls] = byOp_[node.qualifiedName()];
+        ms += std::chrono::duration<double, std::milli>(now - last_).count();
+        ++calls;
+      }
+      last_ = now;
+    };
+  }
+
+  std::string report(int ranks) const {
+    std::vector<std::pair<double, std::string>> rows;
+    double total = 0;
+    for (const auto& [op, t] : byOp_) {
+      rows.emplace_back(t.first, op);
+      total += t.first;
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    const double steps = std::max(steps_, 1);
+    std::ostringstream out;
+    out << "# spmd-run --profile: " << steps_ << " timed steps, rank 0 of " << ranks << " (" << device_
+        << "), the device synchronized after every node\n# ms/step   share  calls/step  op\n";
+    char line[256];
+    for (const auto& [ms, op] : rows) {
+      std::snprintf(line, sizeof line, "%9.3f  %5.1f%%  %10.1f  %s\n", ms / steps, total > 0 ? 100 * ms / total : 0.0,
+                    byOp_.at(op).second / steps, op.c_str());
+      out << line;
+    }
+    std::snprintf(line, sizeof line, "%9.3f  100.0%%              total\n", total / steps);
+    out << line;
+    return out.str();
+  }
+
+ private:
+  std::string device_;
+  std::chrono::steady_clock::time_point last_;
+  int steps_ = 0;
+  std::map<std::string, std::pair<double, int64_t>> byOp_;  // ms, calls
+};
+
 // The graph each kind of iteration runs, bound once. With CUDA graphs, the
 // main iteration (the one that repeats) is captured unless a node forbids it.
 class IterationPlans {
@@ -191,17 +245,13 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (it == artifact.state.end()) throw Diagnostic("'" + name + "'", "the artifact holds no value for this input");
     const at::Tensor& initial = it->second;
     state[name] = artifact.zeroState.count(name) ? at::zeros(initial.sizes(), initial.options().device(dev))
-                                                 : initial.to(dev);
+                                                 : initial.to(initial.options().device(dev), false, /*copy=*/true);
   }
   if (device == "cuda") at::globalContext().setAllowTF32CuBLAS(o.tf32);
-  // Captured NCCL collectives hung on 2 x H200 (torch 2.11, NCCL 2.28) and
-  // the cause is not found yet: with several ranks the step runs eagerly.
-  const bool capture = artifact.cudagraphs && device == "cuda" && info.worldSize == 1;
-  if (artifact.cudagraphs && device == "cuda" && info.worldSize > 1 && info.rank == 0) {
-    std::cerr << "spmd-run: note: CUDA graphs are used on one rank only for now; " << info.worldSize
-              << " ranks run the step eagerly\n";
-  }
-  IterationPlans plans(g, capture, info.rank == 0);
+  const bool capture = artifact.cudagraphs && device == "cuda" && !o.eager && o.profile.empty();
+  std::optional<OpProfile> profile;
+  if (!o.profile.empty()) profile.emplace(device);
+  auto plans = std::make_unique<IterationPlans>(g, capture, info.rank == 0);
   std::unique_ptr<Collectives> comm;
   if (rankInfo) comm = joinProcessGroup(info, device, o.timeout);
 
@@ -220,7 +270,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     }
     synchronize(device);
     const auto begin = std::chrono::steady_clock::now();
-    at::Tensor lossTensor = plans.at(iterationAt(step, steps)).run(state, inputs, comm.get());
+    auto afterNode = profile ? profile->startStep(step >= o.warmup) : std::function<void(const Node&)>();
+    at::Tensor lossTensor = plans->at(iterationAt(step, steps)).run(state, inputs, comm.get(), afterNode);
     synchronize(device);
     const double stepMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
     if (step >= o.warmup) ms.push_back(stepMs);
@@ -235,9 +286,13 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   }
   const int64_t peak = peakDeviceBytes(device, info.localRank);
   synchronize(device);
+  // Captured graphs hold NCCL's resources: they go before the communicator.
+  plans.reset();
+  synchronize(device);
   if (comm) comm->shutdown();
   if (!lead) return;
   if (!o.saveParams.empty()) saveParameters(g, state, o.saveParams);
+  if (profile) writeOutput(o.profile, profile->report(info.worldSize));
   const double median = percentile(ms, 0.5), lo = *std::min_element(ms.begin(), ms.end()),
                hi = *std::max_element(ms.begin(), ms.end());
   char summary[256];

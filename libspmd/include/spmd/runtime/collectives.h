@@ -20,7 +20,10 @@ class Collectives {
  public:
   virtual ~Collectives() = default;
   // Runs a communication node on its tensor arguments; returns its results.
-  virtual std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors) = 0;
+  // `mayReuseInput`: the first tensor dies at this node and owns its
+  // storage, so the reduction may run in it instead of in a copy.
+  virtual std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors,
+                                      bool mayReuseInput = false) = 0;
   // Leaves the group once every rank's work is done, so that exit does not
   // wait on NCCL's abort path.
   virtual void shutdown() {}

@@ -29,15 +29,21 @@ class StepExecutor {
   StepExecutor& operator=(const StepExecutor&) = delete;
 
   // One step: reads parameters, buffers and state from `state` and the data
-  // inputs from `data`, and leaves the updated values in `state` (in place
-  // once captured). Returns the graph's first output (the loss).
-  at::Tensor run(TensorMap& state, const TensorMap& data, Collectives* comm);
+  // inputs from `data`, and leaves the updated values in `state`. The step
+  // writes over state tensors (optimizer updates run in place, and always
+  // once captured): `state` must be the caller's own. Returns the graph's
+  // first output (the loss).
+  // `afterNode`: see Interpreter::run; given, the step runs eagerly.
+  at::Tensor run(TensorMap& state, const TensorMap& data, Collectives* comm,
+                 const std::function<void(const Node&)>& afterNode = {});
 
   bool captured() const { return captured_ != nullptr; }
 
  private:
-  at::Tensor runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm);
+  at::Tensor runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm,
+                        const std::function<void(const Node&)>& afterNode = {});
   void capture(TensorMap& state, const TensorMap& data, Collectives* comm);
+  void separateOverwrittenState(TensorMap& state) const;
 
   Graph graph_;
   Interpreter interpreter_;

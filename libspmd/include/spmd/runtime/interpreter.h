@@ -8,7 +8,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,18 +25,40 @@ struct RunResult {
 
 class Interpreter {
  public:
+  // Keep: every node writes fresh tensors and inputs are only read (the
+  // reference semantics). Reuse: _foreach ops whose first list dies at the
+  // node run in place over it (an optimizer's state and parameters updated
+  // where they live); the inputs named by overwrittenInputs() are written.
+  enum class Buffers { Keep, Reuse };
+
   // Binds every node to its operator once; throws Diagnostic for an unknown op.
-  explicit Interpreter(const Graph& graph);
+  explicit Interpreter(const Graph& graph, Buffers buffers = Buffers::Keep);
 
   // `inputs` holds a tensor for every graph input, by name. With
   // `collectives`, communication nodes run across ranks through it; without,
   // they run their one-rank kernels (the identity).
-  RunResult run(const std::map<std::string, at::Tensor>& inputs, Collectives* collectives = nullptr) const;
+  // `afterNode`, if given, is called after each node is issued (profiling).
+  RunResult run(const std::map<std::string, at::Tensor>& inputs, Collectives* collectives = nullptr,
+                const std::function<void(const Node&)>& afterNode = {}) const;
+
+  // With Buffers::Reuse: the inputs a run writes over, and how many nodes run
+  // in place. Each such input must own its storage (share it with no other input).
+  const std::vector<std::string>& overwrittenInputs() const { return overwritten_; }
+  size_t inPlaceNodes() const {
+    size_t n = 0;
+    for (const auto& op : inPlace_) n += op.has_value();
+    return n;
+  }
 
  private:
+  void planInPlace(const std::vector<int>& lastUse);
+
   const Graph& graph_;
   std::vector<c10::OperatorHandle> ops_;
   std::vector<std::vector<ValueId>> releaseAfter_;  // values whose last use is node i
+  std::vector<std::optional<c10::OperatorHandle>> inPlace_;  // node i's in-place variant, when it runs in place
+  std::vector<std::string> overwritten_;
+  std::vector<bool> reusesInput_;  // collective node i may reduce in its input
 };
 
 }  // namespace spmd
