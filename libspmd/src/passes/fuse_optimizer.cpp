@@ -306,7 +306,7 @@ bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
     for (const auto& name : unfused) kept += (kept.empty() ? "" : ", ") + name;
     options.notes->push_back("fuse-optimizer: " + std::to_string(fusedNodes) + " optimizer nodes became " +
                              std::to_string(fusedCalls) + " _foreach calls" +
-                             (kept.empty() ? "" : "; without a _foreach form, these stay per parameter: " + kept));
+                             (kept.empty() ? "" : "; these have no _foreach form: " + kept));
   }
   return true;
 }
