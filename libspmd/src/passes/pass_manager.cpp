@@ -19,6 +19,8 @@ const std::vector<PassInfo>& registeredPasses() {
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", runOptimizer},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", runBucket},
       {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group", runFuseOptimizer},
+      {"embedding-grad", "with --cudagraphs on CUDA: embedding_dense_backward as new_zeros + index_add (capturable)",
+       runEmbeddingGrad},
       {"check-capture", "with --cudagraphs: notes what keeps the step out of a CUDA graph", runCheckCapture},
       {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration", runUnroll},
   };
