@@ -210,6 +210,20 @@ if ! "$PY" bench/models.py "$WORK/models" $(printf -- '--model %s ' $MODELS) "${
   finish
 fi
 
+if [ "${ALLREDUCE:-1}" = 1 ]; then
+  for n in $NPROCS; do
+    [ "$n" -gt 1 ] || continue
+    lg=$WORK/logs/allreduce.$n.log
+    if timeout -k 10 "$TIMEOUT" "$PY" bench/allreduce.py --nproc "$n" --device "$DEVICE" \
+        --sizes-mb "${ALLREDUCE_MB:-25,256,1024}" > "$WORK/logs/allreduce.$n.json" 2> "$lg"; then
+      grep '"kind": "allreduce"' "$WORK/logs/allreduce.$n.json" >> "$RESULTS"
+      log "all_reduce, $n GPU(s): $(tail -n 1 "$WORK/logs/allreduce.$n.json" | cut -c1-160)"
+    else
+      fail allreduce "" "$n" "$lg" "allreduce.py --nproc $n"
+    fi
+  done
+fi
+
 for m in $MODELS; do
   spmd_ok=0
   if [[ " $SYSTEMS " == *" spmd "* ]]; then

@@ -4,8 +4,10 @@
 
 Prints (or appends) a heading with the date and machine, one table per model (rows:
 GPU count x system; columns: median, min, max ms per step, peak memory, speed-up
-over DDP eager at the same GPU count), the issue's targets marked met or MISSED
-with their numbers (at --ranks GPUs), and every error the run recorded.
+over DDP eager at the same GPU count), the scaling efficiency of each system
+(1-GPU step / N-GPU step) and all_reduce's bus bandwidth (bench/allreduce.py) where
+the run has several GPU counts, the issue's targets marked met or MISSED with
+their numbers (at --ranks GPUs), and every error the run recorded.
 Needs no torch: it only reads the JSON lines that bench.sh, record.py,
 models.py and torch_step.py wrote.
 """
@@ -26,6 +28,7 @@ class Results:
 
     def __init__(self, lines):
         self.machine, self.models, self.runs, self.pipelines, self.errors = {}, {}, {}, {}, []
+        self.allreduces = []
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -46,6 +49,8 @@ class Results:
             self.runs[(row["model"], row["system"], row["ranks"])] = row
         elif kind == "pipeline":
             self.pipelines[row["model"]] = row
+        elif kind == "allreduce":
+            self.allreduces.append(row)
         elif kind == "error":
             self.errors.append(row)
 
@@ -237,11 +242,40 @@ def errors(res):
     return lines
 
 
+def scaling(res):
+    """Per model and system: 1-GPU step / N-GPU step (1.0 is perfect weak scaling)."""
+    counts = sorted({r for _, _, r in res.runs if r > 1})
+    if not counts:
+        return []
+    lines = ["### Scaling efficiency (1-GPU step / N-GPU step, batch per GPU fixed)", "",
+             "| model | system | " + " | ".join(gpus(n) for n in counts) + " |",
+             "| --- | --- |" + " ---: |" * len(counts)]
+    for name in res.model_names():
+        for system, label in SYSTEMS:
+            one = median_ms(res, name, system, 1)
+            cells = [ratio(one, median_ms(res, name, system, n)) for n in counts]
+            if all(c is None for c in cells):
+                continue
+            lines.append("| %s | %s | %s |" % (name, label, " | ".join("—" if c is None else "%.3f" % c for c in cells)))
+    return lines + [""]
+
+
+def allreduce_table(res):
+    if not res.allreduces:
+        return []
+    lines = ["### all_reduce bus bandwidth (bench/allreduce.py, fp32 sum; busbw = algbw * 2(N-1)/N)", "",
+             "| GPUs | MiB | median ms | algbw GB/s | busbw GB/s |", "| ---: | ---: | ---: | ---: | ---: |"]
+    for row in sorted(res.allreduces, key=lambda r: (r["ranks"], r["bytes"])):
+        lines.append("| %d | %g | %s | %.1f | %.1f |" % (row["ranks"], row["bytes"] / MIB, ms(row["median_ms"]),
+                                                       row["algbw_gbps"], row["busbw_gbps"]))
+    return lines + [""]
+
+
 def section(res, ranks):
     lines = heading(res)
     for name in res.model_names():
         lines += ["", model_title(res, name), ""] + table(res, name)
-    lines += [""] + targets(res, ranks)
+    lines += [""] + scaling(res) + allreduce_table(res) + targets(res, ranks)
     errs = errors(res)
     return "\n".join(lines + ([""] + errs if errs else [])) + "\n"
 
