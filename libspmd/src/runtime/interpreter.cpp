@@ -20,71 +20,100 @@ struct Definition {
   const GraphInput* input = nullptr;
 };
 
-std::vector<Definition> definitions(const Graph& g) {
-  std::vector<Definition> defs(g.numValues());
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const auto& outs = g.nodes()[i].outputs;
-    for (size_t k = 0; k < outs.size(); ++k) {
-      if (outs[k] != kNoValue) defs[outs[k]] = {static_cast<int>(i), k, nullptr};
+// Which values a node may write over (Buffers::Reuse).
+class ReusePlanner {
+ public:
+  ReusePlanner(const Graph& g, const std::vector<c10::OperatorHandle>& ops, const std::vector<int>& lastUse)
+      : g_(g), ops_(ops), lastUse_(lastUse), defs_(g.numValues()) {
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const auto& outs = g.nodes()[i].outputs;
+      for (size_t k = 0; k < outs.size(); ++k) {
+        if (outs[k] != kNoValue) defs_[outs[k]] = {static_cast<int>(i), k, nullptr};
+      }
     }
+    for (const auto& in : g.inputs()) defs_[in.value].input = &in;
+    for (const auto& u : g.updates()) updated_.insert(u.input);
   }
-  for (const auto& in : g.inputs()) defs[in.value].input = &in;
-  return defs;
-}
 
-bool sameType(const Value& a, const Value& b) { return a.dtype == b.dtype && a.shape == b.shape; }
+  bool isInput(ValueId v) const { return defs_[v].input != nullptr; }
 
-}  // namespace
+  // `v` dies at node i: node i reads it once (in no other argument) and no
+  // later node, output or state update reads it.
+  bool diesAt(ValueId v, size_t i) const {
+    if (lastUse_[v] != static_cast<int>(i)) return false;
+    int reads = 0;
+    forEachTensorArg(g_.nodes()[i], [&](ValueId u) { reads += u == v; });
+    return reads == 1;
+  }
 
-// A _foreach op may write its results over its first list when every tensor
-// of that list dies there: the list's values are read by this node alone and
-// by no later one, and each owns its storage, being either a fresh result of
-// an earlier ATen op (no view) or a parameter or state input that the step
-// replaces anyway. Inputs are overwritten only if the caller said so.
-void Interpreter::planInPlace(const std::vector<int>& lastUse) {
-  const Graph& g = graph_;
-  const auto defs = definitions(g);
-  std::set<ValueId> updated;
-  for (const auto& u : g.updates()) updated.insert(u.input);
-  auto ownsStorage = [&](ValueId v) {
-    const Definition& d = defs[v];
-    if (d.input) return (d.input->kind == InputKind::Parameter || d.input->kind == InputKind::State) && updated.count(v) > 0;
-    const std::string& op = d.node < 0 ? std::string() : g.nodes()[d.node].op;
+  // `v` has storage no other value shares: a fresh result of an ATen op (not
+  // a view, nor an op that sometimes returns its input), or a parameter or
+  // state input that the step replaces anyway.
+  bool ownsStorage(ValueId v) const {
+    const Definition& d = defs_[v];
+    if (d.input) {
+      return (d.input->kind == InputKind::Parameter || d.input->kind == InputKind::State) && updated_.count(v) > 0;
+    }
+    if (d.node < 0) return false;
+    const std::string& op = g_.nodes()[d.node].op;
     if (op.rfind("aten::", 0) != 0 || mayCopyOrAlias(op)) return false;
     const auto& returns = ops_[d.node].schema().returns();
     const size_t r = returns.size() == 1 ? 0 : d.output;
     return r < returns.size() && !returns[r].alias_info();
-  };
-  inPlace_.assign(g.nodes().size(), std::nullopt);
-  reusesInput_.assign(g.nodes().size(), false);
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& node = g.nodes()[i];
-    // A collective reduces its input where it lies when that is a fresh
-    // tensor (a bucket's flattened gradients) read by nothing else.
-    if (isCollective(node) && !node.args.empty() && node.args[0].kind == Arg::Kind::Value) {
-      const ValueId v = node.args[0].value;
-      std::map<ValueId, int> reads;
-      forEachTensorArg(node, [&](ValueId u) { ++reads[u]; });
-      reusesInput_[i] = !defs[v].input && lastUse[v] == static_cast<int>(i) && reads[v] == 1 && ownsStorage(v);
+  }
+
+  // A collective may reduce in its input: a fresh tensor (a bucket's
+  // flattened gradients) that dies there.
+  bool collectiveMayReuse(size_t i) const {
+    const Node& node = g_.nodes()[i];
+    if (node.args.empty() || node.args[0].kind != Arg::Kind::Value) return false;
+    const ValueId v = node.args[0].value;
+    return !isInput(v) && diesAt(v, i) && ownsStorage(v);
+  }
+
+  // A _foreach op may run in place over its first list when each of its
+  // tensors dies there, owns its storage and has the result's type.
+  bool foreachMayRunInPlace(size_t i) const {
+    const Node& node = g_.nodes()[i];
+    if (node.op.rfind("aten::_foreach_", 0) != 0 || node.args.empty() || node.args[0].kind != Arg::Kind::Values) {
+      return false;
+    }
+    const auto& targets = node.args[0].values;
+    if (targets.size() != node.outputs.size()) return false;
+    for (size_t k = 0; k < targets.size(); ++k) {
+      const ValueId v = targets[k], out = node.outputs[k];
+      if (out == kNoValue || !diesAt(v, i) || !ownsStorage(v)) return false;
+      if (g_.value(v).dtype != g_.value(out).dtype || g_.value(v).shape != g_.value(out).shape) return false;
+    }
+    return true;
+  }
+
+ private:
+  const Graph& g_;
+  const std::vector<c10::OperatorHandle>& ops_;
+  const std::vector<int>& lastUse_;
+  std::vector<Definition> defs_;
+  std::set<ValueId> updated_;
+};
+
+}  // namespace
+
+void Interpreter::planInPlace(const std::vector<int>& lastUse) {
+  const ReusePlanner planner(graph_, ops_, lastUse);
+  inPlace_.assign(graph_.nodes().size(), std::nullopt);
+  reusesInput_.assign(graph_.nodes().size(), false);
+  for (size_t i = 0; i < graph_.nodes().size(); ++i) {
+    const Node& node = graph_.nodes()[i];
+    if (isCollective(node)) {
+      reusesInput_[i] = planner.collectiveMayReuse(i);
       continue;
     }
-    if (node.op.rfind("aten::_foreach_", 0) != 0 || node.args.empty() || node.args[0].kind != Arg::Kind::Values) continue;
-    const auto& targets = node.args[0].values;
-    if (targets.size() != node.outputs.size()) continue;
-    std::map<ValueId, int> reads;
-    forEachTensorArg(node, [&](ValueId v) { ++reads[v]; });
-    bool ok = true;
-    for (size_t k = 0; ok && k < targets.size(); ++k) {
-      const ValueId v = targets[k];
-      ok = node.outputs[k] != kNoValue && lastUse[v] == static_cast<int>(i) && reads[v] == 1 && ownsStorage(v) &&
-           sameType(g.value(v), g.value(node.outputs[k]));
-    }
-    if (!ok) continue;
+    if (!planner.foreachMayRunInPlace(i)) continue;
     auto op = c10::Dispatcher::singleton().findSchema({node.op + "_", node.overload});
     if (!op) continue;
     inPlace_[i] = *op;
-    for (ValueId v : targets) {
-      if (defs[v].input) overwritten_.push_back(g.value(v).name);
+    for (ValueId v : node.args[0].values) {
+      if (planner.isInput(v)) overwritten_.push_back(graph_.value(v).name);
     }
   }
 }
