@@ -141,6 +141,19 @@ def main():
         proc = subprocess.run([tool("spmd-run"), cuda_step, "--steps", "1"], capture_output=True, text=True, timeout=60)
         report("CUDA artifact on a CPU machine", proc.returncode == 1 and "no CUDA device" in proc.stderr, proc.stderr)
 
+    # --profile: a table of ops on 2 ranks; a file nowhere writable is refused before step 1.
+    prof = os.path.join(TMP, "profile.txt")
+    proc = subprocess.run([tool("spmd-run"), step, "--nproc", "2", "--steps", "3", "--warmup", "1", "--profile", prof],
+                          capture_output=True, text=True, timeout=60)
+    table = open(prof).read() if os.path.exists(prof) else ""
+    report("--profile writes a table", proc.returncode == 0 and "2 timed steps, rank 0 of 2 (cpu)" in table and
+           "aten::linear" in table and "spmd::bucket_wait" in table and "total" in table, proc.stderr + table)
+    for flag in ("--profile", "--save-params"):
+        proc = subprocess.run([tool("spmd-run"), step, "--steps", "1", flag, "/nonexistent-dir/out"],
+                              capture_output=True, text=True, timeout=60)
+        report(flag + " to a missing directory", proc.returncode == 1 and "step 1" not in proc.stdout and
+               one_line_error(proc.stderr, "cannot write to /nonexistent-dir"), proc.stderr)
+
     # Truncated and altered artifacts.
     with open(step, "rb") as f:
         data = f.read()

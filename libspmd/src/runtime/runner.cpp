@@ -17,7 +17,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -113,6 +115,17 @@ void saveParameters(const Graph& g, const std::map<std::string, at::Tensor>& sta
   // Not torch::pickle_save: torch.load(weights_only=True) rejects the
   // torch.jit._pickle globals in its output.
   writeOutput(path, saveTorchSave(params));
+}
+
+// Files written after the last step: a directory that cannot take them is
+// refused before step 1, not after the whole run.
+void requireWritableDirectory(const std::string& path, const std::string& flag) {
+  if (path.empty() || path == "-") return;
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK) != 0) {
+    throw Diagnostic(flag + " " + path, "cannot write to " + dir + ": " + std::strerror(errno));
+  }
 }
 
 void progress(int step, int steps) {
@@ -232,6 +245,10 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   if (!o.dataFile.empty()) data = loadData(g, o.dataFile, info.worldSize);
   const int steps = o.steps > 0 ? o.steps : (g.iters() > 0 ? g.iters() : 10);
   if (o.warmup >= steps) throw Diagnostic("--warmup", "must be fewer than the " + std::to_string(steps) + " steps");
+  if (info.rank == 0) {
+    requireWritableDirectory(o.saveParams, "--save-params");
+    requireWritableDirectory(o.profile, "--profile");
+  }
 
   std::map<std::string, at::Tensor> state;
   const at::Device dev = device == "cuda" ? at::Device(at::kCUDA, info.localRank) : at::Device(at::kCPU);
