@@ -22,7 +22,7 @@ bool runCheckCapture(Graph& g, const PipelineOptions& options) {
 }
 
 const std::vector<std::string>& lowerPipeline() {
-  static const std::vector<std::string> names = {"embedding-grad", "fuse-optimizer", "check-capture"};
+  static const std::vector<std::string> names = {"capturable-adam", "embedding-grad", "fuse-optimizer", "check-capture"};
   return names;
 }
 

@@ -62,6 +62,8 @@ std::optional<ForeachForm> foreachFormOf(const Node& n) {
   if (name == "aten::addcdiv") return ForeachForm{"aten::_foreach_addcdiv", "Scalar", 3, 1};
   if (name == "aten::sqrt") return ForeachForm{"aten::_foreach_sqrt", "", 1, 0};
   if (name == "aten::neg") return ForeachForm{"aten::_foreach_neg", "", 1, 0};
+  static const bool haveLerp = hasOperator("aten::_foreach_lerp", "Scalar");
+  if (name == "aten::lerp.Scalar" && haveLerp) return ForeachForm{"aten::_foreach_lerp", "Scalar", 2, 1};
   static const bool havePowScalarAndTensor = hasOperator("aten::_foreach_pow", "ScalarAndTensor");
   if (name == "aten::pow.Scalar" && havePowScalarAndTensor && n.args.size() == 2 && n.args[0].kind != Arg::Kind::Value &&
       n.args[1].kind == Arg::Kind::Value && n.outputs.size() == 1 && n.outputs[0] != kNoValue) {

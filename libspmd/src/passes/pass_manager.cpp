@@ -19,6 +19,8 @@ const std::vector<PassInfo>& registeredPasses() {
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", runOptimizer},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", runBucket},
       {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group", runFuseOptimizer},
+      {"capturable-adam", "with --device cuda: Adam as torch.optim's capturable foreach Adam (lerp; step size in the denominator)",
+       runCapturableAdam},
       {"embedding-grad", "with --cudagraphs on CUDA: embedding_dense_backward as new_zeros + index_add (capturable)",
        runEmbeddingGrad},
       {"check-capture", "with --cudagraphs: notes what keeps the step out of a CUDA graph", runCheckCapture},
@@ -70,7 +72,7 @@ void dumpAfter(const Graph& graph, const std::string& pass, size_t index, const 
   if (debug.printIrAfterAll && debug.log) *debug.log << "// ----- IR after " << pass << " ----- //\n" << listing;
   if (debug.dumpDir.empty()) return;
   ::mkdir(debug.dumpDir.c_str(), 0777);
-  char prefix[16];
+  char prefix[24];
   std::snprintf(prefix, sizeof prefix, "%04zu", index);
   const std::string path = debug.dumpDir + "/" + prefix + ".after_" + pass + ".txt";
   std::ofstream out(path);

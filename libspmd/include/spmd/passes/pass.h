@@ -58,7 +58,8 @@ bool runUnroll(Graph& graph, const PipelineOptions& options);
 bool runFuseOptimizer(Graph& graph, const PipelineOptions& options);
 bool runCheckCapture(Graph& graph, const PipelineOptions& options);
 bool runEmbeddingGrad(Graph& graph, const PipelineOptions& options);
-// What spmd-lower runs: embedding-grad, fuse-optimizer, check-capture.
+bool runCapturableAdam(Graph& graph, const PipelineOptions& options);
+// What spmd-lower runs: capturable-adam, embedding-grad, fuse-optimizer, check-capture.
 const std::vector<std::string>& lowerPipeline();
 // What spmd-unroll runs: unroll.
 const std::vector<std::string>& unrollPipeline();
