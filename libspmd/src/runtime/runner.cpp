@@ -19,11 +19,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <functional>
-#include <optional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 namespace spmd {
