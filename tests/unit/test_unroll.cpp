@@ -21,12 +21,13 @@ using spmd::testing::sampleSpecs;
 
 namespace {
 
-Graph trainStep(const std::string& sample, const std::string& optimizer, double bucketCapMb, double eps = 0) {
+Graph trainStep(const std::string& sample, const std::string& optimizer, double bucketCapMb, double eps = 0,
+                double lr = 0.05) {
   const std::string path = std::string(SPMD_SOURCE_DIR) + "/samples/" + sample + ".pt";
   Graph graph = importTorchScript(readFile(path), path, sampleSpecs(sample));
   PipelineOptions options;
   parseOptimizerKind(optimizer, options.optimizer.kind);
-  options.optimizer.lr = 0.05;
+  options.optimizer.lr = lr;
   options.optimizer.momentum = optimizer == "sgd" ? 0.9 : 0.0;
   if (eps > 0) options.optimizer.eps = eps;
   options.buckets.capMb = bucketCapMb;
@@ -255,4 +256,18 @@ TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[
   }
   // The CPU lowering keeps LibTorch 1.13's formulas, bit for bit.
   CHECK(withPasses(mlp, {"capturable-adam"}).nodes().size() == mlp.nodes().size());
+  // With lr 0 the step size stays a factor (dividing by it would give NaN
+  // where v is 0); the parameters do not move.
+  const Graph frozen = trainStep("mlp", "adam", 0.05, 1e-2, 0.0);
+  const Graph frozenRewritten = forCudaGraphs(frozen, {"capturable-adam"});
+  size_t stepSizeFactors = 0;
+  for (const Node& n : frozenRewritten.nodes()) stepSizeFactors += n.op == "aten::mul" && n.overload == "Tensor";
+  CHECK(stepSizeFactors > 0);
+  const auto before = initialState(frozen), after = train(frozenRewritten, 2);
+  for (const auto& in : frozen.inputs()) {
+    if (in.kind != InputKind::Parameter) continue;
+    const std::string& name = frozen.value(in.value).name;
+    INFO(name);
+    CHECK(at::equal(after.at(name), before.at(name)));
+  }
 }

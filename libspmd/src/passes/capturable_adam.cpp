@@ -117,7 +117,8 @@ class Rewriter {
       return;
     }
     const Node* quotient = uses_.soleUse(g_, denom->args[0].value, "aten::div.Tensor");
-    if (!quotient || !g_.value(scaled->args[1].value).shape.empty() || !g_.value(quotient->args[1].value).shape.empty()) {
+    if (!quotient || !g_.value(scaled->args[1].value).shape.empty() || !g_.value(quotient->args[1].value).shape.empty() ||
+        !isNonZeroStepSize(scaled->args[1].value)) {
       return;
     }
     for (ValueId v : {addcdiv.args[1].value, addcdiv.args[2].value, denom->args[0].value}) dropped_.insert(uses_.node.at(v));
@@ -145,6 +146,22 @@ class Rewriter {
   }
 
  private:
+  // n = -(full_like(_, lr) / bias_correction1) with lr != 0: the rewrite
+  // divides by n, and with lr = 0 would turn 0 / 0 into NaN where the plain
+  // formula adds 0.
+  bool isNonZeroStepSize(ValueId n) const {
+    auto producer = [&](ValueId v, const char* op) -> const Node* {
+      auto it = uses_.node.find(v);
+      if (it == uses_.node.end()) return nullptr;
+      const Node& p = g_.nodes()[it->second];
+      return p.qualifiedName() == op && !p.args.empty() && p.args[0].kind == Arg::Kind::Value ? &p : nullptr;
+    };
+    const Node* neg = producer(n, "aten::neg");
+    const Node* div = neg ? producer(neg->args[0].value, "aten::div.Tensor") : nullptr;
+    const Node* lr = div ? producer(div->args[0].value, "aten::full_like") : nullptr;
+    return lr && lr->args.size() > 1 && isScalar(lr->args[1]) && scalarOf(lr->args[1]) != 0.0;
+  }
+
   bool updatesExpAvg(ValueId v) const {
     const std::string suffix = ".exp_avg";
     for (const auto& u : g_.updates()) {
