@@ -12,13 +12,15 @@ formula for all_reduce: the traffic each link carries, comparable across N).
 import argparse
 import json
 import os
-import socket
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_step import setup, spawn, synchronize, teardown  # noqa: E402  (bench/torch_step.py)
 
 
 def parse_args(argv=None):
@@ -40,17 +42,6 @@ def parse_args(argv=None):
     return args
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_allreduce(buf, device, iters, warmup):
     ms = []
     for i in range(warmup + iters):
@@ -64,13 +55,7 @@ def time_allreduce(buf, device, iters, warmup):
 
 
 def worker(rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if args.device == "cuda":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=args.nproc)
+    device = setup(rank, args, port)
     for mb in args.sizes:
         numel = int(mb * 1024 * 1024) // 4
         buf = torch.ones(numel, dtype=torch.float32, device=device)
@@ -82,13 +67,11 @@ def worker(rank, args, port):
                               "median_ms": median, "algbw_gbps": algbw,
                               "busbw_gbps": algbw * 2 * (args.nproc - 1) / args.nproc}), flush=True)
         del buf
-    dist.barrier(device_ids=[rank]) if device.type == "cuda" else dist.barrier()
-    dist.destroy_process_group()
+    teardown(rank, device)
 
 
 def main():
-    args = parse_args()
-    mp.spawn(worker, args=(args, free_port()), nprocs=args.nproc, join=True)
+    spawn(worker, parse_args())
 
 
 if __name__ == "__main__":

@@ -82,6 +82,17 @@ def setup(rank, args, port):
     return device
 
 
+def teardown(rank, device):
+    """Waits for every rank, then leaves the process group."""
+    dist.barrier(device_ids=[rank]) if device.type == "cuda" else dist.barrier()
+    dist.destroy_process_group()
+
+
+def spawn(worker, args):
+    """Runs worker(rank, args, port) on args.nproc local ranks that meet at a free port."""
+    mp.spawn(worker, args=(args, free_port()), nprocs=args.nproc, join=True)
+
+
 def make_step(bench, args, device, rank):
     """(step function, optimizer, inputs): the wrapped model and its data on device."""
     model = bench_models.build(bench).to(device)
@@ -148,13 +159,11 @@ def worker(rank, args, port):
         profile_steps(fn, opt, inputs, device, args.profile)
     if rank == 0:
         print(json.dumps(summary(args, ms, loss, device)), flush=True)
-    dist.barrier(device_ids=[rank]) if device.type == "cuda" else dist.barrier()
-    dist.destroy_process_group()
+    teardown(rank, device)
 
 
 def main():
-    args = parse_args()
-    mp.spawn(worker, args=(args, free_port()), nprocs=args.nproc, join=True)
+    spawn(worker, parse_args())
 
 
 if __name__ == "__main__":
