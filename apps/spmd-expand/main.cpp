@@ -1,6 +1,7 @@
 // spmd-expand: a forward graph whose first output is the loss becomes one
 // data-parallel training step (forward, backward, gradient all-reduce,
 // optimizer update), written as a JSON graph dump.
+#include "spmd/pipelines/pipelines.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/passes/derivatives.h"
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
     spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
 
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
-    spmd::runStage(loaded, spmd::expandPipeline(), options, debug);
+    spmd::runStage(loaded, spmd::expandPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;
   });

@@ -1,7 +1,7 @@
 // spmd-inspect: prints a TorchScript module, a JSON graph dump or an artifact.
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
-#include "spmd/ir/memory_plan.h"
+#include "spmd/analysis/memory_plan.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/verify.h"
 #include "spmd/support/diagnostic.h"

@@ -2,7 +2,7 @@
 // the lowering passes, every node bound to its kernel, and all its tensors.
 #include "spmd/io/artifact.h"
 #include "spmd/io/load.h"
-#include "spmd/runtime/lower.h"
+#include "spmd/pipelines/lower.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 

@@ -2,7 +2,7 @@
 #include "spmd/io/artifact.h"
 #include "spmd/io/load.h"
 #include "spmd/runtime/launch.h"
-#include "spmd/runtime/lower.h"
+#include "spmd/pipelines/lower.h"
 #include "spmd/runtime/runner.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"

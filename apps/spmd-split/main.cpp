@@ -1,5 +1,6 @@
 // spmd-split: DDP's bucketing applied to a train step (or a forward graph):
 // one flat all-reduce per bucket, written as a JSON graph dump.
+#include "spmd/pipelines/pipelines.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/passes/pass.h"
@@ -36,7 +37,7 @@ int main(int argc, char** argv) {
     options.gradReduce = gradReduce == "sum" ? spmd::GradReduce::Sum : spmd::GradReduce::Mean;
     spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
-    spmd::runStage(loaded, spmd::splitPipeline(), options, debug);
+    spmd::runStage(loaded, spmd::splitPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;
   });

@@ -1,6 +1,7 @@
 // spmd-unroll: IterGraphModule's unrolling of a train step into setup, main
 // and cleanup iterations, with the last bucket's all-reduce and optimizer
 // update moved into the next iteration; written as a JSON graph dump.
+#include "spmd/pipelines/pipelines.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/passes/pass.h"
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
     options.notes = &notes;
     spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
-    spmd::runStage(loaded, spmd::unrollPipeline(), options, debug);
+    spmd::runStage(loaded, spmd::unrollPipeline(options), options, debug);
     for (const auto& note : notes) std::cerr << tool << ": note: " << loaded.displayName << ": " << note << "\n";
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;

@@ -3,7 +3,7 @@
 // run by the interpreter, must give the gradients autograd computes through
 // the same forward graph, in float64, with broadcasting and odd shapes.
 #include "spmd/ir/verify.h"
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 #include "spmd/passes/derivatives.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"

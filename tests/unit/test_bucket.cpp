@@ -1,7 +1,7 @@
 // spmd-split's bucket plan against DDPOptimizer's rules, on graphs built by
 // hand; expected sizes are derived by hand from the rules (DESIGN.md).
 #include "spmd/ir/verify.h"
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 
 #include "catch.h"

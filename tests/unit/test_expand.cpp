@@ -2,12 +2,13 @@
 // TorchScript module: forward, backward(), torch::optim. N steps of the
 // expanded graph on one rank, run by the interpreter, must leave parameters,
 // buffers and optimizer state equal to LibTorch's within 1e-5 relative.
+#include "spmd/pipelines/pipelines.h"
 #include "spmd/io/input_spec.h"
 #include "spmd/io/torchscript.h"
 #include "spmd/ir/verify.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"
-#include "spmd/runtime/weights.h"
+#include "spmd/io/weights.h"
 
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -103,10 +104,10 @@ void trainInLockstep(const std::string& sample, const OptimizerOptions& o, int s
   Graph graph = importTorchScript(readFile(path), path, specs);
   PipelineOptions options;
   options.optimizer = o;
-  runPasses(graph, expandPipeline(), options, DebugOptions{});
+  runPasses(graph, expandPipeline(options), options, DebugOptions{});
   if (bucketCapMb > 0) {
     options.buckets.capMb = bucketCapMb;
-    runPasses(graph, splitPipeline(), options, DebugOptions{});
+    runPasses(graph, splitPipeline(options), options, DebugOptions{});
     REQUIRE(graph.buckets().size() > 1);
   }
   REQUIRE(verifyGraph(graph).empty());

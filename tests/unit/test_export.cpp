@@ -7,7 +7,7 @@
 #include "spmd/ir/verify.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"
-#include "spmd/runtime/weights.h"
+#include "spmd/io/weights.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>

@@ -8,7 +8,7 @@
 #include "spmd/io/torchscript.h"
 #include "spmd/ir/verify.h"
 #include "spmd/runtime/interpreter.h"
-#include "spmd/runtime/weights.h"
+#include "spmd/io/weights.h"
 #include "spmd/support/diagnostic.h"
 
 #include <nlohmann/json.hpp>

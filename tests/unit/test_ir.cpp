@@ -3,7 +3,7 @@
 
 #include "spmd/io/graph_json.h"
 #include "spmd/io/input_spec.h"
-#include "spmd/ir/dtype.h"
+#include "spmd/ops/dtype.h"
 #include "spmd/ir/graph.h"
 #include "spmd/support/diagnostic.h"
 

@@ -1,11 +1,14 @@
 // The static memory plan: hand-computed lifetimes, offsets and peaks on small
 // graphs, and on the samples' train steps the plan's invariants and an
 // oracle that finds views by running the step and comparing storages.
+#include "spmd/pipelines/pipelines.h"
 #include "spmd/io/torchscript.h"
-#include "spmd/ir/memory_plan.h"
-#include "spmd/passes/builder.h"
+#include "spmd/analysis/memory_plan.h"
+#include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
-#include "spmd/runtime/op_call.h"
+#include "spmd/ir/boxing.h"
+#include "spmd/ops/dispatch.h"
+#include "spmd/ops/op_traits.h"
 
 #include <ATen/ATen.h>
 
@@ -230,11 +233,11 @@ Graph trainStep(const std::string& sample, double bucketCapMb = 0) {
   PipelineOptions options;
   options.optimizer.kind = OptimizerKind::Adam;
   options.optimizer.lr = 0.01;
-  runPasses(graph, expandPipeline(), options, DebugOptions{});
+  runPasses(graph, expandPipeline(options), options, DebugOptions{});
   if (bucketCapMb > 0) {
     options.buckets.capMb = bucketCapMb;
     options.buckets.firstCapMb = bucketCapMb;
-    runPasses(graph, splitPipeline(), options, DebugOptions{});
+    runPasses(graph, splitPipeline(options), options, DebugOptions{});
   }
   return graph;
 }
@@ -293,16 +296,6 @@ std::vector<at::Tensor> runKeepingEverything(const Graph& g) {
   return env;
 }
 
-// Ops that return their input (or a view of it) or a fresh tensor depending
-// on strides and arguments: the plan gives them memory of their own and
-// keeps their input alive as long as they are (memory_plan.cpp).
-bool mayCopyOrAlias(const std::string& op) {
-  static const std::set<std::string> ops = {
-      "aten::reshape", "aten::reshape_as", "aten::flatten", "aten::contiguous", "aten::to",
-      "aten::type_as", "aten::resolve_conj", "aten::resolve_neg", "aten::dropout", "aten::feature_dropout",
-      "aten::alpha_dropout", "aten::feature_alpha_dropout", "aten::sum_to_size"};
-  return ops.count(op) != 0;
-}
 
 std::vector<ValueId> tensorArgs(const Node& node) {
   std::vector<ValueId> values;

@@ -3,12 +3,13 @@
 // optimizer fused into _foreach calls, must leave every parameter, buffer and
 // optimizer state bit-identical to S plain steps on one rank (the interpreter
 // runs the same kernels in the same order per element).
+#include "spmd/pipelines/pipelines.h"
 #include "spmd/io/input_spec.h"
 #include "spmd/io/torchscript.h"
 #include "spmd/ir/iter_graph.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"
-#include "spmd/runtime/weights.h"
+#include "spmd/io/weights.h"
 #include "spmd/support/diagnostic.h"
 
 #include <torch/torch.h>
@@ -32,8 +33,8 @@ Graph trainStep(const std::string& sample, const std::string& optimizer, double 
   if (eps > 0) options.optimizer.eps = eps;
   options.buckets.capMb = bucketCapMb;
   options.buckets.firstCapMb = bucketCapMb;
-  runPasses(graph, expandPipeline(), options, DebugOptions{});
-  runPasses(graph, splitPipeline(), options, DebugOptions{});
+  runPasses(graph, expandPipeline(options), options, DebugOptions{});
+  runPasses(graph, splitPipeline(options), options, DebugOptions{});
   return graph;
 }
 
@@ -102,7 +103,7 @@ TEST_CASE("unrolled steps equal plain steps", "[unroll]") {
   const Graph mlp = trainStep("mlp", "adam", 0.05);  // several buckets: only the last moves
   const Graph cnn = trainStep("cnn", "sgd", 0.002);  // SGD's shared first_step is carried
   for (const Graph* g : {&mlp, &cnn}) {
-    const Graph unrolled = withPasses(*g, unrollPipeline(), 4);
+    const Graph unrolled = withPasses(*g, unrollPipeline({}), 4);
     REQUIRE(unrolled.iters() == 4);
     for (int steps : {1, 2, 4}) {
       INFO(steps << " steps");
@@ -119,7 +120,7 @@ TEST_CASE("the fused optimizer updates exactly as the per-parameter one", "[unro
   CHECK(foreachCalls > 0);
   CHECK(fused.nodes().size() < step.nodes().size());
   requireSameState(train(step, 3), train(fused, 3));
-  const Graph both = withPasses(withPasses(step, unrollPipeline(), 3), {"fuse-optimizer"});
+  const Graph both = withPasses(withPasses(step, unrollPipeline({}), 3), {"fuse-optimizer"});
   requireSameState(train(step, 3), train(both, 3));
 }
 
@@ -136,7 +137,7 @@ TEST_CASE("optimizer updates run in place over their state, with the same result
   const Graph mlp = trainStep("mlp", "adam", 0.05);
   const Graph cnn = trainStep("cnn", "sgd", 0.002);
   for (const Graph* g : {&mlp, &cnn}) {
-    const Graph lowered = withPasses(withPasses(*g, unrollPipeline(), 3), {"fuse-optimizer"});
+    const Graph lowered = withPasses(withPasses(*g, unrollPipeline({}), 3), {"fuse-optimizer"});
     for (int steps : {1, 3}) {
       INFO(steps << " steps");
       size_t inPlace = 0;
@@ -147,7 +148,7 @@ TEST_CASE("optimizer updates run in place over their state, with the same result
   // Parameters and Adam's moments are written where they live, also in the
   // iteration that repeats once the last bucket's update moved into it.
   const Graph fused = withPasses(mlp, {"fuse-optimizer"});
-  const Graph middle = graphForIteration(withPasses(withPasses(mlp, unrollPipeline(), 3), {"fuse-optimizer"}), Iteration::Middle);
+  const Graph middle = graphForIteration(withPasses(withPasses(mlp, unrollPipeline({}), 3), {"fuse-optimizer"}), Iteration::Middle);
   for (const Graph* g : {&fused, &middle}) {
     Interpreter interpreter(*g, Interpreter::Buffers::Reuse);
     const auto& written = interpreter.overwrittenInputs();

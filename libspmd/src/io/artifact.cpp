@@ -1,7 +1,7 @@
 #include "spmd/io/artifact.h"
 
 #include "spmd/io/graph_json.h"
-#include "spmd/ir/dtype.h"
+#include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>

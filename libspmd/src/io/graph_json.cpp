@@ -1,6 +1,6 @@
 #include "spmd/io/graph_json.h"
 
-#include "spmd/ir/dtype.h"
+#include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
 
 #include <nlohmann/json.hpp>
@@ -14,16 +14,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using json = nlohmann::json;
-
-const std::vector<std::string>& layoutNames() {
-  static const std::vector<std::string> names = {"strided", "sparse_coo"};  // c10::Layout order
-  return names;
-}
-const std::vector<std::string>& memoryFormatNames() {
-  static const std::vector<std::string> names = {"contiguous_format", "preserve_format", "channels_last",
-                                                 "channels_last_3d"};  // c10::MemoryFormat order
-  return names;
-}
 
 // ---- writing ---------------------------------------------------------------
 
@@ -115,16 +105,6 @@ void writeArray(std::string& out, const char* key, const std::vector<ojson>& ite
 }
 
 }  // namespace
-
-std::string layoutName(int64_t layout) {
-  return layout >= 0 && layout < static_cast<int64_t>(layoutNames().size()) ? layoutNames()[layout]
-                                                                             : std::to_string(layout);
-}
-
-std::string memoryFormatName(int64_t format) {
-  return format >= 0 && format < static_cast<int64_t>(memoryFormatNames().size()) ? memoryFormatNames()[format]
-                                                                                   : std::to_string(format);
-}
 
 std::string writeGraphJson(const Graph& g) {
   std::string out = "{\n";
@@ -387,12 +367,11 @@ class Reader {
       return a;
     }
     if (key == "layout" || key == "memory_format") {
-      const auto& names = key == "layout" ? layoutNames() : memoryFormatNames();
-      std::string name = str(v, at);
-      auto it = std::find(names.begin(), names.end(), name);
-      if (it == names.end()) fail(at, "unknown " + key + " '" + name + "'");
+      const std::string name = str(v, at);
+      auto parsed = key == "layout" ? parseLayout(name) : parseMemoryFormat(name);
+      if (!parsed) fail(at, "unknown " + key + " '" + name + "'");
       a.kind = key == "layout" ? Arg::Kind::Layout : Arg::Kind::MemoryFormat;
-      a.i = it - names.begin();
+      a.i = *parsed;
       return a;
     }
     fail(at, "unknown argument kind '" + key + "'");

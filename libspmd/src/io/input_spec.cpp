@@ -1,6 +1,6 @@
 #include "spmd/io/input_spec.h"
 
-#include "spmd/ir/dtype.h"
+#include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
 
 #include <cctype>

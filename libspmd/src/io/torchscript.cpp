@@ -1,7 +1,7 @@
 #include "spmd/io/torchscript.h"
 
-#include "spmd/ir/dtype.h"
-#include "spmd/runtime/spmd_ops.h"
+#include "spmd/ops/dtype.h"
+#include "spmd/ops/spmd_ops.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -1,7 +1,6 @@
 #include "spmd/ir/printer.h"
 
-#include "spmd/io/graph_json.h"
-#include "spmd/ir/dtype.h"
+#include "spmd/ops/dtype.h"
 
 #include <charconv>
 #include <cmath>

@@ -1,8 +1,8 @@
 #include "spmd/ir/verify.h"
 
-#include "spmd/ir/dtype.h"
-#include "spmd/runtime/op_call.h"
-#include "spmd/runtime/shape_infer.h"
+#include "spmd/ops/dtype.h"
+#include "spmd/ir/boxing.h"
+#include "spmd/ops/dispatch.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -158,7 +158,7 @@ class Verifier {
                    const std::string& label) {
     std::vector<at::Tensor> results;
     try {
-      results = inferOnMeta(node, op, [&](ValueId v) { return meta_[v]; });
+      results = inferNodeOnMeta(node, op, [&](ValueId v) { return meta_[v]; });
     } catch (const c10::Error& e) {
       problem(where, label + " rejects its arguments: " + firstLine(e.what_without_backtrace()));
       return;

@@ -8,7 +8,7 @@
 // them. Integer values and frozen parameters get no gradient; fan-out
 // accumulates with aten::add. Does not reduce gradients across ranks
 // (grad-sync) or update parameters (optimizer).
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 #include "spmd/passes/derivatives.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"

@@ -16,7 +16,7 @@
 // spmd::bucket_wait plus the unpack come just before the first node that
 // reads one of them (the optimizer). Ignored parameters' gradients stay
 // local. Forward graphs without gradients only get the plan.
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 

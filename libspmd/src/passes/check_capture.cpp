@@ -2,7 +2,7 @@
 // (kernels that wait for a result on the host) and notes each, since
 // spmd-run then runs that step eagerly. Changes nothing in the graph.
 #include "spmd/passes/pass.h"
-#include "spmd/runtime/executor.h"
+#include "spmd/ops/op_traits.h"
 
 namespace spmd {
 
@@ -13,17 +13,14 @@ bool runCheckCapture(Graph& g, const PipelineOptions& options) {
     return false;
   }
   for (size_t i = 0; i < g.nodes().size(); ++i) {
-    std::string why;
-    if (!capturable(g.nodes()[i], why)) {
-      options.notes->push_back("/nodes/" + std::to_string(i) + ": " + why + "; spmd-run runs the step without CUDA graphs");
+    const Node& n = g.nodes()[i];
+    if (syncsWithHost(n.op)) {
+      options.notes->push_back("/nodes/" + std::to_string(i) + ": " + n.qualifiedName() +
+                               " waits for a result on the host; spmd-run runs the step without CUDA graphs");
     }
   }
   return false;
 }
 
-const std::vector<std::string>& lowerPipeline() {
-  static const std::vector<std::string> names = {"capturable-adam", "embedding-grad", "fuse-optimizer", "check-capture"};
-  return names;
-}
 
 }  // namespace spmd

@@ -16,8 +16,8 @@
 // its last input is ready; communication keeps its order. Values and results
 // do not change: on CPU _foreach ops loop over the same per-tensor kernels.
 #include "spmd/passes/pass.h"
-#include "spmd/runtime/collectives.h"
-#include "spmd/runtime/op_call.h"
+#include "spmd/ir/boxing.h"
+#include "spmd/ops/op_traits.h"
 #include "spmd/support/diagnostic.h"
 
 #include <algorithm>
@@ -251,7 +251,7 @@ std::vector<Node> schedule(const Graph& g, const Analysis& a, const std::vector<
 std::vector<std::string> commOrder(const std::vector<Node>& nodes) {
   std::vector<std::string> order;
   for (const Node& n : nodes) {
-    if (isCollective(n)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + n.meta.iteration);
+    if (isCollective(n.op)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + n.meta.iteration);
   }
   return order;
 }

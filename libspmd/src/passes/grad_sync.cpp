@@ -6,7 +6,7 @@
 // optimizer update) read it; and, as DDP's broadcast_buffers=True does, makes every buffer read
 // go through spmd::broadcast from rank 0 at the start of the step. On one
 // rank both are the identity. Does not bucket (spmd-split does).
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 
 #include <map>

@@ -12,7 +12,7 @@
 //               that makes the first step take the gradient itself as the
 //               buffer, as torch.optim does.
 // Parameters without a gradient are left alone, as torch.optim skips them.
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 
 namespace spmd {

@@ -1,4 +1,3 @@
-#include "spmd/io/load.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/verify.h"
 #include "spmd/passes/pass.h"
@@ -34,26 +33,6 @@ const PassInfo& findPass(const std::string& name) {
     if (name == p.name) return p;
   }
   throw std::logic_error("no pass named " + name);
-}
-
-void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const PipelineOptions& options,
-              const DebugOptions& debug) {
-  try {
-    verifyGraphOrThrow(loaded.graph);
-    runPasses(loaded.graph, names, options, debug);
-  } catch (Diagnostic& d) {
-    throw d.inFile(loaded.displayName);
-  }
-}
-
-const std::vector<std::string>& expandPipeline() {
-  static const std::vector<std::string> names = {"autodiff", "grad-sync", "optimizer"};
-  return names;
-}
-
-const std::vector<std::string>& splitPipeline() {
-  static const std::vector<std::string> names = {"grad-sync", "bucket"};
-  return names;
 }
 
 std::string listPasses() {

@@ -90,9 +90,5 @@ bool runUnroll(Graph& g, const PipelineOptions& options) {
   return true;
 }
 
-const std::vector<std::string>& unrollPipeline() {
-  static const std::vector<std::string> names = {"unroll"};
-  return names;
-}
 
 }  // namespace spmd

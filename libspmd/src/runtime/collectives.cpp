@@ -24,11 +24,6 @@
 
 namespace spmd {
 
-bool isCollective(const Node& node) {
-  return node.op == "spmd::all_reduce" || node.op == "spmd::broadcast" || node.op == "spmd::bucket_start" ||
-         node.op == "spmd::bucket_wait";
-}
-
 namespace {
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }

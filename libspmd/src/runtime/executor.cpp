@@ -13,22 +13,6 @@
 
 namespace spmd {
 
-// Ops whose CUDA kernels read a result back to the host (a size that decides
-// the output's shape, or a value), which a CUDA graph cannot hold.
-bool capturable(const Node& node, std::string& why) {
-  static const std::set<std::string> hostSync = {
-      "aten::nonzero", "aten::_local_scalar_dense", "aten::item", "aten::masked_select", "aten::unique",
-      "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim",
-      // Counts the distinct indices on the host to size its segments.
-      "aten::embedding_dense_backward", "aten::embedding_backward",
-  };
-  if (hostSync.count(node.op)) {
-    why = node.qualifiedName() + " waits for a result on the host";
-    return false;
-  }
-  return true;
-}
-
 struct CapturedStep {
 #ifdef SPMD_WITH_CUDA
   at::cuda::CUDAGraph graph;

@@ -1,8 +1,10 @@
 #include "spmd/runtime/interpreter.h"
 
-#include "spmd/ir/memory_plan.h"
+#include "spmd/analysis/memory_plan.h"
 #include "spmd/runtime/collectives.h"
-#include "spmd/runtime/op_call.h"
+#include "spmd/ir/boxing.h"
+#include "spmd/ops/dispatch.h"
+#include "spmd/ops/op_traits.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -104,7 +106,7 @@ void Interpreter::planInPlace(const std::vector<int>& lastUse) {
   reusesInput_.assign(graph_.nodes().size(), false);
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     const Node& node = graph_.nodes()[i];
-    if (isCollective(node)) {
+    if (isCollective(node.op)) {
       reusesInput_[i] = planner.collectiveMayReuse(i);
       continue;
     }
@@ -153,7 +155,7 @@ RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs, Coll
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     const Node& node = graph_.nodes()[i];
     std::vector<at::Tensor> results;
-    if (collectives && isCollective(node)) {
+    if (collectives && isCollective(node.op)) {
       std::vector<at::Tensor> tensors;
       for (const Arg& a : node.args) {
         if (a.kind == Arg::Kind::Value) tensors.push_back(env[a.value]);

@@ -4,6 +4,7 @@
 #include "spmd/io/torch_save.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/iter_graph.h"
+#include "spmd/ops/op_traits.h"
 #include "spmd/runtime/executor.h"
 #include "spmd/support/diagnostic.h"
 
@@ -208,9 +209,11 @@ class IterationPlans {
   IterationPlans(const Graph& g, bool cudagraphs, bool lead) : unrolled_(g), cudagraphs_(cudagraphs) {
     if (!cudagraphs) return;
     for (size_t i = 0; i < g.nodes().size(); ++i) {
-      std::string why;
-      if (!capturable(g.nodes()[i], why)) {
-        if (lead) std::cerr << "spmd-run: note: /nodes/" << i << ": " << why << "; the step runs without CUDA graphs\n";
+      if (syncsWithHost(g.nodes()[i].op)) {
+        if (lead) {
+          std::cerr << "spmd-run: note: /nodes/" << i << ": " << g.nodes()[i].qualifiedName()
+                    << " waits for a result on the host; the step runs without CUDA graphs\n";
+        }
         cudagraphs_ = false;
         break;
       }

@@ -17,8 +17,4 @@ std::string writeGraphJson(const Graph& graph);
 // verifier's business.
 Graph readGraphJson(const std::string& text);
 
-// Names of layouts and memory formats as torch prints them.
-std::string layoutName(int64_t layout);
-std::string memoryFormatName(int64_t format);
-
 }  // namespace spmd

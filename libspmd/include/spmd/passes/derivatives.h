@@ -5,7 +5,7 @@
 #pragma once
 
 #include "spmd/ir/graph.h"
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 
 #include <functional>
 #include <string>

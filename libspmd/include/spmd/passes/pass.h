@@ -33,15 +33,6 @@ struct DebugOptions {
 void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
                const DebugOptions& debug);
 
-// A stage's work on its loaded input: verify, run `names`, and name the
-// input file in any diagnostic.
-struct LoadedGraph;
-void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const PipelineOptions& options,
-              const DebugOptions& debug);
-
-// What spmd-expand runs: autodiff, grad-sync, optimizer.
-const std::vector<std::string>& expandPipeline();
-
 // "name  summary" per registered pass, for --list-passes.
 std::string listPasses();
 
@@ -51,17 +42,10 @@ bool runGradSync(Graph& graph, const PipelineOptions& options);
 bool runOptimizer(Graph& graph, const PipelineOptions& options);
 bool runBucket(Graph& graph, const PipelineOptions& options);
 
-// What spmd-split runs: grad-sync (for dumps that lack it), bucket.
-const std::vector<std::string>& splitPipeline();
-
 bool runUnroll(Graph& graph, const PipelineOptions& options);
 bool runFuseOptimizer(Graph& graph, const PipelineOptions& options);
 bool runCheckCapture(Graph& graph, const PipelineOptions& options);
 bool runEmbeddingGrad(Graph& graph, const PipelineOptions& options);
 bool runCapturableAdam(Graph& graph, const PipelineOptions& options);
-// What spmd-lower runs: capturable-adam, embedding-grad, fuse-optimizer, check-capture.
-const std::vector<std::string>& lowerPipeline();
-// What spmd-unroll runs: unroll.
-const std::vector<std::string>& unrollPipeline();
 
 }  // namespace spmd

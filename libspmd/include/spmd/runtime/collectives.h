@@ -13,9 +13,6 @@
 
 namespace spmd {
 
-// spmd::all_reduce, spmd::broadcast, spmd::bucket_start, spmd::bucket_wait.
-bool isCollective(const Node& node);
-
 class Collectives {
  public:
   virtual ~Collectives() = default;

@@ -53,7 +53,4 @@ class StepExecutor {
   std::unique_ptr<CapturedStep> captured_;
 };
 
-// Whether the node can run inside a CUDA graph; if not, `why` says why.
-bool capturable(const Node& node, std::string& why);
-
 }  // namespace spmd

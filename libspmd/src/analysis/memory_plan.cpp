@@ -1,8 +1,10 @@
 // Static memory plan: value lifetimes from node order, views resolved to the
 // buffers they alias, offsets by greedy-by-size placement.
-#include "spmd/ir/memory_plan.h"
+#include "spmd/analysis/memory_plan.h"
 
-#include "spmd/runtime/op_call.h"
+#include "spmd/ir/boxing.h"
+#include "spmd/ops/dispatch.h"
+#include "spmd/ops/op_traits.h"
 
 #include <nlohmann/json.hpp>
 
@@ -14,23 +16,6 @@
 #include <tuple>
 
 namespace spmd {
-
-// Ops whose result is sometimes `self` (or a view of it) and sometimes a
-// fresh tensor, depending on strides, dtypes or arguments that a static
-// shape does not decide. Note aten::reshape: it is CompositeImplicit and
-// copies when a view is impossible, although its schema says Tensor(a).
-// The plan must hold either way: such a result gets its own buffer (it may
-// copy) and keeps `self` alive as long as itself (it may alias). The dropout
-// family, type_as and sum_to_size return their input unchanged in some
-// cases without saying so in their schemas.
-bool mayCopyOrAlias(const std::string& op) {
-  static const std::set<std::string> kOps = {
-      "aten::reshape", "aten::reshape_as", "aten::flatten", "aten::contiguous", "aten::to",
-      "aten::type_as", "aten::resolve_conj", "aten::resolve_neg", "aten::sum_to_size",
-      "aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout",
-  };
-  return kOps.count(op) != 0;
-}
 
 namespace {
 
@@ -46,12 +31,6 @@ struct OutputAliasing {
   ValueId base = kNoValue;  // the argument it may share memory with
   bool ownsMemory = true;   // needs a buffer of its own
 };
-
-// Ops whose Tensor[] result holds a view of each element of their Tensor[]
-// argument (expand views), although their schemas carry no alias sets.
-bool viewsEachListElement(const std::string& op) {
-  return op == "aten::broadcast_tensors" || op == "aten::meshgrid";
-}
 
 // The alias sets an argument or return is in before the op runs, including
 // those of its elements (a Tensor(a)[] list carries `a` on its element type).
@@ -111,7 +90,7 @@ std::vector<OutputAliasing> outputAliasing(const Node& node) {
     for (auto& r : result) r.base = firstTensorArgument(node);
     return result;
   }
-  if (viewsEachListElement(node.op) && !node.args.empty()) {
+  if (hasTrait(node.op, OpTrait::ViewsEachListElement) && !node.args.empty()) {
     const std::vector<ValueId>& elements = node.args[0].values;
     for (size_t k = 0; k < result.size() && k < elements.size(); ++k) result[k] = {elements[k], false};
     return result;

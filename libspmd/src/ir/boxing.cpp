@@ -1,17 +1,15 @@
-#include "spmd/runtime/op_call.h"
+#include "spmd/ir/boxing.h"
 
-#include "spmd/runtime/spmd_ops.h"
+#include "spmd/ops/dispatch.h"
+#include "spmd/ops/meta.h"
 
 #include <ATen/ATen.h>
 
+#include <stdexcept>
+
 namespace spmd {
 
-std::optional<c10::OperatorHandle> findOperator(const Node& node) {
-  ensureSpmdOpsRegistered();
-  auto handle = c10::Dispatcher::singleton().findSchema({node.op, node.overload});
-  if (!handle) return std::nullopt;
-  return *handle;
-}
+std::optional<c10::OperatorHandle> findOperator(const Node& node) { return findOperator(node.op, node.overload); }
 
 namespace {
 
@@ -41,8 +39,7 @@ c10::IValue boxConstant(const Arg& a) {
 
 }  // namespace
 
-std::vector<c10::IValue> boxArguments(const Node& node,
-                                      const std::function<at::Tensor(ValueId)>& tensorOf) {
+std::vector<c10::IValue> boxArguments(const Node& node, const std::function<at::Tensor(ValueId)>& tensorOf) {
   std::vector<c10::IValue> stack;
   stack.reserve(node.args.size());
   for (const Arg& a : node.args) {
@@ -59,20 +56,11 @@ std::vector<c10::IValue> boxArguments(const Node& node,
   return stack;
 }
 
-std::vector<at::Tensor> callOperator(const c10::OperatorHandle& op, std::vector<c10::IValue> stack) {
-  op.callBoxed(&stack);
-  std::vector<at::Tensor> results;
-  results.reserve(stack.size());
-  for (auto& v : stack) {
-    if (v.isTensor()) {
-      results.push_back(v.toTensor());
-    } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) results.push_back(t);
-    } else {
-      throw std::runtime_error(op.schema().name() + " returned a non-tensor value");
-    }
-  }
-  return results;
+at::Tensor metaTensorOf(const Value& v) { return metaTensor(v.dtype, v.shape); }
+
+std::vector<at::Tensor> inferNodeOnMeta(const Node& node, const c10::OperatorHandle& op,
+                                        const std::function<at::Tensor(ValueId)>& metaOf) {
+  return inferOnMeta(op, boxArguments(node, metaOf));
 }
 
 }  // namespace spmd

@@ -1,4 +1,4 @@
-#include "spmd/ir/dtype.h"
+#include "spmd/ops/dtype.h"
 
 #include <utility>
 #include <vector>
@@ -64,5 +64,36 @@ std::optional<c10::ScalarType> parseDtype(const std::string& name) {
   }
   return std::nullopt;
 }
+
+namespace {
+
+const std::vector<std::string>& layoutNames() {
+  static const std::vector<std::string> names = {"strided", "sparse_coo"};  // c10::Layout order
+  return names;
+}
+
+const std::vector<std::string>& memoryFormatNames() {
+  static const std::vector<std::string> names = {"contiguous_format", "preserve_format", "channels_last",
+                                                 "channels_last_3d"};  // c10::MemoryFormat order
+  return names;
+}
+
+std::string nameAt(const std::vector<std::string>& names, int64_t i) {
+  return i >= 0 && i < static_cast<int64_t>(names.size()) ? names[i] : std::to_string(i);
+}
+
+std::optional<int64_t> indexOf(const std::vector<std::string>& names, const std::string& name) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<int64_t>(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string layoutName(int64_t layout) { return nameAt(layoutNames(), layout); }
+std::string memoryFormatName(int64_t format) { return nameAt(memoryFormatNames(), format); }
+std::optional<int64_t> parseLayout(const std::string& name) { return indexOf(layoutNames(), name); }
+std::optional<int64_t> parseMemoryFormat(const std::string& name) { return indexOf(memoryFormatNames(), name); }
 
 }  // namespace spmd

@@ -1,4 +1,4 @@
-#include "spmd/runtime/weights.h"
+#include "spmd/io/weights.h"
 
 #include "spmd/io/torch_save.h"
 #include "spmd/support/diagnostic.h"

@@ -1,4 +1,4 @@
-#include "spmd/runtime/spmd_ops.h"
+#include "spmd/ops/spmd_ops.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

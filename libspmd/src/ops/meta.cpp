@@ -1,6 +1,6 @@
-#include "spmd/runtime/shape_infer.h"
+#include "spmd/ops/meta.h"
 
-#include "spmd/runtime/op_call.h"
+#include "spmd/ops/dispatch.h"
 
 #include <ATen/ATen.h>
 #include <ATen/native/TypeProperties.h>
@@ -11,8 +11,8 @@
 
 namespace spmd {
 
-at::Tensor metaTensorOf(const Value& v) {
-  return at::empty(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kMeta));
+at::Tensor metaTensor(c10::ScalarType dtype, const std::vector<int64_t>& shape) {
+  return at::empty(shape, at::TensorOptions().dtype(dtype).device(at::kMeta));
 }
 
 namespace {
@@ -27,20 +27,35 @@ std::vector<at::Tensor> toMeta(const std::vector<at::Tensor>& results) {
   return meta;
 }
 
+// Zero-filled CPU tensors in place of meta ones: valid indices and
+// probabilities for any op.
+c10::IValue zerosOnCpu(const c10::IValue& v) {
+  auto cpu = [](const at::Tensor& t) {
+    return t.defined() && t.is_meta() ? at::zeros_like(t, at::TensorOptions().device(at::kCPU)) : t;
+  };
+  if (v.isTensor()) return cpu(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorVector()) list.push_back(cpu(t));
+    return list;
+  }
+  return v;
+}
+
 }  // namespace
 
-std::vector<at::Tensor> inferOnMeta(const Node& node, const c10::OperatorHandle& op,
-                                    const std::function<at::Tensor(ValueId)>& metaOf) {
+std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack) {
   // Below autograd: shapes need no graph, and spmd's own ops have no
   // autograd kernel for the meta device.
   at::AutoDispatchBelowADInplaceOrView belowAutograd;
   try {
-    return toMeta(callOperator(op, boxArguments(node, metaOf)));
+    return toMeta(callOperator(op, stack));
   } catch (const std::exception&) {
-    // No meta kernel (or one that reads data): zero-filled CPU tensors, valid
-    // indices and probabilities for any op.
-    auto onCpu = [&](ValueId v) { return at::zeros_like(metaOf(v), at::TensorOptions().device(at::kCPU)); };
-    return toMeta(callOperator(op, boxArguments(node, onCpu)));
+    // No meta kernel (or one that reads data).
+    std::vector<c10::IValue> onCpu;
+    onCpu.reserve(stack.size());
+    for (const c10::IValue& v : stack) onCpu.push_back(zerosOnCpu(v));
+    return toMeta(callOperator(op, std::move(onCpu)));
   }
 }
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "spmd/io/artifact.h"
-#include "spmd/passes/pass.h"
+#include "spmd/pipelines/pipelines.h"
 
 namespace spmd {
 

@@ -37,10 +37,6 @@ struct MemoryPlan {
 // must verify (every op resolves to a schema).
 MemoryPlan planMemory(const Graph& graph);
 
-// Whether `op` (qualified, "aten::reshape") sometimes returns its input, or a
-// view of it, and sometimes a fresh tensor, whatever its schema says.
-bool mayCopyOrAlias(const std::string& op);
-
 // Printed forms for spmd-inspect --memory: a summary line and the largest
 // buffers as a table, or the whole plan as JSON.
 std::string printMemoryPlan(const Graph& graph, const MemoryPlan& plan);

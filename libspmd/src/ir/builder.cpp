@@ -1,7 +1,7 @@
-#include "spmd/passes/builder.h"
+#include "spmd/ir/builder.h"
 
-#include "spmd/runtime/op_call.h"
-#include "spmd/runtime/shape_infer.h"
+#include "spmd/ir/boxing.h"
+#include "spmd/ops/dispatch.h"
 
 #include <ATen/ATen.h>
 
@@ -56,7 +56,7 @@ std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<
   if (!handle) throw std::logic_error("GraphBuilder: unknown operator " + op);
   std::vector<at::Tensor> results;
   try {
-    results = inferOnMeta(node, *handle, [&](ValueId v) { return metaOf(v); });
+    results = inferNodeOnMeta(node, *handle, [&](ValueId v) { return metaOf(v); });
   } catch (const std::exception& e) {
     std::string what = e.what();
     throw std::logic_error("GraphBuilder: " + op + " rejected its arguments: " + what.substr(0, what.find('\n')));

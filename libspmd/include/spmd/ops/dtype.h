@@ -16,4 +16,12 @@ std::string dtypeShortName(c10::ScalarType t);
 // Accepts both forms and torch's aliases (float, half, long, ...).
 std::optional<c10::ScalarType> parseDtype(const std::string& name);
 
+// Names of layouts and memory formats as torch prints them ("strided",
+// "channels_last"); the number itself for one torch has no name for.
+std::string layoutName(int64_t layout);
+std::string memoryFormatName(int64_t format);
+// The c10::Layout or c10::MemoryFormat a name stands for.
+std::optional<int64_t> parseLayout(const std::string& name);
+std::optional<int64_t> parseMemoryFormat(const std::string& name);
+
 }  // namespace spmd

@@ -1,8 +1,8 @@
-#include "spmd/runtime/lower.h"
+#include "spmd/pipelines/pipelines.h"
+#include "spmd/pipelines/lower.h"
 
 #include "spmd/ir/verify.h"
-#include "spmd/runtime/interpreter.h"
-#include "spmd/runtime/weights.h"
+#include "spmd/io/weights.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -33,8 +33,8 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
   const std::string& device = options.lower.device;
   if (device != "cpu" && device != "cuda") throw Diagnostic("--device", "expected cpu or cuda, got '" + device + "'");
   verifyGraphOrThrow(graph);
-  runPasses(graph, lowerPipeline(), options, debug);
-  Interpreter binding(graph);  // every node bound to its kernel, or a Diagnostic
+  runPasses(graph, lowerPipeline(options), options, debug);
+  
   Artifact artifact;
   artifact.device = device;
   artifact.cudagraphs = options.lower.cudagraphs && device == "cuda";

@@ -1,0 +1,23 @@
+// Binding operator names to LibTorch's dispatcher and calling them boxed.
+// Knows nothing of the graph: ir/boxing.h turns graph nodes into these calls.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+// The dispatcher's handle for `op` ("aten::add") and `overload` ("Tensor",
+// or empty for the default one), if this LibTorch has it. aten ops come
+// from the linked LibTorch, spmd ops from libspmd's library (ops/spmd_ops.h).
+std::optional<c10::OperatorHandle> findOperator(const std::string& op, const std::string& overload);
+
+// Calls `op` on boxed arguments and returns the tensors it produced, list
+// results flattened in order.
+std::vector<at::Tensor> callOperator(const c10::OperatorHandle& op, std::vector<c10::IValue> stack);
+
+}  // namespace spmd

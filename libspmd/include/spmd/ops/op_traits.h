@@ -1,0 +1,37 @@
+// What passes, analyses and the runtime need to know about an operator
+// beyond its schema, in one table (ops/op_traits.cpp). To add a trait: add
+// an OpTrait bit, give the ops that have it that bit in the table, and ask
+// hasTrait() where it matters; nothing else matches op names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace spmd {
+
+enum class OpTrait : uint32_t {
+  // An spmd collective: talks to the other ranks (runtime/collectives.h).
+  Collective = 1u << 0,
+  // Its CUDA kernel reads a result back to the host (a size that decides the
+  // output's shape, or a value), which a CUDA graph cannot hold.
+  SyncsWithHost = 1u << 1,
+  // Returns its input (or a view of it) sometimes and a fresh tensor other
+  // times, depending on strides, dtypes or arguments a static shape does not
+  // decide, whatever its schema says (aten::reshape is CompositeImplicit and
+  // copies when no view is possible). The memory plan gives such results a
+  // buffer and keeps the input alive with them; the runtime never writes
+  // into them in place.
+  MayCopyOrAlias = 1u << 2,
+  // Its Tensor[] result holds a view of each element of its Tensor[]
+  // argument (expanded views), although the schema carries no alias sets.
+  ViewsEachListElement = 1u << 3,
+};
+
+// Whether `op` ("aten::reshape", without the overload) has `trait`.
+bool hasTrait(const std::string& op, OpTrait trait);
+
+inline bool isCollective(const std::string& op) { return hasTrait(op, OpTrait::Collective); }
+inline bool syncsWithHost(const std::string& op) { return hasTrait(op, OpTrait::SyncsWithHost); }
+inline bool mayCopyOrAlias(const std::string& op) { return hasTrait(op, OpTrait::MayCopyOrAlias); }
+
+}  // namespace spmd

@@ -1,0 +1,61 @@
+#include "spmd/ops/op_traits.h"
+
+#include <map>
+
+namespace spmd {
+namespace {
+
+constexpr uint32_t bit(OpTrait t) { return static_cast<uint32_t>(t); }
+
+constexpr uint32_t kCollective = bit(OpTrait::Collective);
+constexpr uint32_t kHostSync = bit(OpTrait::SyncsWithHost);
+constexpr uint32_t kMayAlias = bit(OpTrait::MayCopyOrAlias);
+constexpr uint32_t kListViews = bit(OpTrait::ViewsEachListElement);
+
+// Every op with a trait, sorted by name.
+const std::map<std::string, uint32_t>& traitTable() {
+  static const std::map<std::string, uint32_t> table = {
+      {"aten::_local_scalar_dense", kHostSync},
+      {"aten::_unique", kHostSync},
+      {"aten::_unique2", kHostSync},
+      {"aten::alpha_dropout", kMayAlias},
+      {"aten::broadcast_tensors", kListViews},
+      {"aten::contiguous", kMayAlias},
+      {"aten::dropout", kMayAlias},
+      // Counts the distinct indices on the host to size its segments.
+      {"aten::embedding_backward", kHostSync},
+      {"aten::embedding_dense_backward", kHostSync},
+      {"aten::feature_alpha_dropout", kMayAlias},
+      {"aten::feature_dropout", kMayAlias},
+      {"aten::flatten", kMayAlias},
+      {"aten::item", kHostSync},
+      {"aten::masked_select", kHostSync},
+      {"aten::meshgrid", kListViews},
+      {"aten::nonzero", kHostSync},
+      {"aten::reshape", kMayAlias},
+      {"aten::reshape_as", kMayAlias},
+      {"aten::resolve_conj", kMayAlias},
+      {"aten::resolve_neg", kMayAlias},
+      // Returns its input unchanged when the shape already fits.
+      {"aten::sum_to_size", kMayAlias},
+      {"aten::to", kMayAlias},
+      {"aten::type_as", kMayAlias},
+      {"aten::unique", kHostSync},
+      {"aten::unique_consecutive", kHostSync},
+      {"aten::unique_dim", kHostSync},
+      {"spmd::all_reduce", kCollective},
+      {"spmd::broadcast", kCollective},
+      {"spmd::bucket_start", kCollective},
+      {"spmd::bucket_wait", kCollective},
+  };
+  return table;
+}
+
+}  // namespace
+
+bool hasTrait(const std::string& op, OpTrait trait) {
+  auto it = traitTable().find(op);
+  return it != traitTable().end() && (it->second & bit(trait)) != 0;
+}
+
+}  // namespace spmd
