@@ -81,7 +81,10 @@ int main(int argc, char** argv) {
     spmd::PipelineOptions options;
     options.optimizer = o;
     options.gradReduce = gradReduce == "sum" ? spmd::GradReduce::Sum : spmd::GradReduce::Mean;
-    spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
+    spmd::DebugOptions debug;
+    debug.printIrAfterAll = printIr;
+    debug.dumpDir = dumpDir;
+    debug.log = &std::cerr;
 
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     spmd::runStage(loaded, spmd::expandPipeline(options), options, debug);

@@ -34,7 +34,10 @@ int main(int argc, char** argv) {
     options.lower.fuse = !noFuse;
     std::vector<std::string> notes;
     options.notes = &notes;
-    spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
+    spmd::DebugOptions debug;
+    debug.printIrAfterAll = printIr;
+    debug.dumpDir = dumpDir;
+    debug.log = &std::cerr;
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     spmd::Artifact artifact;
     try {

@@ -35,7 +35,10 @@ int main(int argc, char** argv) {
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     options.gradReduce = gradReduce == "sum" ? spmd::GradReduce::Sum : spmd::GradReduce::Mean;
-    spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
+    spmd::DebugOptions debug;
+    debug.printIrAfterAll = printIr;
+    debug.dumpDir = dumpDir;
+    debug.log = &std::cerr;
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     spmd::runStage(loaded, spmd::splitPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));

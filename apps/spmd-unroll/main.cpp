@@ -31,7 +31,10 @@ int main(int argc, char** argv) {
     options.unroll.move = !noMove;
     std::vector<std::string> notes;
     options.notes = &notes;
-    spmd::DebugOptions debug{printIr, dumpDir, &std::cerr};
+    spmd::DebugOptions debug;
+    debug.printIrAfterAll = printIr;
+    debug.dumpDir = dumpDir;
+    debug.log = &std::cerr;
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     spmd::runStage(loaded, spmd::unrollPipeline(options), options, debug);
     for (const auto& note : notes) std::cerr << tool << ": note: " << loaded.displayName << ": " << note << "\n";

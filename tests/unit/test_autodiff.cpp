@@ -239,11 +239,11 @@ TEST_CASE("ops without a rule are reported together with their source lines", "[
   Graph g;
   ValueId p = g.addInput(Value{"p", c10::ScalarType::Float, {3}}, InputKind::Parameter);
   GraphBuilder builder(g);
-  builder.setMeta(NodeMeta{"model.py:4", "forward"});
+  builder.setMeta(NodeMeta{"model.py:4", NodeRole::Forward});
   ValueId a = builder.call("aten::sin", {v(p)});
-  builder.setMeta(NodeMeta{"model.py:5", "forward"});
+  builder.setMeta(NodeMeta{"model.py:5", NodeRole::Forward});
   ValueId c = builder.call("aten::cos", {v(a)});
-  builder.setMeta(NodeMeta{"model.py:6", "forward"});
+  builder.setMeta(NodeMeta{"model.py:6", NodeRole::Forward});
   ValueId s = builder.call("aten::sum", {v(c), none()});
   g.addOutput(s);
   try {

@@ -25,7 +25,7 @@ Graph smallGraph() {
   relu.args = {Arg::tensor(x)};
   relu.outputs = {g.addValue({g.freshName("relu"), c10::ScalarType::Float, {2, 3}})};
   relu.meta.source = "model.py:3";
-  relu.meta.role = "forward";
+  relu.meta.role = NodeRole::Forward;
   g.addNode(relu);
   Node sum;
   sum.op = "aten::sum";
@@ -105,7 +105,7 @@ TEST_CASE("JSON dump: write, read, write is byte-identical") {
   REQUIRE(back.nodes().size() == 3);
   CHECK(back.nodes()[2].qualifiedName() == "aten::add.Scalar");
   CHECK(back.nodes()[0].meta.source == "model.py:3");
-  CHECK(back.nodes()[0].meta.role == "forward");
+  CHECK(back.nodes()[0].meta.role == NodeRole::Forward);
   CHECK(back.updates().size() == 1);
   CHECK(back.inputs()[1].kind == InputKind::Buffer);
   CHECK(back.weights().file == "w.pt");

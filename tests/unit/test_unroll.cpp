@@ -127,7 +127,7 @@ TEST_CASE("the fused optimizer updates exactly as the per-parameter one", "[unro
 TEST_CASE("a block moves only with every node that reads it", "[unroll]") {
   Graph g = trainStep("mlp", "adam", 25);
   size_t firstForward = 0;
-  while (g.nodes()[firstForward].meta.role != "forward") ++firstForward;
+  while (g.nodes()[firstForward].meta.role != NodeRole::Forward) ++firstForward;
   IterGraph iter(g);
   iter.moveToNextIteration({firstForward});
   REQUIRE_THROWS_AS(iter.freeze(2), Diagnostic);

@@ -69,10 +69,10 @@ ojson argJson(const Graph& g, const Arg& a) {
 ojson metaJson(const NodeMeta& m) {
   ojson out = ojson::object();
   if (!m.source.empty()) out["source"] = m.source;
-  if (!m.role.empty()) out["role"] = m.role;
+  if (m.role != NodeRole::Unknown) out["role"] = nodeRoleName(m.role);
   if (m.bucket >= 0) out["bucket"] = m.bucket;
   if (m.partition >= 0) out["partition"] = m.partition;
-  if (!m.iteration.empty()) out["iteration"] = m.iteration;
+  if (m.iteration != IterationTag::Every) out["iteration"] = iterationTagName(m.iteration);
   return out;
 }
 
@@ -381,14 +381,19 @@ class Reader {
     expectObject(j, where, {"source", "role", "bucket", "partition", "iteration"}, {});
     NodeMeta m;
     if (j.contains("source")) m.source = str(j["source"], where + "/source");
-    if (j.contains("role")) m.role = str(j["role"], where + "/role");
+    if (j.contains("role")) {
+      const std::string role = str(j["role"], where + "/role");
+      auto parsed = parseNodeRole(role);
+      if (!parsed) fail(where + "/role", "expected forward, backward, optimizer or comm, got \"" + role + "\"");
+      m.role = *parsed;
+    }
     if (j.contains("bucket")) m.bucket = index(j["bucket"], where + "/bucket");
     if (j.contains("partition")) m.partition = index(j["partition"], where + "/partition");
     if (j.contains("iteration")) {
-      m.iteration = str(j["iteration"], where + "/iteration");
-      if (m.iteration != "previous" && m.iteration != "last") {
-        fail(where + "/iteration", "expected \"previous\" or \"last\", got \"" + m.iteration + "\"");
-      }
+      const std::string tag = str(j["iteration"], where + "/iteration");
+      auto parsed = parseIterationTag(tag);
+      if (!parsed) fail(where + "/iteration", "expected \"previous\" or \"last\", got \"" + tag + "\"");
+      m.iteration = *parsed;
     }
     return m;
   }

@@ -21,6 +21,40 @@ std::optional<InputKind> parseInputKind(const std::string& name) {
   return std::nullopt;
 }
 
+const char* nodeRoleName(NodeRole role) {
+  switch (role) {
+    case NodeRole::Unknown: return "";
+    case NodeRole::Forward: return "forward";
+    case NodeRole::Backward: return "backward";
+    case NodeRole::Optimizer: return "optimizer";
+    case NodeRole::Comm: return "comm";
+  }
+  return "?";
+}
+
+std::optional<NodeRole> parseNodeRole(const std::string& name) {
+  for (NodeRole r : {NodeRole::Forward, NodeRole::Backward, NodeRole::Optimizer, NodeRole::Comm}) {
+    if (name == nodeRoleName(r)) return r;
+  }
+  return std::nullopt;
+}
+
+const char* iterationTagName(IterationTag tag) {
+  switch (tag) {
+    case IterationTag::Every: return "";
+    case IterationTag::FromPrevious: return "previous";
+    case IterationTag::LastOnly: return "last";
+  }
+  return "?";
+}
+
+std::optional<IterationTag> parseIterationTag(const std::string& name) {
+  for (IterationTag t : {IterationTag::FromPrevious, IterationTag::LastOnly}) {
+    if (name == iterationTagName(t)) return t;
+  }
+  return std::nullopt;
+}
+
 const char* argKindName(Arg::Kind kind) {
   switch (kind) {
     case Arg::Kind::Value: return "value";

@@ -15,9 +15,9 @@ void remapArgs(Node& n, const std::map<ValueId, ValueId>& to) {
   });
 }
 
-// The iteration tag of the node producing each value ("" for inputs).
-std::vector<std::string> producerTags(const Graph& g) {
-  std::vector<std::string> tags(g.numValues());
+// The iteration tag of the node producing each value (Every for inputs).
+std::vector<IterationTag> producerTags(const Graph& g) {
+  std::vector<IterationTag> tags(g.numValues(), IterationTag::Every);
   for (const Node& n : g.nodes()) {
     for (ValueId o : n.outputs) {
       if (o != kNoValue) tags[o] = n.meta.iteration;
@@ -26,9 +26,12 @@ std::vector<std::string> producerTags(const Graph& g) {
   return tags;
 }
 
-bool keepsNode(const std::string& tag, Iteration it) {
-  if (tag == kFromPrevious) return it == Iteration::Middle || it == Iteration::Last;
-  if (tag == kLastOnly) return it == Iteration::Last || it == Iteration::Only;
+bool keepsNode(IterationTag tag, Iteration it) {
+  switch (tag) {
+    case IterationTag::FromPrevious: return it == Iteration::Middle || it == Iteration::Last;
+    case IterationTag::LastOnly: return it == Iteration::Last || it == Iteration::Only;
+    case IterationTag::Every: return true;
+  }
   return true;
 }
 
@@ -52,8 +55,8 @@ const char* iterationName(Iteration it) {
 
 Graph graphForIteration(const Graph& graph, Iteration it) {
   if (graph.iters() == 0) return graph;
-  const std::vector<std::string> tags = producerTags(graph);
-  const bool runsPrevious = keepsNode(kFromPrevious, it), runsLast = keepsNode(kLastOnly, it);
+  const std::vector<IterationTag> tags = producerTags(graph);
+  const bool runsPrevious = keepsNode(IterationTag::FromPrevious, it), runsLast = keepsNode(IterationTag::LastOnly, it);
   Graph out = graph;
   out.setIters(0);
   // Without the previous iteration's moved work, what it would have updated
@@ -61,8 +64,8 @@ Graph graphForIteration(const Graph& graph, Iteration it) {
   std::map<ValueId, ValueId> keptInput;
   std::set<ValueId> updatedByLast;
   for (const auto& u : graph.updates()) {
-    if (!runsPrevious && tags[u.value] == kFromPrevious) keptInput[u.value] = u.input;
-    if (tags[u.value] == kLastOnly) updatedByLast.insert(u.input);
+    if (!runsPrevious && tags[u.value] == IterationTag::FromPrevious) keptInput[u.value] = u.input;
+    if (tags[u.value] == IterationTag::LastOnly) updatedByLast.insert(u.input);
   }
   std::set<ValueId> dropped;
   for (Node& n : out.takeNodes()) {
@@ -71,14 +74,14 @@ Graph graphForIteration(const Graph& graph, Iteration it) {
       continue;
     }
     remapArgs(n, keptInput);
-    n.meta.iteration.clear();
+    n.meta.iteration = IterationTag::Every;
     out.addNode(std::move(n));
   }
   out.updates().clear();
   for (const auto& u : graph.updates()) {
-    const std::string& tag = tags[u.value];
+    const IterationTag tag = tags[u.value];
     if (dropped.count(u.value)) continue;
-    if (runsLast && tag != kLastOnly && updatedByLast.count(u.input)) continue;
+    if (runsLast && tag != IterationTag::LastOnly && updatedByLast.count(u.input)) continue;
     out.addUpdate(u);
   }
   for (Gradient& g : out.gradients()) {
@@ -145,7 +148,7 @@ void IterGraph::freeze(int iters) {
   for (size_t i : staged_) {
     Node n = nodes[i];
     remapArgs(n, carried);
-    n.meta.iteration = kFromPrevious;
+    n.meta.iteration = IterationTag::FromPrevious;
     g.addNode(std::move(n));
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -167,7 +170,7 @@ void IterGraph::freeze(int iters) {
       lastCopy[o] = fresh;
       o = fresh;
     }
-    n.meta.iteration = kLastOnly;
+    n.meta.iteration = IterationTag::LastOnly;
     g.addNode(std::move(n));
   }
   for (const auto& [input, value] : movedUpdate) g.addUpdate({input, lastCopy.at(value)});

@@ -60,10 +60,10 @@ std::string argText(const Graph& g, const Arg& a) {
 std::string metaText(const NodeMeta& m) {
   std::vector<std::string> parts;
   if (!m.source.empty()) parts.push_back(m.source);
-  if (!m.role.empty()) parts.push_back("role=" + m.role);
+  if (m.role != NodeRole::Unknown) parts.push_back(std::string("role=") + nodeRoleName(m.role));
   if (m.bucket >= 0) parts.push_back("bucket=" + std::to_string(m.bucket));
   if (m.partition >= 0) parts.push_back("partition=" + std::to_string(m.partition));
-  if (!m.iteration.empty()) parts.push_back("iteration=" + m.iteration);
+  if (m.iteration != IterationTag::Every) parts.push_back(std::string("iteration=") + iterationTagName(m.iteration));
   std::string s;
   for (size_t i = 0; i < parts.size(); ++i) s += (i ? " " : "") + parts[i];
   return s.empty() ? s : "  # " + s;
@@ -181,7 +181,7 @@ std::string printStats(const Graph& g) {
   std::map<std::string, int> byRole;
   for (const auto& n : g.nodes()) {
     byOp[n.qualifiedName()] += 1;
-    byRole[n.meta.role.empty() ? "(none)" : n.meta.role] += 1;
+    byRole[n.meta.role == NodeRole::Unknown ? "(none)" : nodeRoleName(n.meta.role)] += 1;
   }
   std::ostringstream out;
   out << "nodes: " << g.nodes().size() << "\n";

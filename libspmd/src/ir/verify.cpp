@@ -236,10 +236,10 @@ class Verifier {
   // Each input is updated once per iteration: an unrolled graph may update it
   // a second time from a node tagged "last", which replaces the first then.
   void checkUpdatedOnce() {
-    std::vector<std::string> tag(graph_.numValues());
+    std::vector<IterationTag> tag(graph_.numValues(), IterationTag::Every);
     for (size_t i = 0; i < graph_.nodes().size(); ++i) {
       const Node& n = graph_.nodes()[i];
-      if (!n.meta.iteration.empty() && graph_.iters() == 0) {
+      if (n.meta.iteration != IterationTag::Every && graph_.iters() == 0) {
         problem("/nodes/" + std::to_string(i) + "/meta/iteration", "iteration tag in a graph that is not unrolled");
       }
       for (ValueId o : n.outputs) {
@@ -250,7 +250,7 @@ class Verifier {
     for (size_t i = 0; i < graph_.updates().size(); ++i) {
       const StateUpdate& u = graph_.updates()[i];
       auto& [other, last] = counts[u.input];
-      (tag[u.value] == "last" ? last : other) += 1;
+      (tag[u.value] == IterationTag::LastOnly ? last : other) += 1;
       if (other > 1 || last > 1) problem("/updates/" + std::to_string(i), "'" + graph_.value(u.input).name + "' is updated twice");
     }
   }

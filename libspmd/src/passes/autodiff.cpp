@@ -109,7 +109,7 @@ void prepareForward(Graph& g, const Activity& activity) {
   std::vector<Node> nodes = g.takeNodes();
   GraphBuilder b(g);
   for (Node& n : nodes) {
-    if (n.meta.role.empty()) n.meta.role = "forward";
+    if (n.meta.role == NodeRole::Unknown) n.meta.role = NodeRole::Forward;
     NodeMeta meta = n.meta;
     b.setMeta(meta);
     if (activity.active(n) && rewriteForBackward(b, n)) continue;
@@ -129,7 +129,7 @@ void accumulate(GraphBuilder& b, std::map<ValueId, ValueId>& grads, ValueId inpu
 void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
   const size_t forwardCount = g.nodes().size();
   GraphBuilder b(g);
-  b.setMeta(NodeMeta{"", "backward", -1, -1, ""});
+  b.setMeta(NodeMeta{"", NodeRole::Backward, -1, -1, IterationTag::Every});
   std::map<ValueId, ValueId> grads;
   grads[loss] = b.call("aten::ones_like", {Arg::tensor(loss), Arg::none(), Arg::none(), Arg::none(), Arg::none(), Arg::none()},
                        "grad_loss");
@@ -145,7 +145,7 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
       any = any || it != grads.end();
     }
     if (!any) continue;
-    b.setMeta(NodeMeta{node.meta.source, "backward", -1, -1, ""});
+    b.setMeta(NodeMeta{node.meta.source, NodeRole::Backward, -1, -1, IterationTag::Every});
     const DerivativeRule* rule = findDerivative(node);
     if (!rule) throw std::logic_error("autodiff: no rule for " + node.qualifiedName() + " after the forward rewrites");
     RuleInput input{b, node, outGrads, needsGrad};

@@ -206,7 +206,7 @@ void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
   std::map<int, ValueId> inFlight;
   const std::string mode = reduce == GradReduce::Mean ? "mean" : "sum";
   auto start = [&](CommBucket& c) {
-    builder.setMeta(NodeMeta{"", "comm", c.index, -1, ""});
+    builder.setMeta(NodeMeta{"", NodeRole::Comm, c.index, -1, IterationTag::Every});
     Arg flats;
     flats.kind = Arg::Kind::Values;
     for (Gradient* grad : c.grads) {
@@ -217,7 +217,7 @@ void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
                                      "bucket" + std::to_string(c.index) + ".inflight");
   };
   auto wait = [&](CommBucket& c) {
-    builder.setMeta(NodeMeta{"", "comm", c.index, -1, ""});
+    builder.setMeta(NodeMeta{"", NodeRole::Comm, c.index, -1, IterationTag::Every});
     ValueId flat = builder.call("spmd::bucket_wait", {Arg::tensor(inFlight.at(c.index)), Arg::ofInt(c.index)},
                                 "bucket" + std::to_string(c.index) + ".reduced");
     std::vector<int64_t> sizes;

@@ -37,7 +37,7 @@ struct Producers {
     auto it = node.find(v);
     if (it == node.end() || readers.count(v) == 0 || readers.at(v) != 1) return nullptr;
     const Node& n = g.nodes()[it->second];
-    return n.qualifiedName() == op && n.meta.role == "optimizer" ? &n : nullptr;
+    return n.qualifiedName() == op && n.meta.role == NodeRole::Optimizer ? &n : nullptr;
   }
 };
 
@@ -89,7 +89,7 @@ class Rewriter {
   // exp_avg state input.
   void matchLerp(size_t i) {
     const Node& add = g_.nodes()[i];
-    if (add.qualifiedName() != "aten::add.Tensor" || add.meta.role != "optimizer" || add.args.size() != 3 ||
+    if (add.qualifiedName() != "aten::add.Tensor" || add.meta.role != NodeRole::Optimizer || add.args.size() != 3 ||
         !isScalar(add.args[2]) || add.args[0].kind != Arg::Kind::Value) {
       return;
     }
@@ -106,7 +106,7 @@ class Rewriter {
   // and c = bias_correction2_sqrt both 0-dim.
   void matchStepSize(size_t i) {
     const Node& addcdiv = g_.nodes()[i];
-    if (addcdiv.qualifiedName() != "aten::addcdiv" || addcdiv.meta.role != "optimizer" || addcdiv.args.size() != 4 ||
+    if (addcdiv.qualifiedName() != "aten::addcdiv" || addcdiv.meta.role != NodeRole::Optimizer || addcdiv.args.size() != 4 ||
         addcdiv.args[1].kind != Arg::Kind::Value || addcdiv.args[2].kind != Arg::Kind::Value ||
         !isScalar(addcdiv.args[3]) || scalarOf(addcdiv.args[3]) != 1.0) {
       return;

@@ -146,7 +146,7 @@ bool argsMatchForm(const Node& n, const ForeachForm& form) {
 
 // ---- exact rewrites that give ops a _foreach form ----------------------------
 
-bool isOptimizerOp(const Node& n, const char* name) { return n.meta.role == "optimizer" && n.qualifiedName() == name; }
+bool isOptimizerOp(const Node& n, const char* name) { return n.meta.role == NodeRole::Optimizer && n.qualifiedName() == name; }
 
 // rsub.Scalar(x, s, 1) = s - x  ->  add.Scalar(neg(x), s, 1) = -x + s.
 size_t splitRsubs(Graph& g) {
@@ -204,7 +204,7 @@ size_t mergeFullLikes(Graph& g) {
       continue;
     }
     const Value& like = g.value(n.args[0].value);
-    std::string key = constantsKey(n) + "|" + n.meta.iteration + "|" + std::to_string(static_cast<int>(like.dtype));
+    std::string key = constantsKey(n) + "|" + iterationTagName(n.meta.iteration) + "|" + std::to_string(static_cast<int>(like.dtype));
     for (int64_t d : like.shape) key += "," + std::to_string(d);
     auto [it, first] = made.emplace(key, n.outputs[0]);
     if (first) {
@@ -251,7 +251,7 @@ std::vector<Node> schedule(const Graph& g, const Analysis& a, const std::vector<
 std::vector<std::string> commOrder(const std::vector<Node>& nodes) {
   std::vector<std::string> order;
   for (const Node& n : nodes) {
-    if (isCollective(n.op)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + n.meta.iteration);
+    if (isCollective(n.op)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
   }
   return order;
 }
@@ -267,14 +267,14 @@ bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
   std::set<std::string> unfused;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    if (n.meta.role != "optimizer") continue;
+    if (n.meta.role != NodeRole::Optimizer) continue;
     auto form = foreachFormOf(n);
     if (!form || !argsMatchForm(n, *form)) {
       unfused.insert(n.qualifiedName());
       continue;
     }
     const std::string key = n.qualifiedName() + "|" + constantsKey(n) + "|" + std::to_string(a.depth[i]) +
-                            "|" + std::to_string(a.stage[i]) + "|" + n.meta.iteration + "|" +
+                            "|" + std::to_string(a.stage[i]) + "|" + iterationTagName(n.meta.iteration) + "|" +
                             std::to_string(static_cast<int>(g.value(n.outputs[0]).dtype));
     groups[key].push_back(i);
     formOf.emplace(key, *form);

@@ -27,7 +27,7 @@ void broadcastBuffers(Graph& g) {
   std::map<ValueId, ValueId> replaced;
   std::vector<Node> nodes = g.takeNodes();
   GraphBuilder b(g);
-  b.setMeta(NodeMeta{"", "comm", -1, -1, ""});
+  b.setMeta(NodeMeta{"", NodeRole::Comm, -1, -1, IterationTag::Every});
   for (const auto& in : g.inputs()) {
     if (in.kind != InputKind::Buffer) continue;
     replaced[in.value] = b.call("spmd::broadcast", {Arg::tensor(in.value), Arg::ofInt(0)},
@@ -50,7 +50,7 @@ void reduceGradients(Graph& g, GradReduce reduce) {
   std::map<ValueId, ValueId> reduced;
   std::vector<Node> nodes = g.takeNodes();
   GraphBuilder b(g);
-  b.setMeta(NodeMeta{"", "comm", -1, -1, ""});
+  b.setMeta(NodeMeta{"", NodeRole::Comm, -1, -1, IterationTag::Every});
   auto emitReduce = [&](ValueId raw) {
     Gradient* grad = pending.at(raw);
     grad->reduced = b.call("spmd::all_reduce", {Arg::tensor(raw), strArg(reduce == GradReduce::Mean ? "mean" : "sum")},

@@ -100,7 +100,7 @@ bool runOptimizer(Graph& g, const PipelineOptions& options) {
   const OptimizerOptions& o = options.optimizer;
   validateOptimizer(o);
   GraphBuilder b(g);
-  b.setMeta(NodeMeta{"", "optimizer", -1, -1, ""});
+  b.setMeta(NodeMeta{"", NodeRole::Optimizer, -1, -1, IterationTag::Every});
   const std::vector<Gradient> gradients = g.gradients();
   if (o.kind == OptimizerKind::Sgd) {
     ValueId firstStep = kNoValue;

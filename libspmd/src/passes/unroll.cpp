@@ -55,7 +55,7 @@ std::set<size_t> lastBucketBlock(const Graph& g, size_t start) {
     grew = false;
     for (size_t i = g.nodes().size(); i-- > 0;) {
       const Node& n = g.nodes()[i];
-      if (block.count(i) || n.meta.role != "optimizer") continue;
+      if (block.count(i) || n.meta.role != NodeRole::Optimizer) continue;
       bool anyReader = false, allMove = true;
       for (ValueId o : n.outputs) {
         if (o == kNoValue) continue;

@@ -74,13 +74,27 @@ struct Arg {
 };
 const char* argKindName(Arg::Kind kind);
 
+// What a node does in the train step (printed as role=...).
+enum class NodeRole : uint8_t { Unknown, Forward, Backward, Optimizer, Comm };
+const char* nodeRoleName(NodeRole role);  // "forward", ...; "" for Unknown
+std::optional<NodeRole> parseNodeRole(const std::string& name);
+
+// Which iterations of an unrolled graph run a node (see ir/iter_graph.h).
+enum class IterationTag : uint8_t {
+  Every,         // every iteration (printed as nothing)
+  FromPrevious,  // "previous": work moved from the previous iteration
+  LastOnly,      // "last": the moved work's share of the last iteration
+};
+const char* iterationTagName(IterationTag tag);  // "", "previous", "last"
+std::optional<IterationTag> parseIterationTag(const std::string& name);
+
 // Where a node came from and what later stages decided about it.
 struct NodeMeta {
-  std::string source;     // "model.py:12" when known
-  std::string role;       // forward, backward, optimizer, comm
+  std::string source;  // "model.py:12" when known
+  NodeRole role = NodeRole::Unknown;
   int bucket = -1;
   int partition = -1;
-  std::string iteration;  // setup, main, cleanup
+  IterationTag iteration = IterationTag::Every;
 };
 
 struct Node {

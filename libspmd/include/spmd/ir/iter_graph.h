@@ -2,10 +2,10 @@
 //
 // An unrolled graph (Graph::iters() > 0) is the main iteration's graph plus
 // two kinds of tagged nodes (NodeMeta::iteration):
-//   "previous"  work moved out of the previous iteration, run on the values it
+//   previous (IterationTag::FromPrevious): work moved out of the previous iteration, run on the values it
 //               carried over (state inputs named carry.<value>); the first
 //               iteration (setup) has no previous one and skips these nodes.
-//   "last"      the same moved work applied to this iteration's values, so
+//   last (IterationTag::LastOnly): the same moved work applied to this iteration's values, so
 //               that the last iteration (cleanup) leaves nothing behind; other
 //               iterations skip these nodes.
 // One graph makes every edit apply to all three iterations at once, and keeps
@@ -18,9 +18,6 @@
 #include <set>
 
 namespace spmd {
-
-constexpr const char* kFromPrevious = "previous";
-constexpr const char* kLastOnly = "last";
 
 enum class Iteration {
   First,   // setup: skips "previous" and "last" nodes

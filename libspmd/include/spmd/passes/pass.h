@@ -22,9 +22,13 @@ struct PassInfo {
 const std::vector<PassInfo>& registeredPasses();
 const PassInfo& findPass(const std::string& name);  // throws std::logic_error
 
+// The pass manager's debugging aids, as mlir-opt's: listings after passes,
+// one file per pass, and the time each pass took.
 struct DebugOptions {
-  bool printIrAfterAll = false;  // listing after each pass on `log`
-  std::string dumpDir;           // NNNN.after_<pass>.txt per pass when set
+  bool printIrAfterAll = false;          // --print-ir-after-all: listing after each pass on `log`
+  std::vector<std::string> printIrAfter; // --print-ir-after=PASS: listing after these passes
+  std::string dumpDir;                   // --dump-dir: NNNN.after_<pass>.txt per pass when set
+  bool timePasses = false;               // --time-passes: a table of pass times on `log`
   std::ostream* log = nullptr;
 };
 
