@@ -1,6 +1,7 @@
 // spmd-run: runs an artifact (or a graph, lowered in-process) on N ranks.
 #include "spmd/io/artifact.h"
 #include "spmd/io/load.h"
+#include "spmd/runtime/errors.h"
 #include "spmd/runtime/launch.h"
 #include "spmd/pipelines/lower.h"
 #include "spmd/runtime/runner.h"
@@ -53,17 +54,23 @@ int main(int argc, char** argv) {
         spmd::runTraining(artifact, rank && rank->worldSize > 1 ? rank : std::nullopt, o, std::cout);
       } catch (spmd::Diagnostic& d) {
         throw d.inFile(loaded.displayName);
+      } catch (const spmd::KernelError& e) {
+        const std::string node = "/nodes/" + std::to_string(e.node()) + " (" + e.op() + ")";
+        throw spmd::Diagnostic(node, e.what()).inFile(loaded.displayName);
       }
     } catch (const spmd::Diagnostic& d) {
       spmd::printError(tool, prefix + d.format());
       return 1;
+    } catch (const spmd::CollectiveError& e) {
+      spmd::printError(tool, prefix + "a collective failed (did a peer stop?): " + e.what());
+      return 1;
     } catch (const c10::Error& e) {
       std::string what = e.what_without_backtrace();
-      spmd::printError(tool, prefix + "a collective failed (did a peer stop?): " + what.substr(0, what.find('\n')));
+      spmd::printError(tool, prefix + what.substr(0, what.find('\n')));
       return 1;
     } catch (const std::exception& e) {
       std::string what = e.what();
-      spmd::printError(tool, prefix + "a collective failed (did a peer stop?): " + what.substr(0, what.find('\n')));
+      spmd::printError(tool, prefix + what.substr(0, what.find('\n')));
       return 1;
     }
     return 0;

@@ -1,10 +1,11 @@
 """spmd-lower and spmd-run under faults and bad input: every rank ends with an
 error naming it within --timeout, never a hang; bad data and artifacts are
-refused before step 1.
+refused before step 1; a kernel that fails names its node.
 
   check_run.py BIN_DIR        (run from the repository root; python3 with torch)
 """
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,10 +36,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def build_artifact(name, device="cpu"):
+def build_artifact(name, device="cpu", sample="samples/mlp.pt", inputs=("x:f32[8,100]",)):
     path = os.path.join(TMP, name)
-    expand = subprocess.run([tool("spmd-expand"), "samples/mlp.pt", "--input", "x:f32[8,100]", "--optimizer", "sgd",
-                             "--lr", "0.01"], capture_output=True, check=True)
+    specs = [arg for spec in inputs for arg in ("--input", spec)]
+    expand = subprocess.run([tool("spmd-expand"), sample, *specs, "--optimizer", "sgd", "--lr", "0.01"],
+                            capture_output=True, check=True)
     split = subprocess.run([tool("spmd-split")], input=expand.stdout, capture_output=True, check=True)
     subprocess.run([tool("spmd-lower"), "-o", path, "--device", device], input=split.stdout, capture_output=True,
                    check=True)
@@ -118,7 +120,7 @@ def main():
         ranks[0].wait(timeout=40)
         err = ranks[0].stderr.read().decode()
         report("peer killed mid-run", ranks[0].returncode == 1 and time.time() - start < 30 and
-               one_line_error(err, "rank 0"), f"exit {ranks[0].returncode}: {err!r}")
+               one_line_error(err, "rank 0: a collective failed"), f"exit {ranks[0].returncode}: {err!r}")
     except subprocess.TimeoutExpired:
         ranks[0].kill()
         report("peer killed mid-run", False, "rank 0 hung")
@@ -134,6 +136,19 @@ def main():
     data_case("data lacks an input", {"y": torch.zeros(1, 16, 100)}, "'x': the data file has no tensor", "1")
     data_case("data of the wrong shape", {"x": torch.zeros(1, 16, 99)}, "the graph takes f32[8,100]", "1")
     data_case("batch not divisible by N", {"x": torch.zeros(1, 15, 100)}, "does not divide among 2 ranks")
+
+    # A kernel that fails at run time (token ids past the embedding's 64 rows):
+    # one line naming the node and its op, after the artifact.
+    lm = build_artifact("lm.spmd", sample="samples/lm.pt", inputs=("tokens:i64[4,16]", "targets:i64[4,16]"))
+    bad = os.path.join(TMP, "bad_tokens.pt")
+    torch.save({"tokens": torch.full((1, 4, 16), 1000, dtype=torch.int64),
+                "targets": torch.zeros(1, 4, 16, dtype=torch.int64)}, bad)
+    proc = subprocess.run([tool("spmd-run"), lm, "--steps", "1", "--data", bad], capture_output=True, text=True,
+                          timeout=60)
+    match = re.fullmatch(r"spmd-run: error: (.*): /nodes/\d+ \(aten::embedding\): index out of range in self\n",
+                         proc.stderr)
+    report("kernel error names its node", proc.returncode == 1 and match is not None and match.group(1) == lm and
+           "step 1" not in proc.stdout, proc.stderr)
 
     # An artifact lowered for CUDA, on a machine without CUDA.
     if not torch.cuda.is_available():

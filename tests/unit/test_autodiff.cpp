@@ -105,7 +105,7 @@ void checkCase(const Case& c) {
 
   // Ours: the autodiff pass, gradients exposed as outputs.
   Graph& g = built.graph;
-  runAutodiff(g, PipelineOptions{});
+  runPasses(g, {"autodiff"}, PipelineOptions{}, DebugOptions{});
   auto problems = verifyGraph(g);
   INFO((problems.empty() ? std::string() : problems[0].where + ": " + problems[0].what));
   REQUIRE(problems.empty());
@@ -247,7 +247,7 @@ TEST_CASE("ops without a rule are reported together with their source lines", "[
   ValueId s = builder.call("aten::sum", {v(c), none()});
   g.addOutput(s);
   try {
-    runAutodiff(g, PipelineOptions{});
+    runPasses(g, {"autodiff"}, PipelineOptions{}, DebugOptions{});
     FAIL("expected a diagnostic");
   } catch (const std::exception& e) {
     CHECK(std::string(e.what()) ==
@@ -264,7 +264,7 @@ TEST_CASE("frozen parameters, integer paths and unused parameters get no gradien
   GraphBuilder builder(g);
   ValueId s = builder.call("aten::sum", {v(builder.mul(w, frozen)), none()});
   g.addOutput(s);
-  runAutodiff(g, PipelineOptions{});
+  runPasses(g, {"autodiff"}, PipelineOptions{}, DebugOptions{});
   REQUIRE(g.gradients().size() == 1);
   CHECK(g.gradients()[0].parameter == w);
   CHECK(verifyGraph(g).empty());
@@ -276,7 +276,7 @@ TEST_CASE("a non-scalar loss is rejected", "[autodiff]") {
   GraphBuilder builder(g);
   g.addOutput(builder.call("aten::relu", {v(w)}));
   try {
-    runAutodiff(g, PipelineOptions{});
+    runPasses(g, {"autodiff"}, PipelineOptions{}, DebugOptions{});
     FAIL("expected a diagnostic");
   } catch (const std::exception& e) {
     CHECK(std::string(e.what()) == "the loss must be a floating-point scalar, got %relu: f32[3]");

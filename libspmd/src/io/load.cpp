@@ -3,6 +3,7 @@
 #include "spmd/io/artifact.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/torchscript.h"
+#include "spmd/ir/parser.h"
 #include "spmd/support/diagnostic.h"
 
 #include <unistd.h>
@@ -42,11 +43,22 @@ char firstNonSpace(const std::string& bytes) {
 
 std::string displayNameOf(const std::string& path) { return path == "-" ? "<stdin>" : path; }
 
-LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& specs) {
-  LoadedGraph loaded;
-  loaded.displayName = displayNameOf(path);
+std::string readInput(const std::string& path) {
   try {
-    std::string bytes = readAll(path);
+    return readAll(path);
+  } catch (Diagnostic& d) {
+    throw d.inFile(displayNameOf(path));
+  }
+}
+
+LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& specs) {
+  return loadGraphFrom(readInput(path), displayNameOf(path), specs);
+}
+
+LoadedGraph loadGraphFrom(const std::string& bytes, const std::string& displayName, const std::vector<InputSpec>& specs) {
+  LoadedGraph loaded;
+  loaded.displayName = displayName;
+  try {
     if (bytes.empty()) throw Diagnostic("", "empty input");
     if (isZip(bytes) && isArtifact(bytes)) {
       loaded.format = InputFormat::Artifact;
@@ -58,6 +70,9 @@ LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& spe
     } else if (firstNonSpace(bytes) == '{') {
       loaded.format = InputFormat::Json;
       loaded.graph = readGraphJson(bytes);
+    } else if (looksLikeListing(bytes)) {
+      loaded.format = InputFormat::Listing;
+      loaded.graph = parseListing(bytes);
     } else {
       throw Diagnostic("", "neither a TorchScript module (zip) nor a JSON graph dump");
     }

@@ -43,8 +43,13 @@ at::Tensor GraphBuilder::metaOf(ValueId v) {
   return metaTensorOf(graph_.value(v));
 }
 
-std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<Arg> args, const std::string& base,
-                                             const std::vector<ValueId>& preset) {
+void GraphBuilder::setInsertionPointAfter(const Node& node) {
+  const size_t next = graph_.indexOf(node) + 1;
+  insertBefore_ = next < graph_.nodes().size() ? &graph_.nodes()[next] : nullptr;
+}
+
+Node GraphBuilder::typedNode(const std::string& op, std::vector<Arg> args, const std::string& base,
+                             const std::vector<ValueId>& preset) {
   Node node;
   size_t sep = op.find("::");
   size_t dot = op.find('.', sep);
@@ -81,9 +86,24 @@ std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<
     metaCache_[id] = r;
     node.outputs.push_back(id);
   }
+  return node;
+}
+
+std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<Arg> args, const std::string& base,
+                                             const std::vector<ValueId>& preset) {
+  Node node = typedNode(op, std::move(args), base, preset);
   std::vector<ValueId> outputs = node.outputs;
-  graph_.addNode(std::move(node));
+  if (insertBefore_) {
+    graph_.insertBefore(*insertBefore_, std::move(node));
+  } else {
+    graph_.addNode(std::move(node));
+  }
   return outputs;
+}
+
+void GraphBuilder::replace(const Node& old, const std::string& op, std::vector<Arg> args) {
+  const std::vector<ValueId> outputs = old.outputs;
+  graph_.replaceNode(old, typedNode(op, std::move(args), "", outputs));
 }
 
 ValueId GraphBuilder::call(const std::string& op, std::vector<Arg> args, const std::string& base) {

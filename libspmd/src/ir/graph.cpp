@@ -1,5 +1,6 @@
 #include "spmd/ir/graph.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace spmd {
@@ -79,6 +80,34 @@ std::string Node::qualifiedName() const {
   return overload.empty() ? op : op + "." + overload;
 }
 
+std::vector<const Node*> snapshot(const NodeList& nodes) {
+  std::vector<const Node*> out;
+  out.reserve(nodes.size());
+  for (const Node& n : nodes) out.push_back(&n);
+  return out;
+}
+
+Graph::Graph(const Graph& other)
+    : values_(other.values_),
+      byName_(other.byName_),
+      inputs_(other.inputs_),
+      outputs_(other.outputs_),
+      updates_(other.updates_),
+      gradients_(other.gradients_),
+      buckets_(other.buckets_),
+      weights_(other.weights_),
+      iters_(other.iters_),
+      nextSuffix_(other.nextSuffix_) {
+  nodes_.reserve(other.nodes_.size());
+  for (const auto& n : other.nodes_) nodes_.push_back(std::make_unique<Node>(*n));
+  rebuildLinks();
+}
+
+Graph& Graph::operator=(const Graph& other) {
+  if (this != &other) *this = Graph(other);
+  return *this;
+}
+
 ValueId Graph::addValue(Value value) {
   if (byName_.count(value.name)) {
     throw std::logic_error("duplicate value name '" + value.name + "'");
@@ -86,6 +115,8 @@ ValueId Graph::addValue(Value value) {
   ValueId id = static_cast<ValueId>(values_.size());
   byName_.emplace(value.name, id);
   values_.push_back(std::move(value));
+  producer_.push_back(nullptr);
+  users_.emplace_back();
   return id;
 }
 
@@ -93,11 +124,6 @@ ValueId Graph::addInput(Value value, InputKind kind, bool requiresGrad) {
   ValueId id = addValue(std::move(value));
   inputs_.push_back(GraphInput{id, kind, requiresGrad});
   return id;
-}
-
-Node& Graph::addNode(Node node) {
-  nodes_.push_back(std::move(node));
-  return nodes_.back();
 }
 
 std::optional<ValueId> Graph::findValue(const std::string& name) const {
@@ -113,12 +139,6 @@ const GraphInput* Graph::inputOf(ValueId v) const {
   return nullptr;
 }
 
-std::vector<Node> Graph::takeNodes() {
-  std::vector<Node> nodes = std::move(nodes_);
-  nodes_.clear();
-  return nodes;
-}
-
 std::string Graph::freshName(const std::string& base) {
   if (!byName_.count(base)) return base;
   int& next = nextSuffix_[base];
@@ -129,6 +149,166 @@ std::string Graph::freshName(const std::string& base) {
   return name;
 }
 
+// ---- nodes ------------------------------------------------------------------
+
+size_t Graph::indexOf(const Node& node) const {
+  if (positionsStale_) {
+    position_.clear();
+    for (size_t i = 0; i < nodes_.size(); ++i) position_.emplace(nodes_[i].get(), i);
+    positionsStale_ = false;
+  }
+  auto it = position_.find(&node);
+  if (it == position_.end()) throw std::logic_error("Graph::indexOf: " + node.qualifiedName() + " is not in the graph");
+  return it->second;
+}
+
+const Node& Graph::insertAt(size_t position, Node node) {
+  auto owned = std::make_unique<Node>(std::move(node));
+  const Node& added = *owned;
+  for (ValueId o : added.outputs) {
+    if (o == kNoValue) continue;
+    if (o < 0 || static_cast<size_t>(o) >= values_.size()) throw std::logic_error("Graph: node output is no value");
+    if (producer_[o]) throw std::logic_error("Graph: '" + values_[o].name + "' has a producer already");
+  }
+  forEachTensorArg(added, [&](ValueId v) {
+    if (v < 0 || static_cast<size_t>(v) >= values_.size()) throw std::logic_error("Graph: node argument is no value");
+  });
+  nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(position), std::move(owned));
+  link(added);
+  positionsStale_ = true;
+  return added;
+}
+
+const Node& Graph::addNode(Node node) { return insertAt(nodes_.size(), std::move(node)); }
+
+const Node& Graph::insertBefore(const Node& anchor, Node node) { return insertAt(indexOf(anchor), std::move(node)); }
+
+const Node& Graph::insertAfter(const Node& anchor, Node node) { return insertAt(indexOf(anchor) + 1, std::move(node)); }
+
+void Graph::erase(const Node& node) {
+  for (ValueId o : node.outputs) {
+    if (o != kNoValue && !users_[o].empty()) {
+      throw std::logic_error("Graph::erase: '" + values_[o].name + "' is still read by " +
+                             users_[o].front()->qualifiedName());
+    }
+  }
+  const size_t at = indexOf(node);
+  unlink(node);
+  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(at));
+  positionsStale_ = true;
+}
+
+Node Graph::extract(const Node& node) {
+  const size_t at = indexOf(node);
+  std::unique_ptr<Node> removed = std::move(nodes_[at]);
+  nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(at));
+  unlink(*removed);
+  positionsStale_ = true;
+  return std::move(*removed);
+}
+
+const Node& Graph::replaceNode(const Node& old, Node replacement) {
+  const size_t at = indexOf(old);
+  // The replacement's readers are the old node's.
+  const Node removed = extract(old);
+  for (ValueId o : removed.outputs) {
+    const bool kept = std::find(replacement.outputs.begin(), replacement.outputs.end(), o) != replacement.outputs.end();
+    if (o != kNoValue && !kept && !users_[o].empty()) {
+      throw std::logic_error("Graph::replaceNode: '" + values_[o].name + "' is still read");
+    }
+  }
+  return insertAt(at, std::move(replacement));
+}
+
+void Graph::reorder(const std::vector<const Node*>& order) {
+  if (order.size() != nodes_.size()) throw std::logic_error("Graph::reorder: not a permutation of the nodes");
+  std::unordered_map<const Node*, std::unique_ptr<Node>> owned;
+  for (auto& n : nodes_) owned.emplace(n.get(), std::move(n));
+  std::vector<std::unique_ptr<Node>> reordered;
+  reordered.reserve(order.size());
+  for (const Node* n : order) {
+    auto it = owned.find(n);
+    if (it == owned.end() || !it->second) throw std::logic_error("Graph::reorder: not a permutation of the nodes");
+    reordered.push_back(std::move(it->second));
+  }
+  nodes_ = std::move(reordered);
+  positionsStale_ = true;
+}
+
+// ---- def-use ----------------------------------------------------------------
+
+void Graph::link(const Node& node) {
+  for (ValueId o : node.outputs) {
+    if (o != kNoValue) producer_[o] = &node;
+  }
+  forEachTensorArg(node, [&](ValueId v) { users_[v].push_back(&node); });
+}
+
+void Graph::unlink(const Node& node) {
+  for (ValueId o : node.outputs) {
+    if (o != kNoValue && producer_[o] == &node) producer_[o] = nullptr;
+  }
+  forEachTensorArg(node, [&](ValueId v) {
+    auto& readers = users_[v];
+    readers.erase(std::find(readers.begin(), readers.end(), &node));  // one entry per argument
+  });
+}
+
+void Graph::rebuildLinks() {
+  producer_.assign(values_.size(), nullptr);
+  users_.assign(values_.size(), {});
+  for (const auto& n : nodes_) link(*n);
+  positionsStale_ = true;
+}
+
+const Node* Graph::producer(ValueId v) const { return producer_.at(v); }
+
+std::vector<const Node*> Graph::users(ValueId v) const {
+  std::vector<const Node*> readers = users_.at(v);
+  std::sort(readers.begin(), readers.end(), [&](const Node* a, const Node* b) { return indexOf(*a) < indexOf(*b); });
+  readers.erase(std::unique(readers.begin(), readers.end()), readers.end());
+  return readers;
+}
+
+void Graph::replaceUsesWith(ValueId from, ValueId to, const std::function<bool(const Node&)>& where) {
+  if (from == to) return;
+  for (const Node* reader : users(from)) {
+    if (where && !where(*reader)) continue;
+    Node& n = mutableNode(*reader);
+    unlink(n);
+    forEachTensorArg(n, [&](ValueId& v) {
+      if (v == from) v = to;
+    });
+    link(n);
+  }
+}
+
+void Graph::replaceAllUsesWith(ValueId from, ValueId to) {
+  replaceUsesWith(from, to, nullptr);
+  for (ValueId& v : outputs_) {
+    if (v == from) v = to;
+  }
+  for (StateUpdate& u : updates_) {
+    if (u.value == from) u.value = to;
+  }
+}
+
+void Graph::setArg(const Node& node, size_t index, Arg arg) {
+  Node& n = mutableNode(node);
+  unlink(n);
+  n.args.at(index) = std::move(arg);
+  link(n);
+}
+
+Arg& Graph::constantArg(const Node& node, size_t index) {
+  Arg& a = mutableNode(node).args.at(index);
+  if (a.kind == Arg::Kind::Value || a.kind == Arg::Kind::Values) {
+    throw std::logic_error("Graph::constantArg: argument " + std::to_string(index) + " of " + node.qualifiedName() +
+                           " is a tensor");
+  }
+  return a;
+}
+
 bool eliminateDeadNodes(Graph& graph) {
   std::vector<bool> live(graph.numValues(), false);
   for (ValueId v : graph.outputs()) live[v] = true;
@@ -137,25 +317,20 @@ bool eliminateDeadNodes(Graph& graph) {
     live[g.value] = true;
     if (g.reduced != kNoValue) live[g.reduced] = true;
   }
-  std::vector<Node> nodes = graph.takeNodes();
-  std::vector<bool> keep(nodes.size(), false);
-  for (size_t i = nodes.size(); i-- > 0;) {
-    for (ValueId out : nodes[i].outputs) keep[i] = keep[i] || (out != kNoValue && live[out]);
-    if (!keep[i]) continue;
-    for (const Arg& a : nodes[i].args) {
-      if (a.kind == Arg::Kind::Value) live[a.value] = true;
-      for (ValueId v : a.values) live[v] = true;
+  // Last to first, so that a node's readers are gone when it is looked at.
+  std::vector<const Node*> dead;
+  for (auto it = graph.nodes().rbegin(); it != graph.nodes().rend(); ++it) {
+    const Node& n = *it;
+    bool keep = false;
+    for (ValueId out : n.outputs) keep = keep || (out != kNoValue && live[out]);
+    if (!keep) {
+      dead.push_back(&n);
+      continue;
     }
+    forEachTensorArg(n, [&](ValueId v) { live[v] = true; });
   }
-  bool removed = false;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (keep[i]) {
-      graph.addNode(std::move(nodes[i]));
-    } else {
-      removed = true;
-    }
-  }
-  return removed;
+  for (const Node* n : dead) graph.erase(*n);
+  return !dead.empty();
 }
 
 int64_t numel(const Value& v) {

@@ -8,13 +8,6 @@
 namespace spmd {
 namespace {
 
-void remapArgs(Node& n, const std::map<ValueId, ValueId>& to) {
-  forEachTensorArg(n, [&](ValueId& v) {
-    auto it = to.find(v);
-    if (it != to.end()) v = it->second;
-  });
-}
-
 // The iteration tag of the node producing each value (Every for inputs).
 std::vector<IterationTag> producerTags(const Graph& g) {
   std::vector<IterationTag> tags(g.numValues(), IterationTag::Every);
@@ -67,15 +60,17 @@ Graph graphForIteration(const Graph& graph, Iteration it) {
     if (!runsPrevious && tags[u.value] == IterationTag::FromPrevious) keptInput[u.value] = u.input;
     if (tags[u.value] == IterationTag::LastOnly) updatedByLast.insert(u.input);
   }
+  auto kept = [&](const Node& n) { return keepsNode(n.meta.iteration, it); };
+  for (const auto& [value, input] : keptInput) out.replaceUsesWith(value, input, kept);
   std::set<ValueId> dropped;
-  for (Node& n : out.takeNodes()) {
-    if (!keepsNode(n.meta.iteration, it)) {
-      for (ValueId o : n.outputs) dropped.insert(o);
+  const std::vector<const Node*> nodes = snapshot(out.nodes());
+  for (auto n = nodes.rbegin(); n != nodes.rend(); ++n) {  // readers first
+    if (kept(**n)) {
+      out.metaOf(**n).iteration = IterationTag::Every;
       continue;
     }
-    remapArgs(n, keptInput);
-    n.meta.iteration = IterationTag::Every;
-    out.addNode(std::move(n));
+    dropped.insert((*n)->outputs.begin(), (*n)->outputs.end());
+    out.erase(**n);
   }
   out.updates().clear();
   for (const auto& u : graph.updates()) {
@@ -132,12 +127,19 @@ void IterGraph::freeze(int iters) {
     if (moved[u.value]) movedUpdate[u.input] = u.value;
     else updatedByRest.insert(u.input);
   }
+  const std::vector<const Node*> nodes = snapshot(g.nodes());
+  std::set<const Node*> staged;
+  std::vector<Node> originals;  // the moved nodes as they were, for the last iteration's copies
+  for (size_t i : staged_) {
+    staged.insert(nodes[i]);
+    originals.push_back(*nodes[i]);
+  }
+  auto isStaged = [&](const Node& n) { return staged.count(&n) > 0; };
   // What the moved nodes read from the rest of the step, or from state the
   // rest updates, is carried over as it was in the iteration that made it.
   std::map<ValueId, ValueId> carried;
-  std::vector<Node> nodes = g.takeNodes();
-  for (size_t i : staged_) {
-    forEachTensorArg(nodes[i], [&](ValueId v) {
+  for (const Node& n : originals) {
+    forEachTensorArg(n, [&](ValueId v) {
       if (moved[v] || carried.count(v)) return;
       if (g.inputOf(v) && !updatedByRest.count(v)) return;  // still as the previous iteration left it
       Value c = g.value(v);
@@ -145,23 +147,31 @@ void IterGraph::freeze(int iters) {
       carried[v] = g.addInput(c, InputKind::State);
     });
   }
-  for (size_t i : staged_) {
-    Node n = nodes[i];
-    remapArgs(n, carried);
-    n.meta.iteration = IterationTag::FromPrevious;
-    g.addNode(std::move(n));
+  for (const auto& [from, input] : carried) g.replaceUsesWith(from, input, isStaged);
+  // The rest of the step reads what the moved nodes updated.
+  for (const auto& [input, value] : movedUpdate) {
+    g.replaceUsesWith(input, value, [&](const Node& n) { return !isStaged(n); });
   }
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    if (staged_.count(i)) continue;
-    remapArgs(nodes[i], movedUpdate);
-    g.addNode(std::move(nodes[i]));
+  // The moved nodes run first, on the previous iteration's values.
+  std::vector<const Node*> order;
+  for (const Node* n : nodes) {
+    if (isStaged(*n)) {
+      g.metaOf(*n).iteration = IterationTag::FromPrevious;
+      order.push_back(n);
+    }
   }
+  for (const Node* n : nodes) {
+    if (!isStaged(*n)) order.push_back(n);
+  }
+  g.reorder(order);
   // The last iteration's own share: moved values get copies; reads of what
   // the previous share updated see its results.
   std::map<ValueId, ValueId> lastCopy = movedUpdate;
-  for (size_t i : staged_) {
-    Node n = nodes[i];
-    remapArgs(n, lastCopy);
+  for (Node n : originals) {
+    forEachTensorArg(n, [&](ValueId& v) {
+      auto copy = lastCopy.find(v);
+      if (copy != lastCopy.end()) v = copy->second;
+    });
     for (ValueId& o : n.outputs) {
       if (o == kNoValue) continue;
       Value copy = g.value(o);

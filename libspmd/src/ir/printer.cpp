@@ -2,6 +2,7 @@
 
 #include "spmd/ops/dtype.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <iomanip>
@@ -36,8 +37,37 @@ std::string listText(const std::vector<T>& items, F&& each) {
   return s + "]";
 }
 
+// A double-quoted string that parser.cpp reads back: \" \\ \n \t \r \xHH.
+std::string quotedText(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          const char* hex = "0123456789abcdef";
+          out += std::string("\\x") + hex[(c >> 4) & 0xf] + hex[c & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// %conv1.weight, or %"a b" for a name with characters a bare name cannot hold.
+std::string refText(const std::string& name) {
+  bool bare = !name.empty();
+  for (char c : name) bare = bare && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-');
+  return "%" + (bare ? name : quotedText(name));
+}
+
 std::string argText(const Graph& g, const Arg& a) {
-  auto ref = [&](ValueId v) { return "%" + g.value(v).name; };
+  auto ref = [&](ValueId v) { return refText(g.value(v).name); };
   switch (a.kind) {
     case Arg::Kind::Value: return ref(a.value);
     case Arg::Kind::Values: return listText(a.values, ref);
@@ -45,8 +75,8 @@ std::string argText(const Graph& g, const Arg& a) {
     case Arg::Kind::Int: return std::to_string(a.i);
     case Arg::Kind::Float: return floatText(a.f);
     case Arg::Kind::Bool: return a.b ? "True" : "False";
-    case Arg::Kind::Str: return "\"" + a.s + "\"";
-    case Arg::Kind::Device: return "device(\"" + a.s + "\")";
+    case Arg::Kind::Str: return quotedText(a.s);
+    case Arg::Kind::Device: return "device(" + quotedText(a.s) + ")";
     case Arg::Kind::Ints: return listText(a.ints, [](int64_t i) { return std::to_string(i); });
     case Arg::Kind::Floats: return listText(a.floats, floatText);
     case Arg::Kind::Bools: return listText(a.bools, [](bool b) { return std::string(b ? "True" : "False"); });
@@ -74,12 +104,16 @@ std::string metaText(const NodeMeta& m) {
 std::string printListing(const Graph& g) {
   std::ostringstream out;
   out << "graph";
-  if (!g.weights().file.empty()) out << " {weights: " << g.weights().file << "}";
+  if (!g.weights().file.empty()) {
+    out << " {weights: " << g.weights().file;
+    if (g.weights().format != "torchscript") out << ", format: " << g.weights().format;
+    out << "}";
+  }
   if (g.iters() > 0) out << " {unrolled: " << g.iters() << " iterations}";
   out << "\n";
   for (const auto& in : g.inputs()) {
     const Value& v = g.value(in.value);
-    out << "  input %" << v.name << ": " << typeText(v) << " " << inputKindName(in.kind);
+    out << "  input " << refText(v.name) << ": " << typeText(v) << " " << inputKindName(in.kind);
     if (in.kind == InputKind::Parameter && !in.requiresGrad) out << " frozen";
     out << "\n";
   }
@@ -92,22 +126,30 @@ std::string printListing(const Graph& g) {
         continue;
       }
       const Value& v = g.value(n.outputs[k]);
-      out << "%" << v.name << ": " << typeText(v);
+      out << refText(v.name) << ": " << typeText(v);
     }
     out << " = " << n.qualifiedName() << "(";
     for (size_t i = 0; i < n.args.size(); ++i) out << (i ? ", " : "") << argText(g, n.args[i]);
     out << ")" << metaText(n.meta) << "\n";
   }
   out << "  return (";
-  for (size_t i = 0; i < g.outputs().size(); ++i) out << (i ? ", " : "") << "%" << g.value(g.outputs()[i]).name;
+  auto ref = [&](ValueId v) { return refText(g.value(v).name); };
+  for (size_t i = 0; i < g.outputs().size(); ++i) out << (i ? ", " : "") << ref(g.outputs()[i]);
   out << ")\n";
   for (const auto& u : g.updates()) {
-    out << "  update %" << g.value(u.input).name << " <- %" << g.value(u.value).name << "\n";
+    out << "  update " << ref(u.input) << " <- " << ref(u.value) << "\n";
   }
   for (const auto& grad : g.gradients()) {
-    out << "  gradient %" << g.value(grad.parameter).name << " = %" << g.value(grad.value).name;
-    if (grad.reduced != kNoValue) out << ", reduced %" << g.value(grad.reduced).name;
+    out << "  gradient " << ref(grad.parameter) << " = " << ref(grad.value);
+    if (grad.reduced != kNoValue) out << ", reduced " << ref(grad.reduced);
     out << "\n";
+  }
+  // The bucket plan (spmd-split's), so that the listing loses nothing the dump has.
+  for (size_t b = 0; b < g.buckets().size(); ++b) {
+    out << "  bucket " << b << ": " << g.buckets()[b].bytes << " bytes (";
+    const auto& params = g.buckets()[b].parameters;
+    for (size_t k = 0; k < params.size(); ++k) out << (k ? ", " : "") << ref(params[k]);
+    out << ")\n";
   }
   return out.str();
 }

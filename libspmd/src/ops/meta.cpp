@@ -7,6 +7,8 @@
 #include <torch/library.h>
 #include <torch/version.h>
 
+#include <memory>
+#include <mutex>
 #include <optional>
 
 namespace spmd {
@@ -48,10 +50,18 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
   // Below autograd: shapes need no graph, and spmd's own ops have no
   // autograd kernel for the meta device.
   at::AutoDispatchBelowADInplaceOrView belowAutograd;
+  // Most ops have meta kernels all the way down and need no fallback; the
+  // first scope to start registers it with every op's dispatch table, which
+  // costs milliseconds (verification infers every node, one at a time).
   try {
     return toMeta(callOperator(op, stack));
   } catch (const std::exception&) {
-    // No meta kernel (or one that reads data).
+  }
+  MetaFallbackScope metaFallback;
+  try {
+    return toMeta(callOperator(op, stack));
+  } catch (const std::exception&) {
+    // No meta kernel even so (or one that reads data).
     std::vector<c10::IValue> onCpu;
     onCpu.reserve(stack.size());
     for (const c10::IValue& v : stack) onCpu.push_back(zerosOnCpu(v));
@@ -62,11 +72,12 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 }  // namespace spmd
 
 // LibTorch 1.13 has no meta kernel for many ops (relu, native_batch_norm,
-// embedding_dense_backward, ...); 2.x has one for nearly all. On 1.13, those
-// ops run on zero-filled CPU tensors and return meta tensors of the results'
-// shapes, so that tracing and shape checks on the meta device work for every
-// op. In-place and out= results return the meta argument they write, as the
-// tracer expects.
+// embedding_dense_backward, ...); 2.x has one for nearly all. On 1.13, while
+// a MetaFallbackScope lives, those ops run on zero-filled CPU tensors and
+// return meta tensors of the results' shapes, so that tracing and shape
+// checks on the meta device work for every op. In-place and out= results
+// return the meta argument they write, as the tracer expects. On 2.x the
+// scope does nothing.
 #if TORCH_VERSION_MAJOR < 2
 namespace spmd {
 namespace {
@@ -192,19 +203,49 @@ void foreachMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->emplace_back(results);
 }
 
-}  // namespace
-}  // namespace spmd
+// The registrations a live scope holds: destroying a Library deregisters
+// what it registered.
+struct MetaRegistrations {
+  torch::Library fallback{torch::Library::IMPL, "_", c10::DispatchKey::Meta, __FILE__, __LINE__};
+  torch::Library shapes{torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__};
 
-TORCH_LIBRARY_IMPL(aten, Meta, m) {
-  for (const char* name : {"_foreach_add.Scalar", "_foreach_mul.Scalar", "_foreach_add.List", "_foreach_sub.List",
-                           "_foreach_mul.List", "_foreach_div.List", "_foreach_maximum.List",
-                           "_foreach_addcmul.Scalar", "_foreach_addcdiv.Scalar", "_foreach_sqrt", "_foreach_neg"}) {
-    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&spmd::foreachMeta>());
+  MetaRegistrations() {
+    fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&metaByCpu>());
+    for (const char* name : {"_foreach_add.Scalar", "_foreach_mul.Scalar", "_foreach_add.List", "_foreach_sub.List",
+                             "_foreach_mul.List", "_foreach_div.List", "_foreach_maximum.List",
+                             "_foreach_addcmul.Scalar", "_foreach_addcdiv.Scalar", "_foreach_sqrt", "_foreach_neg"}) {
+      shapes.impl(name, torch::CppFunction::makeFromBoxedFunction<&foreachMeta>());
+    }
+    shapes.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&layerNormMeta>());
+    shapes.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&layerNormBackwardMeta>());
+    shapes.impl("embedding_dense_backward", torch::CppFunction::makeFromBoxedFunction<&embeddingBackwardMeta>());
   }
-  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&spmd::layerNormMeta>());
-  m.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&spmd::layerNormBackwardMeta>());
-  m.impl("embedding_dense_backward", torch::CppFunction::makeFromBoxedFunction<&spmd::embeddingBackwardMeta>());
+};
+
+// How many scopes live, and the registrations while any does.
+std::mutex scopesMutex;
+int liveScopes = 0;
+std::unique_ptr<MetaRegistrations> registrations;
+
+}  // namespace
+
+MetaFallbackScope::MetaFallbackScope() {
+  std::lock_guard<std::mutex> lock(scopesMutex);
+  if (liveScopes++ == 0) registrations = std::make_unique<MetaRegistrations>();
 }
 
-TORCH_LIBRARY_IMPL(_, Meta, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&spmd::metaByCpu>()); }
+MetaFallbackScope::~MetaFallbackScope() {
+  std::lock_guard<std::mutex> lock(scopesMutex);
+  if (--liveScopes == 0) registrations.reset();
+}
+
+}  // namespace spmd
+#else
+namespace spmd {
+
+// LibTorch 2.x has meta kernels for the ops spmd needs.
+MetaFallbackScope::MetaFallbackScope() = default;
+MetaFallbackScope::~MetaFallbackScope() = default;
+
+}  // namespace spmd
 #endif

@@ -106,14 +106,28 @@ void requireRules(const Graph& g, const Activity& activity, bool rewritten) {
 // Rewrites active nodes whose backward needs saved results; marks every
 // forward node's role.
 void prepareForward(Graph& g, const Activity& activity) {
-  std::vector<Node> nodes = g.takeNodes();
   GraphBuilder b(g);
-  for (Node& n : nodes) {
-    if (n.meta.role == NodeRole::Unknown) n.meta.role = NodeRole::Forward;
-    NodeMeta meta = n.meta;
+  const std::vector<const Node*> forward = snapshot(g.nodes());
+  for (size_t i = 0; i < forward.size(); ++i) {
+    const Node& n = *forward[i];
+    NodeMeta& meta = g.metaOf(n);
+    if (meta.role == NodeRole::Unknown) meta.role = NodeRole::Forward;
     b.setMeta(meta);
-    if (activity.active(n) && rewriteForBackward(b, n)) continue;
-    g.addNode(std::move(n));
+    if (!activity.active(n)) continue;
+    // The rewrite rebuilds the node in its place from parts.
+    const Node* next = i + 1 < forward.size() ? forward[i + 1] : nullptr;
+    Node original = g.extract(n);
+    if (next) {
+      b.setInsertionPoint(*next);
+    } else {
+      b.setInsertionPointToEnd();
+    }
+    if (rewriteForBackward(b, original)) continue;
+    if (next) {
+      g.insertBefore(*next, std::move(original));
+    } else {
+      g.addNode(std::move(original));
+    }
   }
 }
 
@@ -159,9 +173,17 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
   }
 }
 
+
+class AutodiffPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine&) override;
+};
+
 }  // namespace
 
-bool runAutodiff(Graph& g, const PipelineOptions&) {
+std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions&) { return std::make_unique<AutodiffPass>(); }
+
+bool AutodiffPass::run(Graph& g, DiagnosticEngine&) {
   const ValueId loss = checkedLoss(g);
   const Activity activity = analyse(g, loss);
   requireRules(g, activity, false);
@@ -170,7 +192,7 @@ bool runAutodiff(Graph& g, const PipelineOptions&) {
   requireRules(g, rewritten, true);
   appendBackward(g, rewritten, loss);
   eliminateDeadNodes(g);  // backward results no gradient needed
-  return true;
+  return true;  // the backward's seed at least
 }
 
 }  // namespace spmd

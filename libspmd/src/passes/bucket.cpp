@@ -127,10 +127,12 @@ std::vector<ValueId> inForwardOrder(const Graph& g, std::vector<ValueId>& params
 }
 
 void stampBuckets(Graph& g, const std::vector<PlanBucket>& plan) {
+  const std::vector<const Node*> nodes = snapshot(g.nodes());
   for (size_t b = 0; b < plan.size(); ++b) {
     for (size_t i : plan[b].nodes) {
-      g.nodes()[i].meta.bucket = static_cast<int>(b);
-      g.nodes()[i].meta.partition = static_cast<int>(b);
+      NodeMeta& meta = g.metaOf(*nodes[i]);
+      meta.bucket = static_cast<int>(b);
+      meta.partition = static_cast<int>(b);
     }
   }
 }
@@ -140,132 +142,148 @@ void stampBuckets(Graph& g, const std::vector<PlanBucket>& plan) {
 // Drops grad-sync's per-parameter all-reduces; readers of their results read
 // the local gradient again (the bucket's all-reduce replaces them).
 void dropPerParameterReduces(Graph& g) {
-  std::map<ValueId, ValueId> local;
   for (Gradient& grad : g.gradients()) {
-    if (grad.reduced != kNoValue) local[grad.reduced] = grad.value;
+    const ValueId reduced = grad.reduced;
     grad.reduced = kNoValue;
-  }
-  std::vector<Node> nodes = g.takeNodes();
-  for (Node& n : nodes) {
-    if (n.op == "spmd::all_reduce" && n.outputs.size() == 1 && local.count(n.outputs[0])) continue;
-    for (Arg& a : n.args) {
-      if (a.kind == Arg::Kind::Value && local.count(a.value)) a.value = local[a.value];
-      for (ValueId& v : a.values) {
-        if (local.count(v)) v = local[v];
-      }
-    }
-    g.addNode(std::move(n));
+    if (reduced == kNoValue) continue;
+    g.replaceAllUsesWith(reduced, grad.value);
+    const Node* allReduce = g.producer(reduced);
+    if (allReduce && allReduce->op == "spmd::all_reduce" && allReduce->outputs.size() == 1) g.erase(*allReduce);
   }
 }
 
+// A bucket's all-reduce: started right after its last gradient is made
+// (before every node when none is made by a node), waited for right before
+// the first node that reads one of its gradients after that (at the end
+// when none does).
 struct CommBucket {
   int index;
   std::vector<Gradient*> grads;
-  size_t startAfter = 0;  // node index; SIZE_MAX: before every node
-  size_t waitBefore = 0;  // node index; node count: at the end
+  const Node* startAfter = nullptr;  // nullptr: before every node
+  const Node* waitBefore = nullptr;  // nullptr: at the end
+  size_t startSlot = 0;              // program order of the start: 0 before every node, i + 1 after node i
+  size_t waitSlot = 0;               // program order of the wait: i before node i, node count at the end
 };
 
-void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
-  std::map<ValueId, size_t> producer;
-  std::map<ValueId, size_t> firstUse;
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    for (ValueId o : g.nodes()[i].outputs) {
-      if (o != kNoValue) producer[o] = i;
-    }
-    forEachTensorArg(g.nodes()[i], [&](ValueId v) { firstUse.emplace(v, i); });
-  }
+std::vector<CommBucket> placeBuckets(const Graph& g, const std::vector<PlanBucket>& plan) {
   std::map<ValueId, Gradient*> gradOf;
-  for (Gradient& grad : g.gradients()) gradOf[grad.parameter] = &grad;
-
+  for (Gradient& grad : const_cast<Graph&>(g).gradients()) gradOf[grad.parameter] = &grad;
   std::vector<CommBucket> comm;
   for (size_t b = 0; b < plan.size(); ++b) {
-    CommBucket c{static_cast<int>(b), {}, 0, g.nodes().size()};
-    bool anyProducer = false;
+    CommBucket c{static_cast<int>(b), {}};
     for (ValueId p : plan[b].params) {
       auto it = gradOf.find(p);
       if (it == gradOf.end()) continue;  // a parameter the loss does not reach
       c.grads.push_back(it->second);
-      auto made = producer.find(it->second->value);
-      if (made != producer.end()) {
-        c.startAfter = std::max(c.startAfter, made->second);
-        anyProducer = true;
+      if (const Node* made = g.producer(it->second->value)) {
+        c.startSlot = std::max(c.startSlot, g.indexOf(*made) + 1);
       }
     }
     if (c.grads.empty()) continue;
-    if (!anyProducer) c.startAfter = SIZE_MAX;
+    if (c.startSlot > 0) c.startAfter = &g.nodes()[c.startSlot - 1];
+    c.waitSlot = g.nodes().size();
     for (Gradient* grad : c.grads) {
-      auto use = firstUse.find(grad->value);
-      if (use != firstUse.end() && use->second > c.startAfter) c.waitBefore = std::min(c.waitBefore, use->second);
-    }
-    comm.push_back(c);
-  }
-
-  std::vector<Node> nodes = g.takeNodes();
-  GraphBuilder builder(g);
-  std::map<ValueId, ValueId> reduced;  // local gradient -> its bucket's reduced value
-  std::map<int, ValueId> inFlight;
-  const std::string mode = reduce == GradReduce::Mean ? "mean" : "sum";
-  auto start = [&](CommBucket& c) {
-    builder.setMeta(NodeMeta{"", NodeRole::Comm, c.index, -1, IterationTag::Every});
-    Arg flats;
-    flats.kind = Arg::Kind::Values;
-    for (Gradient* grad : c.grads) {
-      flats.values.push_back(builder.reshape(grad->value, {numel(g.value(grad->value))}));
-    }
-    ValueId flat = c.grads.size() == 1 ? flats.values[0] : builder.call("aten::cat", {flats, Arg::ofInt(0)}, "bucket");
-    inFlight[c.index] = builder.call("spmd::bucket_start", {Arg::tensor(flat), strArg(mode), Arg::ofInt(c.index)},
-                                     "bucket" + std::to_string(c.index) + ".inflight");
-  };
-  auto wait = [&](CommBucket& c) {
-    builder.setMeta(NodeMeta{"", NodeRole::Comm, c.index, -1, IterationTag::Every});
-    ValueId flat = builder.call("spmd::bucket_wait", {Arg::tensor(inFlight.at(c.index)), Arg::ofInt(c.index)},
-                                "bucket" + std::to_string(c.index) + ".reduced");
-    std::vector<int64_t> sizes;
-    for (Gradient* grad : c.grads) sizes.push_back(numel(g.value(grad->value)));
-    std::vector<ValueId> pieces = {flat};
-    if (c.grads.size() > 1) pieces = builder.callMulti("aten::split_with_sizes", {Arg::tensor(flat), intsArg(sizes), Arg::ofInt(0)});
-    for (size_t k = 0; k < c.grads.size(); ++k) {
-      Gradient* grad = c.grads[k];
-      grad->reduced = builder.call("aten::view", {Arg::tensor(pieces[k]), intsArg(g.value(grad->value).shape)},
-                                   g.value(grad->parameter).name + ".grad");
-      reduced[grad->value] = grad->reduced;
-    }
-  };
-  for (auto& c : comm) {
-    if (c.startAfter == SIZE_MAX) start(c);
-  }
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    for (auto& c : comm) {
-      if (c.waitBefore == i) wait(c);
-    }
-    Node& n = nodes[i];
-    for (Arg& a : n.args) {
-      if (a.kind == Arg::Kind::Value && reduced.count(a.value)) a.value = reduced[a.value];
-      for (ValueId& v : a.values) {
-        if (reduced.count(v)) v = reduced[v];
+      for (const Node* reader : g.users(grad->value)) {
+        const size_t at = g.indexOf(*reader);
+        if (at + 1 > c.startSlot) {
+          c.waitSlot = std::min(c.waitSlot, at);
+          break;
+        }
       }
     }
-    g.addNode(std::move(n));
-    for (auto& c : comm) {
-      if (c.startAfter == i) start(c);
-    }
+    if (c.waitSlot < g.nodes().size()) c.waitBefore = &g.nodes()[c.waitSlot];
+    comm.push_back(c);
   }
-  for (auto& c : comm) {
-    if (c.waitBefore == nodes.size()) wait(c);
+  return comm;
+}
+
+// `comm` ordered by where `slot` puts them in the program, then by index.
+std::vector<CommBucket*> inProgramOrder(std::vector<CommBucket>& comm, size_t CommBucket::*slot) {
+  std::vector<CommBucket*> ordered;
+  for (auto& c : comm) ordered.push_back(&c);
+  std::stable_sort(ordered.begin(), ordered.end(), [&](const CommBucket* a, const CommBucket* b) { return a->*slot < b->*slot; });
+  return ordered;
+}
+
+void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
+  std::vector<CommBucket> comm = placeBuckets(g, plan);
+  GraphBuilder builder(g);
+  std::map<int, ValueId> inFlight;
+  const std::string mode = reduce == GradReduce::Mean ? "mean" : "sum";
+  // Starts first: a start after node i goes right after the previous start
+  // there, so that it precedes any wait put before node i + 1.
+  std::map<const Node*, const Node*> lastStartAfter;
+  const Node* firstNode = g.nodes().empty() ? nullptr : &g.nodes().front();
+  for (CommBucket* c : inProgramOrder(comm, &CommBucket::startSlot)) {
+    if (!c->startAfter) {
+      if (firstNode) builder.setInsertionPoint(*firstNode);
+    } else {
+      auto last = lastStartAfter.find(c->startAfter);
+      builder.setInsertionPointAfter(last != lastStartAfter.end() ? *last->second : *c->startAfter);
+    }
+    builder.setMeta(NodeMeta{"", NodeRole::Comm, c->index, -1, IterationTag::Every});
+    Arg flats;
+    flats.kind = Arg::Kind::Values;
+    for (Gradient* grad : c->grads) {
+      flats.values.push_back(builder.reshape(grad->value, {numel(g.value(grad->value))}));
+    }
+    ValueId flat = c->grads.size() == 1 ? flats.values[0] : builder.call("aten::cat", {flats, Arg::ofInt(0)}, "bucket");
+    inFlight[c->index] = builder.call("spmd::bucket_start", {Arg::tensor(flat), strArg(mode), Arg::ofInt(c->index)},
+                                      "bucket" + std::to_string(c->index) + ".inflight");
+    if (c->startAfter) lastStartAfter[c->startAfter] = g.producer(inFlight[c->index]);
+  }
+  for (CommBucket* c : inProgramOrder(comm, &CommBucket::waitSlot)) {
+    if (c->waitBefore) {
+      builder.setInsertionPoint(*c->waitBefore);
+    } else {
+      builder.setInsertionPointToEnd();
+    }
+    builder.setMeta(NodeMeta{"", NodeRole::Comm, c->index, -1, IterationTag::Every});
+    ValueId flat = builder.call("spmd::bucket_wait", {Arg::tensor(inFlight.at(c->index)), Arg::ofInt(c->index)},
+                                "bucket" + std::to_string(c->index) + ".reduced");
+    std::vector<int64_t> sizes;
+    for (Gradient* grad : c->grads) sizes.push_back(numel(g.value(grad->value)));
+    std::vector<ValueId> pieces = {flat};
+    if (c->grads.size() > 1) {
+      pieces = builder.callMulti("aten::split_with_sizes", {Arg::tensor(flat), intsArg(sizes), Arg::ofInt(0)});
+    }
+    for (size_t k = 0; k < c->grads.size(); ++k) {
+      Gradient* grad = c->grads[k];
+      grad->reduced = builder.call("aten::view", {Arg::tensor(pieces[k]), intsArg(g.value(grad->value).shape)},
+                                   g.value(grad->parameter).name + ".grad");
+      // What runs after the wait reads the reduced gradient.
+      const size_t after = g.indexOf(*g.producer(grad->reduced));
+      g.replaceUsesWith(grad->value, grad->reduced, [&](const Node& n) { return g.indexOf(n) > after; });
+    }
   }
 }
 
+
+class BucketPass final : public Pass {
+ public:
+  BucketPass(BucketOptions options, GradReduce reduce) : options_(std::move(options)), reduce_(reduce) {}
+  bool run(Graph& g, DiagnosticEngine&) override;
+
+ private:
+  BucketOptions options_;
+  GradReduce reduce_;
+};
+
 }  // namespace
 
-bool runBucket(Graph& g, const PipelineOptions& options) {
-  std::vector<PlanBucket> plan = planBuckets(g, options.buckets);
+std::unique_ptr<Pass> createBucketPass(const PipelineOptions& options) {
+  return std::make_unique<BucketPass>(options.buckets, options.gradReduce);
+}
+
+bool BucketPass::run(Graph& g, DiagnosticEngine&) {
+  std::vector<PlanBucket> plan = planBuckets(g, options_);
   std::vector<Bucket> table;
   for (auto& b : plan) table.push_back(Bucket{inForwardOrder(g, b.params), b.bytes});
   stampBuckets(g, plan);
   g.setBuckets(std::move(table));
   if (g.gradients().empty()) return true;
   dropPerParameterReduces(g);
-  rewrite(g, plan, options.gradReduce);
+  rewrite(g, plan, reduce_);
   return true;
 }
 

@@ -15,8 +15,10 @@
 // is; a note lists it. The nodes are then rescheduled, a group running where
 // its last input is ready; communication keeps its order. Values and results
 // do not change: on CPU _foreach ops loop over the same per-tensor kernels.
+#include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 #include "spmd/ir/boxing.h"
+#include "spmd/ops/dispatch.h"
 #include "spmd/ops/op_traits.h"
 #include "spmd/support/diagnostic.h"
 
@@ -39,12 +41,7 @@ struct ForeachForm {
   bool scalarFirst = false;  // pow.Scalar: one constant, then the tensor
 };
 
-bool hasOperator(const std::string& op, const std::string& overload) {
-  Node probe;
-  probe.op = op;
-  probe.overload = overload;
-  return findOperator(probe).has_value();
-}
+bool hasOperator(const std::string& op, const std::string& overload) { return findOperator(op, overload).has_value(); }
 
 // The _foreach form of an element-wise op, for the argument layouts the
 // optimizer pass emits; nullopt when there is none or the arguments differ.
@@ -92,14 +89,12 @@ struct Analysis {
 };
 
 Analysis analyse(const Graph& g) {
-  const auto& nodes = g.nodes();
-  std::map<ValueId, size_t> producer;
+  const NodeList nodes = g.nodes();
   Analysis a{std::vector<int>(nodes.size(), 0), std::vector<int>(nodes.size(), -1), std::vector<std::vector<size_t>>(nodes.size())};
   for (size_t i = 0; i < nodes.size(); ++i) {
     std::set<size_t> deps;
     forEachTensorArg(nodes[i], [&](ValueId v) {
-      auto it = producer.find(v);
-      if (it != producer.end()) deps.insert(it->second);
+      if (const Node* p = g.producer(v)) deps.insert(g.indexOf(*p));
     });
     for (size_t d : deps) {
       a.depth[i] = std::max(a.depth[i], a.depth[d] + 1);
@@ -107,9 +102,6 @@ Analysis analyse(const Graph& g) {
     }
     if (nodes[i].op == "spmd::bucket_wait") a.stage[i] = static_cast<int>(i);
     a.deps[i].assign(deps.begin(), deps.end());
-    for (ValueId o : nodes[i].outputs) {
-      if (o != kNoValue) producer[o] = i;
-    }
   }
   return a;
 }
@@ -151,77 +143,51 @@ bool isOptimizerOp(const Node& n, const char* name) { return n.meta.role == Node
 // rsub.Scalar(x, s, 1) = s - x  ->  add.Scalar(neg(x), s, 1) = -x + s.
 size_t splitRsubs(Graph& g) {
   size_t rewritten = 0;
-  std::vector<Node> nodes = g.takeNodes();
-  for (Node& n : nodes) {
-    const bool alphaOne = n.args.size() == 3 && n.args[2].kind == Arg::Kind::Int && n.args[2].i == 1;
-    if (!isOptimizerOp(n, "aten::rsub.Scalar") || !alphaOne || n.args[0].kind != Arg::Kind::Value ||
-        n.args[1].kind == Arg::Kind::Value || n.outputs.size() != 1 || n.outputs[0] == kNoValue) {
-      g.addNode(std::move(n));
+  for (const Node* n : snapshot(g.nodes())) {
+    const bool alphaOne = n->args.size() == 3 && n->args[2].kind == Arg::Kind::Int && n->args[2].i == 1;
+    if (!isOptimizerOp(*n, "aten::rsub.Scalar") || !alphaOne || n->args[0].kind != Arg::Kind::Value ||
+        n->args[1].kind == Arg::Kind::Value || n->outputs.size() != 1 || n->outputs[0] == kNoValue) {
       continue;
     }
-    const Value& out = g.value(n.outputs[0]);
-    const ValueId negated = g.addValue({g.freshName(out.name + "_neg"), out.dtype, out.shape});
-    Node neg;
-    neg.op = "aten::neg";
-    neg.args = {n.args[0]};
-    neg.outputs = {negated};
-    neg.meta = n.meta;
-    Node add = n;
-    add.op = "aten::add";
-    add.overload = "Scalar";
-    add.args = {Arg::tensor(negated), n.args[1], n.args[2]};
-    g.addNode(std::move(neg));
-    g.addNode(std::move(add));
+    GraphBuilder b(g);
+    b.setInsertionPoint(*n);
+    b.setMeta(n->meta);
+    const ValueId negated = b.call("aten::neg", {n->args[0]}, g.value(n->outputs[0]).name + "_neg");
+    const std::vector<Arg> args = {Arg::tensor(negated), n->args[1], n->args[2]};
+    b.replace(*n, "aten::add.Scalar", args);
     ++rewritten;
   }
   return rewritten;
-}
-
-void replaceUses(Graph& g, const std::map<ValueId, ValueId>& replaced) {
-  auto fix = [&](ValueId& v) {
-    auto it = replaced.find(v);
-    if (it != replaced.end()) v = it->second;
-  };
-  for (Node& n : g.nodes()) forEachTensorArg(n, fix);
-  for (ValueId& v : g.outputs()) fix(v);
-  for (StateUpdate& u : g.updates()) fix(u.value);
-  for (Gradient& gr : g.gradients()) {
-    fix(gr.value);
-    if (gr.reduced != kNoValue) fix(gr.reduced);
-  }
 }
 
 // full_like reads only its argument's type: those with the same constants,
 // type and iteration tag are one value, made once.
 size_t mergeFullLikes(Graph& g) {
   std::map<std::string, ValueId> made;
-  std::map<ValueId, ValueId> replaced;
-  std::vector<Node> nodes = g.takeNodes();
-  for (Node& n : nodes) {
-    if (!isOptimizerOp(n, "aten::full_like") || n.args.empty() || n.args[0].kind != Arg::Kind::Value ||
-        n.outputs.size() != 1 || n.outputs[0] == kNoValue) {
-      g.addNode(std::move(n));
+  size_t merged = 0;
+  for (const Node* n : snapshot(g.nodes())) {
+    if (!isOptimizerOp(*n, "aten::full_like") || n->args.empty() || n->args[0].kind != Arg::Kind::Value ||
+        n->outputs.size() != 1 || n->outputs[0] == kNoValue) {
       continue;
     }
-    const Value& like = g.value(n.args[0].value);
-    std::string key = constantsKey(n) + "|" + iterationTagName(n.meta.iteration) + "|" + std::to_string(static_cast<int>(like.dtype));
+    const Value& like = g.value(n->args[0].value);
+    std::string key = constantsKey(*n) + "|" + iterationTagName(n->meta.iteration) + "|" +
+                      std::to_string(static_cast<int>(like.dtype));
     for (int64_t d : like.shape) key += "," + std::to_string(d);
-    auto [it, first] = made.emplace(key, n.outputs[0]);
-    if (first) {
-      g.addNode(std::move(n));
-    } else {
-      replaced[n.outputs[0]] = it->second;
-    }
+    auto [it, first] = made.emplace(key, n->outputs[0]);
+    if (first) continue;
+    g.replaceAllUsesWith(n->outputs[0], it->second);
+    g.erase(*n);
+    ++merged;
   }
-  replaceUses(g, replaced);
-  return replaced.size();
+  return merged;
 }
 
 // Kahn's algorithm over units (single nodes or groups), taking the ready unit
 // that came first in the old order: without groups the order is unchanged.
-std::vector<Node> schedule(const Graph& g, const Analysis& a, const std::vector<int>& unitOf,
-                           const std::vector<Node>& units, const std::vector<size_t>& unitFirst) {
-  const size_t n = units.size();
+std::vector<size_t> schedule(const Graph& g, const Analysis& a, const std::vector<int>& unitOf,
+                             const std::vector<size_t>& unitFirst) {
+  const size_t n = unitFirst.size();
   std::vector<std::set<size_t>> succ(n);
   std::vector<size_t> pending(n, 0);
   for (size_t i = 0; i < g.nodes().size(); ++i) {
@@ -235,11 +201,11 @@ std::vector<Node> schedule(const Graph& g, const Analysis& a, const std::vector<
   for (size_t u = 0; u < n; ++u) {
     if (pending[u] == 0) ready.push({unitFirst[u], u});
   }
-  std::vector<Node> out;
+  std::vector<size_t> out;
   while (!ready.empty()) {
     const size_t u = ready.top().second;
     ready.pop();
-    out.push_back(units[u]);
+    out.push_back(u);
     for (size_t s : succ[u]) {
       if (--pending[s] == 0) ready.push({unitFirst[s], s});
     }
@@ -248,7 +214,7 @@ std::vector<Node> schedule(const Graph& g, const Analysis& a, const std::vector<
   return out;
 }
 
-std::vector<std::string> commOrder(const std::vector<Node>& nodes) {
+std::vector<std::string> commOrder(const NodeList& nodes) {
   std::vector<std::string> order;
   for (const Node& n : nodes) {
     if (isCollective(n.op)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
@@ -256,10 +222,17 @@ std::vector<std::string> commOrder(const std::vector<Node>& nodes) {
   return order;
 }
 
+
+class FuseOptimizerPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override;
+};
+
 }  // namespace
 
-bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
-  if (!options.lower.fuse) return false;
+std::unique_ptr<Pass> createFuseOptimizerPass(const PipelineOptions&) { return std::make_unique<FuseOptimizerPass>(); }
+
+bool FuseOptimizerPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   const bool rewritten = splitRsubs(g) + mergeFullLikes(g) > 0;
   const Analysis a = analyse(g);
   std::map<std::string, std::vector<size_t>> groups;
@@ -279,34 +252,47 @@ bool runFuseOptimizer(Graph& g, const PipelineOptions& options) {
     groups[key].push_back(i);
     formOf.emplace(key, *form);
   }
-  // Units: every node alone, except groups of two or more.
-  std::vector<int> unitOf(g.nodes().size(), -1);
-  std::vector<Node> units;
+  // Units: every node alone, except groups of two or more, which become
+  // one _foreach node each.
+  const std::vector<const Node*> nodes = snapshot(g.nodes());
+  std::vector<int> unitOf(nodes.size(), -1);
+  std::vector<const Node*> unitNode;  // the node each unit runs, once the groups are fused
   std::vector<size_t> unitFirst;
-  size_t fusedCalls = 0, fusedNodes = 0;
+  std::vector<Node> fused;
+  std::vector<std::vector<size_t>> fusedMembers;
+  size_t fusedNodes = 0;
   for (const auto& [key, members] : groups) {
     if (members.size() < 2) continue;
-    for (size_t m : members) unitOf[m] = static_cast<int>(units.size());
-    units.push_back(fusedNode(g, members, formOf.at(key)));
+    for (size_t m : members) unitOf[m] = static_cast<int>(unitFirst.size());
+    fused.push_back(fusedNode(g, members, formOf.at(key)));
+    fusedMembers.push_back(members);
+    unitNode.push_back(nullptr);
     unitFirst.push_back(members.front());
-    ++fusedCalls;
     fusedNodes += members.size();
   }
-  if (fusedCalls == 0) return rewritten;
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
+  if (fused.empty()) return rewritten;
+  for (size_t i = 0; i < nodes.size(); ++i) {
     if (unitOf[i] >= 0) continue;
-    unitOf[i] = static_cast<int>(units.size());
-    units.push_back(g.nodes()[i]);
+    unitOf[i] = static_cast<int>(unitFirst.size());
+    unitNode.push_back(nodes[i]);
     unitFirst.push_back(i);
   }
-  std::vector<Node> scheduled = schedule(g, a, unitOf, units, unitFirst);
-  if (commOrder(scheduled) != commOrder(g.nodes())) throw std::logic_error("fuse-optimizer: communication reordered");
-  g.takeNodes();
-  for (Node& n : scheduled) g.addNode(std::move(n));
-  if (options.notes) {
+  const std::vector<size_t> order = schedule(g, a, unitOf, unitFirst);
+  const std::vector<std::string> commBefore = commOrder(g.nodes());
+  // A group's members leave; its _foreach node defines their values.
+  for (size_t k = 0; k < fused.size(); ++k) {
+    for (size_t m : fusedMembers[k]) g.extract(*nodes[m]);
+    unitNode[k] = &g.addNode(std::move(fused[k]));
+  }
+  std::vector<const Node*> scheduled;
+  for (size_t u : order) scheduled.push_back(unitNode[u]);
+  g.reorder(scheduled);
+  if (commOrder(g.nodes()) != commBefore) throw std::logic_error("fuse-optimizer: communication reordered");
+  const size_t fusedCalls = fused.size();
+  {
     std::string kept;
     for (const auto& name : unfused) kept += (kept.empty() ? "" : ", ") + name;
-    options.notes->push_back("fuse-optimizer: " + std::to_string(fusedNodes) + " optimizer nodes became " +
+    diagnostics.note("fuse-optimizer: " + std::to_string(fusedNodes) + " optimizer nodes became " +
                              std::to_string(fusedCalls) + " _foreach calls" +
                              (kept.empty() ? "" : "; these have no _foreach form: " + kept));
   }

@@ -8,70 +8,75 @@
 // rank both are the identity. Does not bucket (spmd-split does).
 #include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
 
+#include <algorithm>
 #include <map>
 
 namespace spmd {
 namespace {
 
-void renameArgs(Node& n, const std::map<ValueId, ValueId>& renamed) {
-  for (Arg& a : n.args) {
-    if (a.kind == Arg::Kind::Value && renamed.count(a.value)) a.value = renamed.at(a.value);
-    for (ValueId& v : a.values) {
-      if (renamed.count(v)) v = renamed.at(v);
-    }
-  }
-}
-
+// Every buffer read goes through one spmd::broadcast, put before all nodes.
 void broadcastBuffers(Graph& g) {
-  std::map<ValueId, ValueId> replaced;
-  std::vector<Node> nodes = g.takeNodes();
   GraphBuilder b(g);
+  if (!g.nodes().empty()) b.setInsertionPoint(g.nodes().front());
   b.setMeta(NodeMeta{"", NodeRole::Comm, -1, -1, IterationTag::Every});
   for (const auto& in : g.inputs()) {
     if (in.kind != InputKind::Buffer) continue;
-    replaced[in.value] = b.call("spmd::broadcast", {Arg::tensor(in.value), Arg::ofInt(0)},
-                                g.value(in.value).name + ".synced");
-  }
-  for (Node& n : nodes) {
-    renameArgs(n, replaced);
-    g.addNode(std::move(n));
+    const ValueId synced =
+        b.call("spmd::broadcast", {Arg::tensor(in.value), Arg::ofInt(0)}, g.value(in.value).name + ".synced");
+    const Node* broadcast = g.producer(synced);
+    g.replaceUsesWith(in.value, synced, [&](const Node& n) { return &n != broadcast; });
   }
 }
 
-// Each gradient's all-reduce goes right after the node that produces it, and
-// every later reader (an exported step's optimizer) reads the reduced value.
+// Each gradient's all-reduce goes right after the node that produces it (or
+// at the end for gradients no node produces), and every reader of the local
+// gradient (an exported step's optimizer) reads the reduced value.
 void reduceGradients(Graph& g, GradReduce reduce) {
-  std::map<ValueId, Gradient*> pending;
-  for (Gradient& grad : g.gradients()) {
-    if (grad.reduced == kNoValue) pending[grad.value] = &grad;
-  }
-  if (pending.empty()) return;
-  std::map<ValueId, ValueId> reduced;
-  std::vector<Node> nodes = g.takeNodes();
   GraphBuilder b(g);
   b.setMeta(NodeMeta{"", NodeRole::Comm, -1, -1, IterationTag::Every});
-  auto emitReduce = [&](ValueId raw) {
-    Gradient* grad = pending.at(raw);
+  // By the producer's position, so that gradients made by one node are
+  // reduced in the order of its outputs, as they come.
+  // One all-reduce per local gradient value: of two records of one value,
+  // the last gets it.
+  std::map<ValueId, Gradient*> byValue;
+  for (Gradient& grad : g.gradients()) {
+    if (grad.reduced == kNoValue) byValue[grad.value] = &grad;
+  }
+  std::vector<Gradient*> pending;
+  for (auto& [value, grad] : byValue) pending.push_back(grad);
+  auto place = [&](const Gradient* grad) -> std::pair<size_t, size_t> {
+    const Node* made = g.producer(grad->value);
+    if (!made) return {g.nodes().size(), 0};
+    const auto& outs = made->outputs;
+    return {g.indexOf(*made), static_cast<size_t>(std::find(outs.begin(), outs.end(), grad->value) - outs.begin())};
+  };
+  std::stable_sort(pending.begin(), pending.end(), [&](const Gradient* x, const Gradient* y) {
+    const auto px = place(x), py = place(y);
+    return px < py;
+  });
+  std::map<const Node*, const Node*> lastReduceAfter;  // producer -> the last all_reduce put after it
+  for (Gradient* grad : pending) {
+    const Node* made = g.producer(grad->value);
+    if (!made) {
+      b.setInsertionPointToEnd();
+    } else {
+      auto it = lastReduceAfter.find(made);
+      b.setInsertionPointAfter(it != lastReduceAfter.end() ? *it->second : *made);
+    }
+    const ValueId raw = grad->value;
     grad->reduced = b.call("spmd::all_reduce", {Arg::tensor(raw), strArg(reduce == GradReduce::Mean ? "mean" : "sum")},
                            g.value(grad->parameter).name + ".grad");
-    reduced[raw] = grad->reduced;
-  };
-  for (Node& n : nodes) {
-    renameArgs(n, reduced);
-    std::vector<ValueId> produced = n.outputs;
-    g.addNode(std::move(n));
-    for (ValueId v : produced) {
-      if (pending.count(v)) emitReduce(v);
-    }
-  }
-  // Gradients that are graph inputs themselves, or produced by no node.
-  for (auto& [raw, grad] : pending) {
-    if (!reduced.count(raw)) emitReduce(raw);
+    const Node* allReduce = g.producer(grad->reduced);
+    if (made) lastReduceAfter[made] = allReduce;
+    g.replaceUsesWith(raw, grad->reduced, [&](const Node& n) { return &n != allReduce; });
   }
 }
 
 }  // namespace
+
+namespace {
 
 bool alreadyBroadcast(const Graph& g) {
   for (const Node& n : g.nodes()) {
@@ -80,10 +85,25 @@ bool alreadyBroadcast(const Graph& g) {
   return false;
 }
 
-bool runGradSync(Graph& g, const PipelineOptions& options) {
-  if (!alreadyBroadcast(g)) broadcastBuffers(g);
-  reduceGradients(g, options.gradReduce);
-  return true;
+class GradSyncPass final : public Pass {
+ public:
+  explicit GradSyncPass(GradReduce reduce) : reduce_(reduce) {}
+
+  bool run(Graph& g, DiagnosticEngine&) override {
+    const size_t before = g.nodes().size();
+    if (!alreadyBroadcast(g)) broadcastBuffers(g);
+    reduceGradients(g, reduce_);
+    return g.nodes().size() != before;  // it only adds nodes
+  }
+
+ private:
+  GradReduce reduce_;
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createGradSyncPass(const PipelineOptions& options) {
+  return std::make_unique<GradSyncPass>(options.gradReduce);
 }
 
 }  // namespace spmd

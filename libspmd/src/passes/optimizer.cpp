@@ -13,7 +13,9 @@
 //               buffer, as torch.optim does.
 // Parameters without a gradient are left alone, as torch.optim skips them.
 #include "spmd/ir/builder.h"
+#include "spmd/passes/optimizer_state.h"
 #include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
 
 namespace spmd {
 namespace {
@@ -35,10 +37,10 @@ void adam(Graph& g, GraphBuilder& b, const Gradient& grad, const OptimizerOption
   const Value p = g.value(grad.parameter);
   ValueId param = grad.parameter;
   ValueId gv = grad.reduced != kNoValue ? grad.reduced : grad.value;
-  ValueId step = stateInput(g, p.name + ".step", c10::ScalarType::Float, {});
-  ValueId expAvg = stateInput(g, p.name + ".exp_avg", p.dtype, p.shape);
-  ValueId expAvgSq = stateInput(g, p.name + ".exp_avg_sq", p.dtype, p.shape);
-  ValueId maxExpAvgSq = o.amsgrad ? stateInput(g, p.name + ".max_exp_avg_sq", p.dtype, p.shape) : kNoValue;
+  ValueId step = stateInput(g, optimizerStateName(p.name, OptimizerState::Step), c10::ScalarType::Float, {});
+  ValueId expAvg = stateInput(g, optimizerStateName(p.name, OptimizerState::ExpAvg), p.dtype, p.shape);
+  ValueId expAvgSq = stateInput(g, optimizerStateName(p.name, OptimizerState::ExpAvgSq), p.dtype, p.shape);
+  ValueId maxExpAvgSq = o.amsgrad ? stateInput(g, optimizerStateName(p.name, OptimizerState::MaxExpAvgSq), p.dtype, p.shape) : kNoValue;
 
   ValueId step1 = b.call("aten::add.Scalar", {Arg::tensor(step), Arg::ofInt(1), Arg::ofInt(1)}, "step");
   if (o.kind == OptimizerKind::AdamW) {
@@ -83,7 +85,7 @@ void sgd(Graph& g, GraphBuilder& b, const Gradient& grad, const OptimizerOptions
   ValueId dp = grad.reduced != kNoValue ? grad.reduced : grad.value;
   if (o.weightDecay != 0.0) dp = b.add(dp, grad.parameter, o.weightDecay);
   if (o.momentum != 0.0) {
-    ValueId buf = stateInput(g, p.name + ".momentum_buffer", p.dtype, p.shape);
+    ValueId buf = stateInput(g, optimizerStateName(p.name, OptimizerState::MomentumBuffer), p.dtype, p.shape);
     // buf.mul_(momentum).add_(d_p, alpha=1 - dampening), or d_p itself on the first step
     ValueId blended = b.add(b.mulScalar(buf, o.momentum), dp, 1.0 - o.dampening);
     ValueId newBuf = b.call("aten::where.self", {Arg::tensor(firstStep), Arg::tensor(dp), Arg::tensor(blended)},
@@ -96,8 +98,25 @@ void sgd(Graph& g, GraphBuilder& b, const Gradient& grad, const OptimizerOptions
 
 }  // namespace
 
-bool runOptimizer(Graph& g, const PipelineOptions& options) {
-  const OptimizerOptions& o = options.optimizer;
+namespace {
+
+class OptimizerPass final : public Pass {
+ public:
+  explicit OptimizerPass(OptimizerOptions options) : options_(options) {}
+  bool run(Graph& g, DiagnosticEngine&) override;
+
+ private:
+  OptimizerOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createOptimizerPass(const PipelineOptions& options) {
+  return std::make_unique<OptimizerPass>(options.optimizer);
+}
+
+bool OptimizerPass::run(Graph& g, DiagnosticEngine&) {
+  const OptimizerOptions& o = options_;
   validateOptimizer(o);
   GraphBuilder b(g);
   b.setMeta(NodeMeta{"", NodeRole::Optimizer, -1, -1, IterationTag::Every});

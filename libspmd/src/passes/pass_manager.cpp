@@ -5,6 +5,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -13,26 +15,28 @@ namespace spmd {
 
 const std::vector<PassInfo>& registeredPasses() {
   static const std::vector<PassInfo> passes = {
-      {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", runAutodiff},
-      {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", runGradSync},
-      {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", runOptimizer},
-      {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", runBucket},
-      {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group", runFuseOptimizer},
+      {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", createAutodiffPass},
+      {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", createGradSyncPass},
+      {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", createOptimizerPass},
+      {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", createBucketPass},
+      {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group",
+       createFuseOptimizerPass},
       {"capturable-adam", "with --device cuda: Adam as torch.optim's capturable foreach Adam (lerp; step size in the denominator)",
-       runCapturableAdam},
+       createCapturableAdamPass},
       {"embedding-grad", "with --cudagraphs on CUDA: embedding_dense_backward as new_zeros + index_add (capturable)",
-       runEmbeddingGrad},
-      {"check-capture", "with --cudagraphs: notes what keeps the step out of a CUDA graph", runCheckCapture},
-      {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration", runUnroll},
+       createEmbeddingGradPass},
+      {"check-capture", "with --cudagraphs: notes what keeps the step out of a CUDA graph", createCheckCapturePass},
+      {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration",
+       createUnrollPass},
   };
   return passes;
 }
 
-const PassInfo& findPass(const std::string& name) {
+const PassInfo* findPass(const std::string& name) {
   for (const auto& p : registeredPasses()) {
-    if (name == p.name) return p;
+    if (name == p.name) return &p;
   }
-  throw std::logic_error("no pass named " + name);
+  return nullptr;
 }
 
 std::string listPasses() {
@@ -46,9 +50,16 @@ std::string listPasses() {
 
 namespace {
 
+bool printsAfter(const std::string& pass, const DebugOptions& debug) {
+  return debug.printIrAfterAll ||
+         std::find(debug.printIrAfter.begin(), debug.printIrAfter.end(), pass) != debug.printIrAfter.end();
+}
+
 void dumpAfter(const Graph& graph, const std::string& pass, size_t index, const DebugOptions& debug) {
+  const bool print = printsAfter(pass, debug) && debug.log;
+  if (!print && debug.dumpDir.empty()) return;
   const std::string listing = printListing(graph);
-  if (debug.printIrAfterAll && debug.log) *debug.log << "// ----- IR after " << pass << " ----- //\n" << listing;
+  if (print) *debug.log << "// ----- IR after " << pass << " ----- //\n" << listing;
   if (debug.dumpDir.empty()) return;
   ::mkdir(debug.dumpDir.c_str(), 0777);
   char prefix[24];
@@ -59,20 +70,58 @@ void dumpAfter(const Graph& graph, const std::string& pass, size_t index, const 
   if (!out) throw Diagnostic("--dump-dir", "cannot write " + path);
 }
 
+void verifyAfter(const Graph& graph, const std::string& pass) {
+  auto problems = verifyGraph(graph);
+  if (!problems.empty()) {
+    throw std::logic_error("internal error: the graph is invalid after pass " + pass + ": " + problems[0].where + ": " +
+                           problems[0].what);
+  }
+}
+
+struct PassTime {
+  std::string name;
+  double seconds;
+  bool changed;
+};
+
+// mlir-opt's --mlir-timing report, in its shape.
+void printTimes(const std::vector<PassTime>& times, std::ostream& log) {
+  double total = 0;
+  for (const auto& t : times) total += t.seconds;
+  char line[160];
+  log << "===-------------------------------------------------------------------------===\n"
+      << "                         ... Pass execution timing report ...\n"
+      << "===-------------------------------------------------------------------------===\n";
+  std::snprintf(line, sizeof line, "  Total Execution Time: %.4f seconds\n\n   ----Wall Time----  ----Name----\n", total);
+  log << line;
+  for (const auto& t : times) {
+    std::snprintf(line, sizeof line, "   %.4f (%5.1f%%)  %s%s\n", t.seconds, total > 0 ? 100.0 * t.seconds / total : 0.0,
+                  t.name.c_str(), t.changed ? "" : " (no change)");
+    log << line;
+  }
+  std::snprintf(line, sizeof line, "   %.4f (100.0%%)  Total\n", total);
+  log << line;
+}
+
 }  // namespace
 
 void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
                const DebugOptions& debug) {
+  DiagnosticEngine dropped;
+  DiagnosticEngine& diagnostics = options.diagnostics ? *options.diagnostics : dropped;
+  std::vector<PassTime> times;
   for (size_t i = 0; i < names.size(); ++i) {
-    const PassInfo& pass = findPass(names[i]);
-    pass.run(graph, options);
-    auto problems = verifyGraph(graph);
-    if (!problems.empty()) {
-      throw std::logic_error(std::string("internal error: the graph is invalid after pass ") + pass.name + ": " +
-                             problems[0].where + ": " + problems[0].what);
-    }
-    dumpAfter(graph, pass.name, i, debug);
+    const PassInfo* info = findPass(names[i]);
+    if (!info) throw Diagnostic("--passes", "no pass named '" + names[i] + "' (--list-passes lists them)");
+    std::unique_ptr<Pass> pass = info->create(options);
+    const auto start = std::chrono::steady_clock::now();
+    const bool changed = pass->run(graph, diagnostics);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    times.push_back({info->name, took.count(), changed});
+    if (changed) verifyAfter(graph, info->name);
+    dumpAfter(graph, info->name, i, debug);
   }
+  if (debug.timePasses && debug.log) printTimes(times, *debug.log);
 }
 
 }  // namespace spmd

@@ -15,7 +15,6 @@
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
-#include <map>
 
 namespace spmd {
 namespace {
@@ -31,20 +30,16 @@ int lastBucketStart(const Graph& g) {
 
 std::set<size_t> lastBucketBlock(const Graph& g, size_t start) {
   const int64_t bucket = g.nodes()[start].args.back().i;
-  std::map<ValueId, size_t> producer;
-  std::vector<std::vector<size_t>> users(g.numValues());
-  for (size_t i = 0; i < g.nodes().size(); ++i) {
-    for (ValueId o : g.nodes()[i].outputs) {
-      if (o != kNoValue) producer[o] = i;
-    }
-    forEachTensorArg(g.nodes()[i], [&](ValueId v) { users[v].push_back(i); });
-  }
   std::set<size_t> block = {start};
+  auto inBlock = [&](ValueId v) {
+    const Node* p = g.producer(v);
+    return p && block.count(g.indexOf(*p)) > 0;
+  };
   // Everything downstream of the bucket's all-reduce.
   for (size_t i = start + 1; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
     bool reads = n.op == "spmd::bucket_wait" && n.args.back().i == bucket;
-    forEachTensorArg(n, [&](ValueId v) { reads = reads || (producer.count(v) && block.count(producer[v])); });
+    forEachTensorArg(n, [&](ValueId v) { reads = reads || inBlock(v); });
     if (reads) block.insert(i);
   }
   // Optimizer nodes whose every reader moves (read only by moved nodes or
@@ -60,9 +55,9 @@ std::set<size_t> lastBucketBlock(const Graph& g, size_t start) {
       for (ValueId o : n.outputs) {
         if (o == kNoValue) continue;
         allMove = allMove && !isOutput[o];
-        for (size_t u : users[o]) {
+        for (const Node* u : g.users(o)) {
           anyReader = true;
-          allMove = allMove && block.count(u);
+          allMove = allMove && block.count(g.indexOf(*u));
         }
       }
       if (anyReader && allMove) {
@@ -74,20 +69,31 @@ std::set<size_t> lastBucketBlock(const Graph& g, size_t start) {
   return block;
 }
 
+class UnrollPass final : public Pass {
+ public:
+  explicit UnrollPass(UnrollOptions options) : options_(options) {}
+
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+    if (options_.iters < 1) throw Diagnostic("--iters", "must be at least 1");
+    IterGraph iter(g);
+    const int start = options_.move ? lastBucketStart(g) : -1;
+    if (start >= 0) {
+      iter.moveToNextIteration(lastBucketBlock(g, static_cast<size_t>(start)));
+    } else if (options_.move) {
+      diagnostics.note("no bucketed all-reduce to move (run spmd-split first); the graph is unrolled without moves");
+    }
+    iter.freeze(options_.iters);
+    return true;  // the iteration count at least
+  }
+
+ private:
+  UnrollOptions options_;
+};
+
 }  // namespace
 
-bool runUnroll(Graph& g, const PipelineOptions& options) {
-  const UnrollOptions& o = options.unroll;
-  if (o.iters < 1) throw Diagnostic("--iters", "must be at least 1");
-  IterGraph iter(g);
-  const int start = o.move ? lastBucketStart(g) : -1;
-  if (start >= 0) {
-    iter.moveToNextIteration(lastBucketBlock(g, static_cast<size_t>(start)));
-  } else if (o.move && options.notes) {
-    options.notes->push_back("no bucketed all-reduce to move (run spmd-split first); the graph is unrolled without moves");
-  }
-  iter.freeze(o.iters);
-  return true;
+std::unique_ptr<Pass> createUnrollPass(const PipelineOptions& options) {
+  return std::make_unique<UnrollPass>(options.unroll);
 }
 
 

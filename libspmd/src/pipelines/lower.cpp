@@ -14,9 +14,9 @@ namespace {
 // Factory calls traced on CPU (aten::arange(..., device="cpu")) create their
 // tensors where the step runs: "cuda" is the rank's current device.
 void targetDevice(Graph& graph, const std::string& device) {
-  for (Node& n : graph.nodes()) {
-    for (Arg& a : n.args) {
-      if (a.kind == Arg::Kind::Device) a.s = device;
+  for (const Node& n : graph.nodes()) {
+    for (size_t i = 0; i < n.args.size(); ++i) {
+      if (n.args[i].kind == Arg::Kind::Device) graph.constantArg(n, i).s = device;
     }
   }
 }
@@ -33,6 +33,9 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
   const std::string& device = options.lower.device;
   if (device != "cpu" && device != "cuda") throw Diagnostic("--device", "expected cpu or cuda, got '" + device + "'");
   verifyGraphOrThrow(graph);
+  if (options.lower.cudagraphs && device != "cuda" && options.diagnostics) {
+    options.diagnostics->note("--cudagraphs: CUDA graphs need --device cuda; the step runs eagerly");
+  }
   runPasses(graph, lowerPipeline(options), options, debug);
   
   Artifact artifact;

@@ -12,12 +12,20 @@ std::vector<std::string> splitPipeline(const PipelineOptions&) { return {"grad-s
 
 std::vector<std::string> unrollPipeline(const PipelineOptions&) { return {"unroll"}; }
 
-std::vector<std::string> lowerPipeline(const PipelineOptions&) {
-  return {"capturable-adam", "embedding-grad", "fuse-optimizer", "check-capture"};
+std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
+  const LowerOptions& o = options.lower;
+  const bool cuda = o.device == "cuda";
+  std::vector<std::string> names;
+  if (cuda) names.push_back("capturable-adam");
+  if (cuda && o.cudagraphs) names.push_back("embedding-grad");
+  if (o.fuse) names.push_back("fuse-optimizer");
+  if (cuda && o.cudagraphs) names.push_back("check-capture");
+  return names;
 }
 
 void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const PipelineOptions& options,
               const DebugOptions& debug) {
+  if (options.diagnostics) options.diagnostics->setFile(loaded.displayName);
   try {
     verifyGraphOrThrow(loaded.graph);
     runPasses(loaded.graph, names, options, debug);

@@ -1,5 +1,6 @@
 #include "spmd/runtime/collectives.h"
 
+#include "spmd/runtime/errors.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -28,6 +29,22 @@ namespace {
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// Called in a catch block around process-group work: c10d's and Gloo's
+// errors (a peer gone, a timeout, a reset connection) leave as
+// CollectiveError, without LibTorch's C++ trace. spmd's own logic errors
+// pass through.
+[[noreturn]] void rethrowAsCollectiveError() {
+  try {
+    throw;
+  } catch (const std::logic_error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw CollectiveError(firstLine(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    throw CollectiveError(firstLine(e.what()));
+  }
+}
+
 // DDP's averaging: every rank divides by the world size, then the group sums.
 template <typename Group>
 class GroupCollectives : public Collectives {
@@ -36,6 +53,27 @@ class GroupCollectives : public Collectives {
       : store_(std::move(store)), group_(std::move(group)), worldSize_(worldSize) {}
 
   std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors, bool mayReuseInput) override {
+    try {
+      return runNode(node, tensors, mayReuseInput);
+    } catch (...) {
+      rethrowAsCollectiveError();
+    }
+  }
+
+  void shutdown() override {
+#ifdef SPMD_WITH_CUDA
+    if constexpr (std::is_same_v<Group, c10d::ProcessGroupNCCL>) {
+      try {
+        group_->shutdown();
+      } catch (...) {
+        rethrowAsCollectiveError();
+      }
+    }
+#endif
+  }
+
+ private:
+  std::vector<at::Tensor> runNode(const Node& node, const std::vector<at::Tensor>& tensors, bool mayReuseInput) {
     if (node.op == "spmd::broadcast") {
       std::vector<at::Tensor> t = {tensors.at(0).clone()};
       c10d::BroadcastOptions opts;
@@ -62,13 +100,6 @@ class GroupCollectives : public Collectives {
     return {reduced};
   }
 
-  void shutdown() override {
-#ifdef SPMD_WITH_CUDA
-    if constexpr (std::is_same_v<Group, c10d::ProcessGroupNCCL>) group_->shutdown();
-#endif
-  }
-
- private:
   // The tensor the group reduces in place: the input itself when it may be
   // reused, else a copy; divided first for a mean (one pass either way).
   at::Tensor prepared(const at::Tensor& t, const std::string& reduce, bool mayReuseInput) {
@@ -119,11 +150,10 @@ c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milli
 
 bool isLoopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 
-}  // namespace
-
-std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
-                                              std::chrono::milliseconds timeout) {
-  auto store = connect(info, timeout);
+// The process group over `store`; its constructor meets every peer.
+std::unique_ptr<Collectives> createGroup(const RankInfo& info, const std::string& device,
+                                         const c10::intrusive_ptr<c10d::Store>& store,
+                                         std::chrono::milliseconds timeout) {
   if (device == "cuda") {
 #ifdef SPMD_WITH_CUDA
     auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -144,6 +174,20 @@ std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::s
   (void)isLoopback;
   throw Diagnostic("--device cpu", "this build of spmd has no Gloo (its LibTorch ships no Gloo headers); run on CUDA");
 #endif
+}
+
+}  // namespace
+
+std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
+                                              std::chrono::milliseconds timeout) {
+  auto store = connect(info, timeout);
+  try {
+    return createGroup(info, device, store, timeout);
+  } catch (const Diagnostic&) {
+    throw;
+  } catch (...) {
+    rethrowAsCollectiveError();
+  }
 }
 
 }  // namespace spmd

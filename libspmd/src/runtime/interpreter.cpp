@@ -2,6 +2,7 @@
 
 #include "spmd/analysis/memory_plan.h"
 #include "spmd/runtime/collectives.h"
+#include "spmd/runtime/errors.h"
 #include "spmd/ir/boxing.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/ops/op_traits.h"
@@ -9,35 +10,21 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <set>
 
 namespace spmd {
 namespace {
 
-// Where each value comes from: the node and output index that define it, or
-// the graph input.
-struct Definition {
-  int node = -1;
-  size_t output = 0;
-  const GraphInput* input = nullptr;
-};
-
 // Which values a node may write over (Buffers::Reuse).
 class ReusePlanner {
  public:
   ReusePlanner(const Graph& g, const std::vector<c10::OperatorHandle>& ops, const std::vector<int>& lastUse)
-      : g_(g), ops_(ops), lastUse_(lastUse), defs_(g.numValues()) {
-    for (size_t i = 0; i < g.nodes().size(); ++i) {
-      const auto& outs = g.nodes()[i].outputs;
-      for (size_t k = 0; k < outs.size(); ++k) {
-        if (outs[k] != kNoValue) defs_[outs[k]] = {static_cast<int>(i), k, nullptr};
-      }
-    }
-    for (const auto& in : g.inputs()) defs_[in.value].input = &in;
+      : g_(g), ops_(ops), lastUse_(lastUse) {
     for (const auto& u : g.updates()) updated_.insert(u.input);
   }
 
-  bool isInput(ValueId v) const { return defs_[v].input != nullptr; }
+  bool isInput(ValueId v) const { return g_.inputOf(v) != nullptr; }
 
   // `v` dies at node i: node i reads it once (in no other argument) and no
   // later node, output or state update reads it.
@@ -52,15 +39,17 @@ class ReusePlanner {
   // a view, nor an op that sometimes returns its input), or a parameter or
   // state input that the step replaces anyway.
   bool ownsStorage(ValueId v) const {
-    const Definition& d = defs_[v];
-    if (d.input) {
-      return (d.input->kind == InputKind::Parameter || d.input->kind == InputKind::State) && updated_.count(v) > 0;
+    if (const GraphInput* in = g_.inputOf(v)) {
+      return (in->kind == InputKind::Parameter || in->kind == InputKind::State) && updated_.count(v) > 0;
     }
-    if (d.node < 0) return false;
-    const std::string& op = g_.nodes()[d.node].op;
+    const Node* producer = g_.producer(v);
+    if (!producer) return false;
+    const std::string& op = producer->op;
     if (op.rfind("aten::", 0) != 0 || mayCopyOrAlias(op)) return false;
-    const auto& returns = ops_[d.node].schema().returns();
-    const size_t r = returns.size() == 1 ? 0 : d.output;
+    const auto& returns = ops_[g_.indexOf(*producer)].schema().returns();
+    const auto& outs = producer->outputs;
+    const size_t output = static_cast<size_t>(std::find(outs.begin(), outs.end(), v) - outs.begin());
+    const size_t r = returns.size() == 1 ? 0 : output;
     return r < returns.size() && !returns[r].alias_info();
   }
 
@@ -94,7 +83,6 @@ class ReusePlanner {
   const Graph& g_;
   const std::vector<c10::OperatorHandle>& ops_;
   const std::vector<int>& lastUse_;
-  std::vector<Definition> defs_;
   std::set<ValueId> updated_;
 };
 
@@ -155,17 +143,23 @@ RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs, Coll
   for (size_t i = 0; i < graph_.nodes().size(); ++i) {
     const Node& node = graph_.nodes()[i];
     std::vector<at::Tensor> results;
-    if (collectives && isCollective(node.op)) {
-      std::vector<at::Tensor> tensors;
-      for (const Arg& a : node.args) {
-        if (a.kind == Arg::Kind::Value) tensors.push_back(env[a.value]);
+    // A kernel's error names the node it ran for (collectives throw their own).
+    try {
+      if (collectives && isCollective(node.op)) {
+        std::vector<at::Tensor> tensors;
+        for (const Arg& a : node.args) {
+          if (a.kind == Arg::Kind::Value) tensors.push_back(env[a.value]);
+        }
+        results = collectives->run(node, tensors, !reusesInput_.empty() && reusesInput_[i]);
+      } else if (!inPlace_.empty() && inPlace_[i]) {
+        callOperator(*inPlace_[i], boxArguments(node, tensorOf));
+        for (ValueId v : node.args[0].values) results.push_back(env[v]);
+      } else {
+        results = callOperator(ops_[i], boxArguments(node, tensorOf));
       }
-      results = collectives->run(node, tensors, !reusesInput_.empty() && reusesInput_[i]);
-    } else if (!inPlace_.empty() && inPlace_[i]) {
-      callOperator(*inPlace_[i], boxArguments(node, tensorOf));
-      for (ValueId v : node.args[0].values) results.push_back(env[v]);
-    } else {
-      results = callOperator(ops_[i], boxArguments(node, tensorOf));
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      throw KernelError(i, node.qualifiedName(), what.substr(0, what.find('\n')));
     }
     for (size_t k = 0; k < node.outputs.size() && k < results.size(); ++k) {
       if (node.outputs[k] != kNoValue) env[node.outputs[k]] = results[k];

@@ -14,6 +14,10 @@ namespace spmd {
 
 const char* versionString() { return SPMD_VERSION; }
 
+DiagnosticEngine printingDiagnostics(const std::string& tool) {
+  return DiagnosticEngine([tool](const Diagnostic& note) { std::cerr << tool << ": note: " << note.format() << "\n"; });
+}
+
 void printError(const std::string& tool, const std::string& message) {
   std::cerr << tool << ": error: " << message << std::endl;
 }

@@ -1,5 +1,6 @@
-// Reading any stage's input: a TorchScript module, a JSON graph dump or an
-// artifact, from a file or stdin, told apart by content (zip magic or '{').
+// Reading any stage's input: a TorchScript module, a JSON graph dump, a
+// listing (ir/parser.h) or an artifact, from a file or stdin, told apart by
+// content (zip magic, '{', or a first line starting with `graph`).
 #pragma once
 
 #include "spmd/io/input_spec.h"
@@ -11,7 +12,7 @@
 
 namespace spmd {
 
-enum class InputFormat { TorchScript, Json, Artifact };
+enum class InputFormat { TorchScript, Json, Artifact, Listing };
 
 struct Artifact;
 
@@ -25,6 +26,10 @@ struct LoadedGraph {
 // `path` "-" reads stdin. Throws Diagnostic carrying the display name.
 // The graph is not verified here: callers verify (and may list all problems).
 LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& specs);
+// The same on content already read (`displayName` names it in diagnostics).
+LoadedGraph loadGraphFrom(const std::string& bytes, const std::string& displayName, const std::vector<InputSpec>& specs);
+// The bytes of `path` ("-" reads stdin); throws Diagnostic naming the file.
+std::string readInput(const std::string& path);
 
 // The display name diagnostics use for `path`.
 std::string displayNameOf(const std::string& path);

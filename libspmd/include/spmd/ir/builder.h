@@ -1,6 +1,6 @@
-// Appending typed nodes to a graph: each new node's output dtypes and shapes
-// come from running its op on LibTorch's meta device, so passes never work
-// out shapes by hand.
+// Adding typed nodes to a graph at an insertion point: each new node's output
+// dtypes and shapes come from running its op on LibTorch's meta device, so
+// passes never work out shapes by hand.
 #pragma once
 
 #include "spmd/ir/graph.h"
@@ -17,7 +17,13 @@ class GraphBuilder {
  public:
   explicit GraphBuilder(Graph& graph) : graph_(graph) {}
 
-  // Metadata stamped on every node appended from now on.
+  // Where new nodes go: before `node` (each new node after the previous new
+  // one), after `node`, or at the end (the default).
+  void setInsertionPoint(const Node& node) { insertBefore_ = &node; }
+  void setInsertionPointAfter(const Node& node);
+  void setInsertionPointToEnd() { insertBefore_ = nullptr; }
+
+  // Metadata stamped on every node added from now on.
   void setMeta(NodeMeta meta) { meta_ = std::move(meta); }
   const NodeMeta& meta() const { return meta_; }
 
@@ -26,12 +32,15 @@ class GraphBuilder {
   // `base` (default: the op's name) made unique. Throws std::logic_error when
   // the op rejects the arguments: a bug in the pass, not in the user's input.
   // `preset` gives existing value ids for the first results (kNoValue: make
-  // a fresh one): a replacement node takes over the values it replaces.
+  // a fresh one) that no node produces any more.
   std::vector<ValueId> callMulti(const std::string& op, std::vector<Arg> args, const std::string& base = "",
                                  const std::vector<ValueId>& preset = {});
   ValueId call(const std::string& op, std::vector<Arg> args, const std::string& base = "");
+  // Puts `op(args)` in the place of `old`, defining the same values (same
+  // names); the results must have their types. Readers are untouched.
+  void replace(const Node& old, const std::string& op, std::vector<Arg> args);
 
-  // References into the graph: valid until the next node is appended.
+  // References into the graph: valid until the next value is added.
   const Value& value(ValueId v) const { return graph_.value(v); }
   const std::vector<int64_t>& shape(ValueId v) const { return graph_.value(v).shape; }
   Graph& graph() { return graph_; }
@@ -49,9 +58,12 @@ class GraphBuilder {
 
  private:
   at::Tensor metaOf(ValueId v);
+  Node typedNode(const std::string& op, std::vector<Arg> args, const std::string& base,
+                 const std::vector<ValueId>& preset);
 
   Graph& graph_;
   NodeMeta meta_;
+  const Node* insertBefore_ = nullptr;  // nullptr: at the end
   std::unordered_map<ValueId, at::Tensor> metaCache_;  // results with their real strides
 };
 

@@ -6,9 +6,13 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace spmd {
@@ -137,11 +141,92 @@ struct WeightsRef {
   std::string format;  // "torchscript"
 };
 
+// The nodes of a graph in program order, as a read-only random-access range
+// of `const Node&`. Positions shift when nodes are inserted or erased; a
+// `const Node&` (or pointer) stays valid until its node is erased.
+class NodeList {
+ public:
+  using Storage = std::vector<std::unique_ptr<Node>>;
+  class iterator {
+   public:
+    using iterator_category = std::random_access_iterator_tag;
+    using value_type = Node;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const Node*;
+    using reference = const Node&;
+    iterator() = default;
+    explicit iterator(Storage::const_iterator it) : it_(it) {}
+    reference operator*() const { return **it_; }
+    pointer operator->() const { return it_->get(); }
+    reference operator[](difference_type n) const { return *it_[n]; }
+    iterator& operator++() { ++it_; return *this; }
+    iterator operator++(int) { iterator t = *this; ++it_; return t; }
+    iterator& operator--() { --it_; return *this; }
+    iterator operator--(int) { iterator t = *this; --it_; return t; }
+    iterator& operator+=(difference_type n) { it_ += n; return *this; }
+    iterator& operator-=(difference_type n) { it_ -= n; return *this; }
+    iterator operator+(difference_type n) const { return iterator(it_ + n); }
+    iterator operator-(difference_type n) const { return iterator(it_ - n); }
+    difference_type operator-(const iterator& o) const { return it_ - o.it_; }
+    bool operator==(const iterator& o) const { return it_ == o.it_; }
+    bool operator!=(const iterator& o) const { return it_ != o.it_; }
+    bool operator<(const iterator& o) const { return it_ < o.it_; }
+
+   private:
+    Storage::const_iterator it_;
+  };
+  using const_iterator = iterator;
+  using reverse_iterator = std::reverse_iterator<iterator>;
+
+  explicit NodeList(const Storage& nodes) : nodes_(&nodes) {}
+  size_t size() const { return nodes_->size(); }
+  bool empty() const { return nodes_->empty(); }
+  const Node& operator[](size_t i) const { return *(*nodes_)[i]; }
+  const Node& front() const { return *nodes_->front(); }
+  const Node& back() const { return *nodes_->back(); }
+  iterator begin() const { return iterator(nodes_->begin()); }
+  iterator end() const { return iterator(nodes_->end()); }
+  reverse_iterator rbegin() const { return reverse_iterator(end()); }
+  reverse_iterator rend() const { return reverse_iterator(begin()); }
+
+ private:
+  const Storage* nodes_;
+};
+
+// The nodes as pointers, for loops that change the graph as they go (a
+// NodeList's iterators do not survive insertion or erasure).
+std::vector<const Node*> snapshot(const NodeList& nodes);
+
+// The graph owns its values and nodes and keeps, for every value, the node
+// that produces it and the nodes that read it, as torch.fx and TorchScript
+// do. Nodes are read through `nodes()` and changed only through the graph,
+// so that those links stay true. A rewrite in the style of TorchScript's
+// ir.h, replacing `%y = aten::mul.Scalar(%x, 2)` by an add of %x to itself:
+//
+//   before:  %y: f32[4] = aten::mul.Scalar(%x, 2)
+//            %z: f32[4] = aten::relu(%y)
+//
+//   GraphBuilder b(g);
+//   b.setInsertionPoint(mul);                     // new nodes go before `mul`
+//   ValueId sum = b.call("aten::add.Tensor", {Arg::tensor(x), Arg::tensor(x), Arg::ofInt(1)});
+//   g.replaceAllUsesWith(y, sum);                 // relu now reads %add
+//   g.erase(mul);                                 // %y has no reader left
+//
+//   after:   %add: f32[4] = aten::add.Tensor(%x, %x, 1)
+//            %z: f32[4] = aten::relu(%add)
+//
+// To swap a node for another that defines the same values (same names),
+// use replaceNode() or GraphBuilder::replace().
 class Graph {
  public:
+  Graph() = default;
+  Graph(const Graph& other);
+  Graph& operator=(const Graph& other);
+  Graph(Graph&&) noexcept = default;
+  Graph& operator=(Graph&&) noexcept = default;
+
   ValueId addValue(Value value);
   ValueId addInput(Value value, InputKind kind, bool requiresGrad = true);
-  Node& addNode(Node node);
   void addOutput(ValueId v) { outputs_.push_back(v); }
   void addUpdate(StateUpdate u) { updates_.push_back(u); }
   void addGradient(Gradient g) { gradients_.push_back(g); }
@@ -155,18 +240,13 @@ class Graph {
   std::optional<ValueId> findValue(const std::string& name) const;
 
   const std::vector<GraphInput>& inputs() const { return inputs_; }
-  const std::vector<Node>& nodes() const { return nodes_; }
-  std::vector<Node>& nodes() { return nodes_; }
   const std::vector<ValueId>& outputs() const { return outputs_; }
+  std::vector<ValueId>& outputs() { return outputs_; }
   const std::vector<StateUpdate>& updates() const { return updates_; }
   std::vector<StateUpdate>& updates() { return updates_; }
   const std::vector<Gradient>& gradients() const { return gradients_; }
-  std::vector<ValueId>& outputs() { return outputs_; }
   // The graph input that defines `v`, or nullptr.
   const GraphInput* inputOf(ValueId v) const;
-  // Moves the nodes out, leaving none: passes that rewrite node by node
-  // take them and add back what they keep.
-  std::vector<Node> takeNodes();
   const WeightsRef& weights() const { return weights_; }
   void setWeights(WeightsRef w) { weights_ = std::move(w); }
   // spmd-unroll's iteration count (0: not unrolled). See ir/iter_graph.h.
@@ -177,11 +257,59 @@ class Graph {
   // (relu, relu_1, relu_2, ...).
   std::string freshName(const std::string& base);
 
+  // ---- nodes ------------------------------------------------------------
+  NodeList nodes() const { return NodeList(nodes_); }
+  // Its place in program order (O(1) while the graph is not changed).
+  size_t indexOf(const Node& node) const;
+
+  // Appends, or inserts before/after `anchor`; returns the node in the graph.
+  // Its outputs must not have a producer already (std::logic_error).
+  const Node& addNode(Node node);
+  const Node& insertBefore(const Node& anchor, Node node);
+  const Node& insertAfter(const Node& anchor, Node node);
+  // Removes `node`; none of its outputs may still be read by a node.
+  void erase(const Node& node);
+  // `replacement` takes the place of `old`. Outputs of `old` that it does
+  // not define again must have no readers left.
+  const Node& replaceNode(const Node& old, Node replacement);
+  // Removes `node` and returns it, leaving the readers of its outputs in
+  // place: for rewrites that rebuild a node from parts, the last of which
+  // defines its values again. Until then those values have no producer
+  // (verify() rejects that).
+  Node extract(const Node& node);
+  // Puts the nodes in `order`, a permutation of nodes().
+  void reorder(const std::vector<const Node*>& order);
+
+  // ---- def-use ----------------------------------------------------------
+  // The node producing `v`, or nullptr for graph inputs (and orphans).
+  const Node* producer(ValueId v) const;
+  // The nodes reading `v`, each once, in program order.
+  std::vector<const Node*> users(ValueId v) const;
+  bool hasNodeUsers(ValueId v) const { return !users_.at(v).empty(); }
+  // Every read of `from` becomes a read of `to`: node arguments, graph
+  // outputs and the new values of state updates. Gradient records are
+  // annotations, not reads, and stay.
+  void replaceAllUsesWith(ValueId from, ValueId to);
+  // Only the node arguments of nodes for which `where(node)` holds.
+  void replaceUsesWith(ValueId from, ValueId to, const std::function<bool(const Node&)>& where);
+  // Sets one argument of `node`.
+  void setArg(const Node& node, size_t index, Arg arg);
+  // Node metadata is free to change: it takes part in no def-use link.
+  NodeMeta& metaOf(const Node& node) { return mutableNode(node).meta; }
+  // Constant arguments are free to change too; `index` must not be a tensor.
+  Arg& constantArg(const Node& node, size_t index);
+
  private:
+  Node& mutableNode(const Node& node) { return const_cast<Node&>(node); }
+  const Node& insertAt(size_t position, Node node);
+  void link(const Node& node);
+  void unlink(const Node& node);
+  void rebuildLinks();
+
   std::vector<Value> values_;
   std::map<std::string, ValueId> byName_;
   std::vector<GraphInput> inputs_;
-  std::vector<Node> nodes_;
+  std::vector<std::unique_ptr<Node>> nodes_;
   std::vector<ValueId> outputs_;
   std::vector<StateUpdate> updates_;
   std::vector<Gradient> gradients_;
@@ -189,6 +317,12 @@ class Graph {
   WeightsRef weights_;
   int iters_ = 0;
   std::map<std::string, int> nextSuffix_;
+  // Def-use links, by value id: one users_ entry per argument that reads it.
+  std::vector<const Node*> producer_;
+  std::vector<std::vector<const Node*>> users_;
+  // indexOf's cache, rebuilt after the node order changes.
+  mutable std::unordered_map<const Node*, size_t> position_;
+  mutable bool positionsStale_ = true;
 };
 
 // Removes nodes none of whose outputs reaches a graph output, a state update

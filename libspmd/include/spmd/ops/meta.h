@@ -9,14 +9,32 @@
 
 namespace spmd {
 
+// While one lives, ops that have no meta kernel on LibTorch 1.13 work on
+// meta tensors all the same: they run on zero-filled CPU tensors and return
+// meta tensors of the results' shapes (a few costly ones, layer norm and the
+// embedding gradient among them, get shape functions instead). The first
+// live scope registers that fallback with the dispatcher, the last one to
+// end deregisters it; scopes nested inside a live one only count. Hold one
+// around any code that runs ops on meta tensors itself (inferOnMeta takes
+// its own where an op needs it), and one around a loop of inferOnMeta calls
+// spares a registration per call. On LibTorch >= 2 a scope does nothing.
+class MetaFallbackScope {
+ public:
+  MetaFallbackScope();
+  ~MetaFallbackScope();
+  MetaFallbackScope(const MetaFallbackScope&) = delete;
+  MetaFallbackScope& operator=(const MetaFallbackScope&) = delete;
+};
+
 // A contiguous meta tensor.
 at::Tensor metaTensor(c10::ScalarType dtype, const std::vector<int64_t>& shape);
 
 // Runs `op` on `stack` (its tensors on the meta device) and returns what it
 // produced, as meta tensors with the op's own strides (undefined where the op
 // leaves a result undefined). Where this LibTorch has no meta kernel for the
-// op (1.13 lacks some, e.g. convolution_backward), the op runs on zero-filled
-// CPU tensors instead. Throws what the op throws when both fail.
+// op (1.13 lacks some, e.g. convolution_backward), it runs again inside a
+// MetaFallbackScope of its own, and failing that on zero-filled CPU tensors.
+// Throws what the op throws when all fail.
 std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
 
 }  // namespace spmd

@@ -1,11 +1,14 @@
-// Options of the passes, one struct per concern, gathered in PipelineOptions
-// so that every pass has the same signature.
+// Options of the passes, one struct per concern. A stage's options are all
+// of them together (PipelineOptions); each pass is created with its own part
+// (see passes/pass.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
 namespace spmd {
+
+class DiagnosticEngine;
 
 enum class OptimizerKind { Sgd, Adam, AdamW };
 
@@ -52,9 +55,9 @@ struct PipelineOptions {
   BucketOptions buckets;
   UnrollOptions unroll;
   LowerOptions lower;
-  // Where passes say what they did not do and why (one line each, printed
-  // by the tool as "TOOL: note: FILE: LINE"), or nullptr.
-  std::vector<std::string>* notes = nullptr;
+  // Where passes say what they did not do and why (printed by the tool as
+  // "TOOL: note: FILE: WHERE: WHAT"), or nullptr to drop the notes.
+  DiagnosticEngine* diagnostics = nullptr;
 };
 
 std::string optimizerName(OptimizerKind kind);

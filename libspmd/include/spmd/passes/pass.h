@@ -1,26 +1,40 @@
-// Passes over the graph: a registry by name (behind --list-passes,
-// --print-ir-after-all and --dump-dir) and a runner that verifies the graph
-// after every pass, as MLIR's pass manager does.
+// Passes over the graph: the interface every pass implements, a registry by
+// name (behind --list-passes, --passes, --print-ir-after and --dump-dir),
+// and the manager that runs a list of them, verifying the graph after each
+// pass that changed it, as MLIR's pass manager does. Which passes a stage
+// runs is decided in pipelines/pipelines.cpp, not here or in the passes.
 #pragma once
 
 #include "spmd/ir/graph.h"
 #include "spmd/passes/options.h"
 
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
 namespace spmd {
 
+class DiagnosticEngine;
+
+// One pass: a class in one file under src/passes/, holding its own options.
+class Pass {
+ public:
+  virtual ~Pass() = default;
+  // Returns whether the graph changed. Throws Diagnostic for bad input;
+  // notes what it did not do, and why, on `diagnostics`.
+  virtual bool run(Graph& graph, DiagnosticEngine& diagnostics) = 0;
+};
+
 struct PassInfo {
   const char* name;
   const char* summary;
-  // Returns whether the graph changed. Throws Diagnostic for bad input.
-  bool (*run)(Graph& graph, const PipelineOptions& options);
+  // The pass, configured with its own part of a stage's options.
+  std::unique_ptr<Pass> (*create)(const PipelineOptions& options);
 };
 
 const std::vector<PassInfo>& registeredPasses();
-const PassInfo& findPass(const std::string& name);  // throws std::logic_error
+const PassInfo* findPass(const std::string& name);  // nullptr when there is none
 
 // The pass manager's debugging aids, as mlir-opt's: listings after passes,
 // one file per pass, and the time each pass took.
@@ -32,24 +46,25 @@ struct DebugOptions {
   std::ostream* log = nullptr;
 };
 
-// Runs the named passes in order, verifying after each; a pass that leaves
-// an invalid graph is an internal error (std::logic_error).
+// Runs the named passes in order. A pass that reports a change is followed
+// by the verifier; one that leaves an invalid graph is an internal error
+// (std::logic_error). An unknown name is a Diagnostic. Notes go to
+// `options.diagnostics` (dropped when it is null).
 void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
                const DebugOptions& debug);
 
 // "name  summary" per registered pass, for --list-passes.
 std::string listPasses();
 
-// The passes themselves, one file each under src/passes/.
-bool runAutodiff(Graph& graph, const PipelineOptions& options);
-bool runGradSync(Graph& graph, const PipelineOptions& options);
-bool runOptimizer(Graph& graph, const PipelineOptions& options);
-bool runBucket(Graph& graph, const PipelineOptions& options);
-
-bool runUnroll(Graph& graph, const PipelineOptions& options);
-bool runFuseOptimizer(Graph& graph, const PipelineOptions& options);
-bool runCheckCapture(Graph& graph, const PipelineOptions& options);
-bool runEmbeddingGrad(Graph& graph, const PipelineOptions& options);
-bool runCapturableAdam(Graph& graph, const PipelineOptions& options);
+// The passes' factories, one file each under src/passes/.
+std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createGradSyncPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createOptimizerPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createBucketPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createUnrollPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createFuseOptimizerPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createCheckCapturePass(const PipelineOptions& options);
+std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createCapturableAdamPass(const PipelineOptions& options);
 
 }  // namespace spmd

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "spmd/ir/graph.h"
+#include "spmd/runtime/errors.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -19,6 +20,7 @@ class Collectives {
   // Runs a communication node on its tensor arguments; returns its results.
   // `mayReuseInput`: the first tensor dies at this node and owns its
   // storage, so the reduction may run in it instead of in a copy.
+  // Throws CollectiveError when the group fails (a peer gone, a timeout).
   virtual std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors,
                                       bool mayReuseInput = false) = 0;
   // Leaves the group once every rank's work is done, so that exit does not
@@ -37,7 +39,8 @@ struct RankInfo {
 // Joins the group through a c10d TCPStore at masterAddr:masterPort (rank 0
 // serves it) and creates the process group for `device` ("cpu": Gloo,
 // "cuda": NCCL). Throws Diagnostic naming the cause (busy port, a peer that
-// never joined within `timeout`).
+// never joined within `timeout`), CollectiveError when the group's own
+// set-up with its peers fails.
 std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
                                               std::chrono::milliseconds timeout);
 

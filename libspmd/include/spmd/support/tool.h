@@ -10,11 +10,17 @@
 
 namespace spmd {
 
+class DiagnosticEngine;
+
 // The version every tool prints for --version.
 const char* versionString();
 
 // Parses argv into `app`, then runs `body`, whose return is the exit code.
 int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const std::function<int()>& body);
+
+// An engine printing each note as "<tool>: note: <file>: <where>: <what>"
+// on stderr as it comes.
+DiagnosticEngine printingDiagnostics(const std::string& tool);
 
 // "<tool>: error: <message>" on stderr.
 void printError(const std::string& tool, const std::string& message);

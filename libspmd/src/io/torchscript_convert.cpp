@@ -1,0 +1,381 @@
+// Converting the traced TorchScript graph into an spmd graph: one node per
+// ATen call, constants as arguments, in-place updates made functional.
+#include "torchscript_internal.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/csrc/jit/ir/constants.h>
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace spmd {
+namespace torchscript_detail {
+namespace {
+
+// ---- converting the traced graph ------------------------------------------
+
+bool isViewOp(const std::string& op) {
+  static const std::set<std::string> views = {
+      "aten::view", "aten::reshape", "aten::expand", "aten::slice", "aten::select", "aten::transpose",
+      "aten::t", "aten::permute", "aten::squeeze", "aten::unsqueeze", "aten::flatten", "aten::as_strided",
+      "aten::split", "aten::chunk", "aten::narrow", "aten::diagonal", "aten::unflatten", "aten::detach",
+      "aten::alias", "aten::unbind", "aten::view_as", "aten::expand_as"};
+  return views.count(op) > 0;
+}
+
+class Converter {
+ public:
+  Converter(Graph& graph, const std::string& fileName) : graph_(graph), fileName_(fileName) {}
+
+  void bindInput(const jit::Value* v, ValueId id) { values_[v] = id; }
+
+  void convert(const jit::Graph& traced) {
+    for (const jit::Node* n : traced.nodes()) convertNode(n);
+    for (const jit::Value* out : traced.outputs()) addOutputs(out);
+  }
+
+  // Buffers written in place: their latest values become StateUpdates.
+  void recordUpdates(const std::vector<std::pair<const jit::Value*, ValueId>>& stateInputs) {
+    for (const auto& [jv, input] : stateInputs) {
+      ValueId latest = values_.at(jv);
+      if (latest != input) graph_.addUpdate(StateUpdate{input, latest});
+    }
+  }
+
+ private:
+  void convertNode(const jit::Node* n) {
+    const std::string kind = n->kind().toQualString();
+    if (n->kind() == c10::prim::Constant || n->kind() == c10::prim::ListConstruct ||
+        n->kind() == c10::prim::TupleConstruct || n->kind() == c10::prim::ListUnpack) {
+      return;  // read where they are used
+    }
+    const c10::FunctionSchema* schema = n->maybeSchema();
+    const bool known = n->kind().is_aten() || kind.rfind("spmd::", 0) == 0;
+    if (!schema || !known) {
+      throw Diagnostic(describe(n), "unsupported operation '" + kind + "' in the traced forward");
+    }
+    if (kind == "aten::batch_norm" && isTrainingBatchNorm(n)) {
+      convertTrainingBatchNorm(n);
+      return;
+    }
+    if (kind == "aten::_convolution") {
+      convertConvolution(n);
+      return;
+    }
+    const bool inPlace = schema->is_mutable() && kind.back() == '_';
+    Node node;
+    node.op = inPlace ? kind.substr(0, kind.size() - 1) : kind;
+    node.overload = schema->overload_name();
+    node.meta.source = sourceOf(n);
+    if (inPlace) requireOutOfPlaceForm(n, node);
+    if (n->inputs().size() != schema->arguments().size()) {
+      throw Diagnostic(describe(n), kind + ": traced call has " + std::to_string(n->inputs().size()) +
+                                        " arguments, the schema " +
+                                        std::to_string(schema->arguments().size()));
+    }
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      node.args.push_back(convertArg(n, schema->arguments()[i], n->inputs()[i]));
+    }
+    if (inPlace) rejectViewMutation(n, node);
+    for (const jit::Value* out : n->outputs()) {
+      if (out->type()->kind() == c10::TypeKind::ListType) {
+        for (const jit::Value* item : unpackedItems(n, out)) node.outputs.push_back(addTensorValue(n, item));
+      } else {
+        node.outputs.push_back(addTensorValue(n, out));
+      }
+    }
+    if (inPlace) values_[n->inputs()[0]] = node.outputs[0];  // later readers see the update
+    graph_.addNode(std::move(node));
+  }
+
+  bool isTrainingBatchNorm(const jit::Node* n) {
+    auto training = jit::toIValue(n->inputs()[5]);
+    return training && training->isBool() && training->toBool() &&
+           n->inputs()[3]->type()->kind() != c10::TypeKind::NoneType;
+  }
+
+  // aten::batch_norm(input, weight, bias, running_mean, running_var, training,
+  // momentum, eps, cudnn_enabled) in training mode writes its running stats;
+  // spmd::batch_norm_train returns them instead.
+  void convertTrainingBatchNorm(const jit::Node* n) {
+    const auto& schema = n->schema();
+    Node node;
+    node.op = "spmd::batch_norm_train";
+    node.meta.source = sourceOf(n);
+    for (int i : {0, 1, 2, 3, 4, 6, 7}) {
+      node.args.push_back(convertArg(n, schema.arguments()[i], n->inputs()[i]));
+    }
+    // Copies: newValue() may move the graph's values.
+    const Value input = graph_.value(node.args[0].value);
+    const Value stat = graph_.value(node.args[3].value);
+    const int64_t channels = input.shape.size() > 1 ? input.shape[1] : 0;
+    node.outputs.push_back(newValue("batch_norm", input.dtype, input.shape));
+    node.outputs.push_back(newValue("save_mean", input.dtype, {channels}));
+    node.outputs.push_back(newValue("save_invstd", input.dtype, {channels}));
+    node.outputs.push_back(newValue("running_mean", stat.dtype, stat.shape));
+    node.outputs.push_back(newValue("running_var", stat.dtype, stat.shape));
+    values_[n->output()] = node.outputs[0];
+    values_[n->inputs()[3]] = node.outputs[3];
+    values_[n->inputs()[4]] = node.outputs[4];
+    graph_.addNode(std::move(node));
+  }
+
+  // LibTorch's tracer records conv1d/2d/3d as their internal
+  // aten::_convolution; give the user's op back (aten::convolution for
+  // transposed ones), which computes the same through the same kernels.
+  void convertConvolution(const jit::Node* n) {
+    const auto& schema = n->schema();
+    std::vector<Arg> args;
+    for (size_t i = 0; i < n->inputs().size(); ++i) args.push_back(convertArg(n, schema.arguments()[i], n->inputs()[i]));
+    Node node;
+    node.meta.source = sourceOf(n);
+    const size_t spatial = graph_.value(args[1].value).shape.size() - 2;
+    const bool transposed = args[6].kind == Arg::Kind::Bool && args[6].b;
+    std::vector<int> keep = {0, 1, 2, 3, 4, 5, 6, 7, 8};  // aten::convolution's arguments
+    if (!transposed && spatial >= 1 && spatial <= 3) {
+      node.op = "aten::conv" + std::to_string(spatial) + "d";
+      keep = {0, 1, 2, 3, 4, 5, 8};
+    } else {
+      node.op = "aten::convolution";
+    }
+    for (int i : keep) node.args.push_back(args[i]);
+    node.outputs.push_back(addTensorValue(n, n->output(), "convolution"));
+    graph_.addNode(std::move(node));
+  }
+
+  // Ops returning Tensor[] (split, chunk, unbind, broadcast_tensors) are
+  // traced as a list that one prim::ListUnpack takes apart; the node gets
+  // the unpacked tensors as its outputs.
+  std::vector<const jit::Value*> unpackedItems(const jit::Node* n, const jit::Value* list) {
+    if (list->uses().size() != 1 || list->uses()[0].user->kind() != c10::prim::ListUnpack) {
+      throw Diagnostic(describe(n), std::string(n->kind().toQualString()) +
+                                        " returns a tensor list that is used other than by unpacking it");
+    }
+    auto outs = list->uses()[0].user->outputs();
+    return std::vector<const jit::Value*>(outs.begin(), outs.end());
+  }
+
+  void requireOutOfPlaceForm(const jit::Node* n, const Node& node) {
+    if (!c10::Dispatcher::singleton().findSchema({node.op, node.overload})) {
+      throw Diagnostic(describe(n), std::string("in-place operation '") + n->kind().toQualString() +
+                                        "' has no out-of-place form to rewrite it to");
+    }
+  }
+
+  // Rewriting x.add_(y) as x' = x + y is only sound when nothing else
+  // aliases x: reject in-place writes to views.
+  void rejectViewMutation(const jit::Node* n, const Node& node) {
+    if (node.args.empty() || node.args[0].kind != Arg::Kind::Value) return;
+    auto producer = producers_.find(node.args[0].value);
+    if (producer != producers_.end() && isViewOp(producer->second)) {
+      throw Diagnostic(describe(n), std::string("in-place operation '") + n->kind().toQualString() +
+                                        "' writes to a view (" + producer->second +
+                                        "), which the functional graph cannot express");
+    }
+  }
+
+  ValueId newValue(const std::string& base, c10::ScalarType dtype, std::vector<int64_t> shape) {
+    Value v;
+    v.name = graph_.freshName(base);
+    v.dtype = dtype;
+    v.shape = std::move(shape);
+    return graph_.addValue(std::move(v));
+  }
+
+  ValueId addTensorValue(const jit::Node* n, const jit::Value* out, std::string base = "") {
+    auto type = out->type()->cast<c10::TensorType>();
+    auto sizes = type ? type->sizes().concrete_sizes() : c10::nullopt;
+    if (!type || !type->scalarType() || !sizes) {
+      throw Diagnostic(describe(n), std::string(n->kind().toQualString()) +
+                                        " produces a value that is not a tensor of known shape (" +
+                                        out->type()->str() + ")");
+    }
+    if (base.empty()) base = n->kind().toUnqualString();
+    if (!base.empty() && base.back() == '_') base.pop_back();
+    if (base.size() > 1 && base[0] == '_') base = base.substr(1);
+    ValueId id = newValue(base, *type->scalarType(), *sizes);
+    values_[out] = id;
+    producers_[id] = n->kind().toQualString();
+    return id;
+  }
+
+  // torch.jit.trace records Python numbers in tensor arithmetic (x * 0.5,
+  // buf.add_(1)) as 0-dim tensor constants; they become aten::scalar_tensor
+  // nodes of the same dtype and value.
+  ValueId scalarTensor(const jit::Node* user, const jit::Value* v, const at::Tensor& t) {
+    Node node;
+    node.op = "aten::scalar_tensor";
+    node.meta.source = sourceOf(user);
+    const bool integral = !c10::isFloatingType(t.scalar_type()) && t.scalar_type() != c10::ScalarType::Bool;
+    node.args.push_back(integral ? Arg::ofInt(t.item<int64_t>())
+                        : t.scalar_type() == c10::ScalarType::Bool ? Arg::ofBool(t.item<bool>())
+                                                                   : Arg::ofFloat(t.item<double>()));
+    Arg dtype;
+    dtype.kind = Arg::Kind::DType;
+    dtype.i = static_cast<int64_t>(t.scalar_type());
+    node.args.push_back(dtype);
+    node.args.push_back(Arg::none());  // layout
+    node.args.push_back(Arg::none());  // device
+    node.args.push_back(Arg::none());  // pin_memory
+    ValueId id = newValue("scalar_tensor", t.scalar_type(), {});
+    node.outputs.push_back(id);
+    values_[v] = id;
+    graph_.addNode(std::move(node));
+    return id;
+  }
+
+  ValueId tensorValue(const jit::Node* n, const jit::Value* v) {
+    auto it = values_.find(v);
+    if (it != values_.end()) return it->second;
+    if (v->node()->kind() == c10::prim::Constant) {
+      auto constant = jit::toIValue(v);
+      if (constant && constant->isTensor() && constant->toTensor().dim() == 0) {
+        return scalarTensor(n, v, constant->toTensor());
+      }
+      throw Diagnostic(describe(n), std::string(n->kind().toQualString()) +
+                                        " uses a tensor constant; register it as a buffer instead");
+    }
+    throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + " uses a value made by unsupported '" +
+                                      v->node()->kind().toQualString() + "'");
+  }
+
+  Arg convertArg(const jit::Node* n, const c10::Argument& formal, const jit::Value* actual) {
+    c10::TypePtr type = formal.real_type();
+    if (auto opt = type->cast<c10::OptionalType>()) {
+      auto constant = jit::toIValue(actual);
+      if (constant && constant->isNone()) return Arg::none();
+      type = opt->getElementType();
+    }
+    if (type->kind() == c10::TypeKind::TensorType) return Arg::tensor(tensorValue(n, actual));
+    if (auto list = type->cast<c10::ListType>()) {
+      if (list->getElementType()->kind() == c10::TypeKind::TensorType) {
+        if (actual->node()->kind() != c10::prim::ListConstruct) {
+          throw Diagnostic(describe(n), formal.name() + ": tensor list not built by a list literal");
+        }
+        Arg a;
+        a.kind = Arg::Kind::Values;
+        for (const jit::Value* item : actual->node()->inputs()) a.values.push_back(tensorValue(n, item));
+        return a;
+      }
+    }
+    auto constant = constantValue(actual);
+    if (!constant) {
+      throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + ": argument '" + formal.name() +
+                                        "' is computed at run time (" + actual->node()->kind().toQualString() +
+                                        "), not a constant");
+    }
+    return constantArg(n, formal, type, *constant);
+  }
+
+  // A constant, or a list literal of constants (how traces spell int[]).
+  static c10::optional<c10::IValue> constantValue(const jit::Value* v) {
+    if (auto c = jit::toIValue(v)) return c;
+    if (v->node()->kind() != c10::prim::ListConstruct) return c10::nullopt;
+    std::vector<c10::IValue> items;
+    for (const jit::Value* item : v->node()->inputs()) {
+      auto c = jit::toIValue(item);
+      if (!c) return c10::nullopt;
+      items.push_back(*c);
+    }
+    auto all = [&](bool (c10::IValue::*is)() const) {
+      return std::all_of(items.begin(), items.end(), [&](const c10::IValue& i) { return (i.*is)(); });
+    };
+    if (all(&c10::IValue::isInt)) {
+      std::vector<int64_t> ints;
+      for (const auto& i : items) ints.push_back(i.toInt());
+      return c10::IValue(ints);
+    }
+    if (all(&c10::IValue::isDouble)) {
+      std::vector<double> floats;
+      for (const auto& i : items) floats.push_back(i.toDouble());
+      return c10::IValue(floats);
+    }
+    if (all(&c10::IValue::isBool)) {
+      c10::List<bool> bools;
+      for (const auto& i : items) bools.push_back(i.toBool());
+      return c10::IValue(bools);
+    }
+    return c10::nullopt;
+  }
+
+  Arg constantArg(const jit::Node* n, const c10::Argument& formal, const c10::TypePtr& type,
+                  const c10::IValue& c) {
+    Arg a;
+    switch (type->kind()) {
+      case c10::TypeKind::ScalarTypeType: a.kind = Arg::Kind::DType; a.i = c.toInt(); return a;
+      case c10::TypeKind::LayoutType: a.kind = Arg::Kind::Layout; a.i = c.toInt(); return a;
+      case c10::TypeKind::MemoryFormatType: a.kind = Arg::Kind::MemoryFormat; a.i = c.toInt(); return a;
+      case c10::TypeKind::DeviceObjType:
+        // A module traced on the meta device names it where it used x.device.
+        a.kind = Arg::Kind::Device;
+        a.s = c.toDevice().is_meta() ? "cpu" : c.toDevice().str();
+        return a;
+      case c10::TypeKind::StringType: a.kind = Arg::Kind::Str; a.s = c.toStringRef(); return a;
+      default: break;
+    }
+    if (c.isNone()) return Arg::none();
+    if (c.isBool()) return Arg::ofBool(c.toBool());
+    if (c.isInt()) return Arg::ofInt(c.toInt());
+    if (c.isDouble()) return Arg::ofFloat(c.toDouble());
+    if (c.isIntList()) { a.kind = Arg::Kind::Ints; a.ints = c.toIntVector(); return a; }
+    if (c.isDoubleList()) { a.kind = Arg::Kind::Floats; a.floats = c.toDoubleVector(); return a; }
+    if (c.isBoolList()) {
+      a.kind = Arg::Kind::Bools;
+      for (bool b : c.toBoolList()) a.bools.push_back(b);
+      return a;
+    }
+    throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + ": argument '" + formal.name() +
+                                      "' has an unsupported constant of type " + c.tagKind());
+  }
+
+  void addOutputs(const jit::Value* out) {
+    if (out->node()->kind() == c10::prim::TupleConstruct) {
+      for (const jit::Value* item : out->node()->inputs()) addOutputs(item);
+      return;
+    }
+    auto it = values_.find(out);
+    if (it == values_.end()) {
+      throw Diagnostic(fileName_, std::string("forward returns a value that is not a computed tensor (") +
+                                      out->type()->str() + ")");
+    }
+    graph_.addOutput(it->second);
+  }
+
+  Graph& graph_;
+  std::string fileName_;
+  std::unordered_map<const jit::Value*, ValueId> values_;
+  std::unordered_map<ValueId, std::string> producers_;
+};
+
+}  // namespace
+
+Graph convertTrace(const jit::Graph& traced, const std::vector<InputSpec>& ordered,
+                   const std::vector<NamedTensor>& state, const std::string& fileName) {
+  Graph graph;
+  graph.setWeights(WeightsRef{fileName, "torchscript"});
+  Converter converter(graph, fileName);
+  std::vector<std::pair<const jit::Value*, ValueId>> stateInputs;
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    ValueId id = graph.addInput(Value{ordered[i].name, ordered[i].dtype, ordered[i].shape}, InputKind::Data);
+    converter.bindInput(traced.inputs()[i], id);
+  }
+  for (size_t i = 0; i < state.size(); ++i) {
+    const at::Tensor& t = state[i].tensor;
+    Value v{state[i].name, t.scalar_type(), t.sizes().vec()};
+    bool requiresGrad = state[i].kind == InputKind::Parameter && t.requires_grad();
+    ValueId id = graph.addInput(std::move(v), state[i].kind, requiresGrad);
+    const jit::Value* jv = traced.inputs()[ordered.size() + i];
+    converter.bindInput(jv, id);
+    stateInputs.emplace_back(jv, id);
+  }
+  converter.convert(traced);
+  converter.recordUpdates(stateInputs);
+  eliminateDeadNodes(graph);
+  return graph;
+}
+
+}  // namespace torchscript_detail
+}  // namespace spmd

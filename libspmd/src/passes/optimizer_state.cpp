@@ -1,0 +1,35 @@
+#include "spmd/passes/optimizer_state.h"
+
+namespace spmd {
+namespace {
+
+const char* suffixOf(OptimizerState state) {
+  switch (state) {
+    case OptimizerState::Step: return ".step";
+    case OptimizerState::ExpAvg: return ".exp_avg";
+    case OptimizerState::ExpAvgSq: return ".exp_avg_sq";
+    case OptimizerState::MaxExpAvgSq: return ".max_exp_avg_sq";
+    case OptimizerState::MomentumBuffer: return ".momentum_buffer";
+  }
+  return "";
+}
+
+bool endsWith(const std::string& s, const std::string& suffix) {
+  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::string optimizerStateName(const std::string& param, OptimizerState state) { return param + suffixOf(state); }
+
+std::optional<OptimizerState> optimizerStateOf(const std::string& inputName) {
+  // Longest suffixes first: ".exp_avg_sq" also ends in no other suffix, but
+  // keep the order safe for additions.
+  for (OptimizerState s : {OptimizerState::MaxExpAvgSq, OptimizerState::ExpAvgSq, OptimizerState::ExpAvg,
+                           OptimizerState::MomentumBuffer, OptimizerState::Step}) {
+    if (endsWith(inputName, suffixOf(s))) return s;
+  }
+  return std::nullopt;
+}
+
+}  // namespace spmd

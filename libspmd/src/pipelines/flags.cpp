@@ -1,0 +1,122 @@
+#include "spmd/pipelines/flags.h"
+
+#include "spmd/support/diagnostic.h"
+
+#include <iostream>
+#include <sstream>
+
+namespace spmd {
+namespace {
+
+// "0.9,0.999" -> the two betas; throws Diagnostic.
+void parseBetas(const std::string& text, OptimizerOptions& o) {
+  std::istringstream in(text);
+  char comma = 0;
+  if (!(in >> o.beta1 >> comma >> o.beta2) || comma != ',' || !in.eof()) {
+    throw Diagnostic("--betas '" + text + "'", "expected two numbers B1,B2");
+  }
+}
+
+}  // namespace
+
+void addOptimizerFlags(CLI::App& app, OptimizerOptions& o, OptimizerFlags& f) {
+  f.optimizerOpt = app.add_option("--optimizer", f.optimizer, "sgd, adam or adamw");
+  f.lr = app.add_option("--lr", o.lr, "learning rate (torch.optim's default for adam/adamw: 1e-3)");
+  f.momentum = app.add_option("--momentum", o.momentum, "sgd: momentum (0)");
+  f.dampening = app.add_option("--dampening", o.dampening, "sgd: dampening (0)");
+  f.nesterov = app.add_flag("--nesterov", o.nesterov, "sgd: Nesterov momentum");
+  f.weightDecay = app.add_option("--weight-decay", o.weightDecay, "weight decay (0; adamw: 1e-2)");
+  f.betasOpt = app.add_option("--betas", f.betas, "adam/adamw: B1,B2 (0.9,0.999)");
+  f.eps = app.add_option("--eps", o.eps, "adam/adamw: epsilon (1e-8)");
+  f.amsgrad = app.add_flag("--amsgrad", o.amsgrad, "adam/adamw: AMSGrad");
+}
+
+void finishOptimizerFlags(const OptimizerFlags& f, OptimizerOptions& o, bool required) {
+  if (!*f.optimizerOpt) {
+    if (required) throw Diagnostic("--optimizer", "required: sgd, adam or adamw");
+  } else if (!parseOptimizerKind(f.optimizer, o.kind)) {
+    throw Diagnostic("--optimizer", "unknown optimizer '" + f.optimizer + "' (sgd, adam, adamw)");
+  }
+  const bool isSgd = o.kind == OptimizerKind::Sgd;
+  for (auto* flag : {f.momentum, f.dampening, f.nesterov}) {
+    if (*flag && !isSgd) throw Diagnostic(flag->get_name(), "applies to --optimizer sgd only");
+  }
+  for (auto* flag : {f.betasOpt, f.eps, f.amsgrad}) {
+    if (*flag && isSgd) throw Diagnostic(flag->get_name(), "applies to --optimizer adam and adamw only");
+  }
+  if (isSgd && !*f.lr) throw Diagnostic("--lr", "required for sgd, as torch.optim.SGD requires lr");
+  if (o.kind == OptimizerKind::AdamW && !*f.weightDecay) o.weightDecay = 1e-2;
+  if (*f.betasOpt) parseBetas(f.betas, o);
+  validateOptimizer(o);
+}
+
+void addGradReduceFlag(CLI::App& app, GradReduce& reduce, const std::string& help) {
+  app.add_option_function<std::string>(
+         "--grad-reduce", [&reduce](const std::string& s) { reduce = s == "sum" ? GradReduce::Sum : GradReduce::Mean; },
+         help)
+      ->check(CLI::IsMember({"mean", "sum"}))
+      ->default_str("mean");
+}
+
+void addBucketFlags(CLI::App& app, BucketOptions& options) {
+  app.add_option("--bucket-cap-mb", options.capMb, "bucket capacity in MiB")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--first-bucket-cap-mb", options.firstCapMb,
+                 "capacity of the first bucket filled (the last in forward order)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--ignore-param", options.ignored, "a parameter DDP ignores: never bucketed, never synced");
+}
+
+void addUnrollFlags(CLI::App& app, UnrollOptions& options) {
+  app.add_option("--iters", options.iters, "iterations the artifact runs (spmd-run's default --steps)")
+      ->check(CLI::Range(1, 100000000))
+      ->capture_default_str();
+  app.add_flag_callback("--no-move", [&options] { options.move = false; }, "move nothing across iterations");
+}
+
+void addLowerFlags(CLI::App& app, LowerOptions& options) {
+  app.add_option("--device", options.device, "cpu or cuda: where spmd-run will run it")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_flag("--cudagraphs", options.cudagraphs, "capture the repeating iteration into a CUDA graph (CUDA only)");
+  app.add_flag_callback("--no-fuse", [&options] { options.fuse = false; },
+                        "keep the optimizer's per-parameter ops (no _foreach calls)");
+}
+
+void addInputSpecFlag(CLI::App& app, std::vector<std::string>& specs) {
+  app.add_option("--input", specs, "NAME:DTYPE[d0,d1,...] per-rank shape of a forward argument (TorchScript)");
+}
+
+void addDebugFlags(CLI::App& app, DebugOptions& debug) {
+  debug.log = &std::cerr;
+  app.add_flag("--print-ir-after-all", debug.printIrAfterAll, "print the listing after every pass on stderr");
+  CLI::Validator isPass(
+      [](std::string& name) -> std::string {
+        for (const auto& p : registeredPasses()) {
+          if (name == p.name) return "";
+        }
+        return "unknown pass '" + name + "' (see --list-passes)";
+      },
+      "");
+  app.add_option("--print-ir-after", debug.printIrAfter, "print the listing after PASS on stderr (repeatable)")
+      ->type_name("PASS")
+      ->allow_extra_args(false)  // one PASS per flag: `--print-ir-after bucket IN` keeps IN positional
+      ->check(isPass);
+  app.add_flag("--time-passes", debug.timePasses, "print the time each pass took on stderr");
+  app.add_option("--dump-dir", debug.dumpDir, "write NNNN.after_<pass>.txt for every pass into DIR");
+}
+
+void addListPassesFlag(CLI::App& app) {
+  // A callback runs before CLI11 checks for required flags.
+  app.add_flag_callback(
+      "--list-passes",
+      [] {
+        std::cout << listPasses();
+        throw CLI::Success();
+      },
+      "list the passes and exit");
+}
+
+}  // namespace spmd

@@ -1,0 +1,64 @@
+#include "run_device.h"
+
+#include "spmd/runtime/runner.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+#ifdef SPMD_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace spmd {
+namespace {
+
+std::string resolveDevice(const Artifact& a, const std::string& requested) {
+  const bool haveCuda = torch::cuda::is_available();
+  if (a.device == "cuda" && !haveCuda) {
+    throw Diagnostic("", "the artifact was lowered for CUDA and this machine has no CUDA device; lower it with --device cpu");
+  }
+  if (requested == "cuda" && !haveCuda) throw Diagnostic("--device cuda", "this machine has no CUDA device");
+  return requested == "auto" ? a.device : requested;
+}
+
+}  // namespace
+
+std::string loweringDevice(const std::string& requested) {
+  if (requested != "auto") return requested;
+  return torch::cuda::is_available() ? "cuda" : "cpu";
+}
+
+RunDevice::RunDevice(const Artifact& artifact, const std::string& requested, int localRank)
+    : name_(resolveDevice(artifact, requested)),
+      device_(name_ == "cuda" ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(localRank)) : at::Device(at::kCPU)),
+      localRank_(localRank) {}
+
+void RunDevice::makeCurrent() const {
+#ifdef SPMD_WITH_CUDA
+  if (isCuda()) c10::cuda::set_device(static_cast<c10::DeviceIndex>(localRank_));
+#endif
+}
+
+void RunDevice::allowTF32(bool on) const {
+  if (isCuda()) at::globalContext().setAllowTF32CuBLAS(on);
+}
+
+void RunDevice::synchronize() const {
+#ifdef SPMD_WITH_CUDA
+  if (isCuda()) at::cuda::getCurrentCUDAStream().synchronize();
+#endif
+}
+
+int64_t RunDevice::peakBytes() const {
+#ifdef SPMD_WITH_CUDA
+  if (isCuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(localRank_));
+    // Index 0 is StatType::AGGREGATE, whose namespace moved between LibTorch versions.
+    return stats.allocated_bytes[0].peak;
+  }
+#endif
+  return 0;
+}
+
+}  // namespace spmd

@@ -1,0 +1,85 @@
+#include "run_report.h"
+
+#include "spmd/io/load.h"
+#include "spmd/io/torch_save.h"
+#include "spmd/ir/printer.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+namespace spmd {
+namespace {
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[static_cast<size_t>(q * (v.size() - 1) + 0.5)];
+}
+
+}  // namespace
+
+void requireWritableDirectory(const std::string& path, const std::string& flag) {
+  if (path.empty() || path == "-") return;
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK) != 0) {
+    throw Diagnostic(flag + " " + path, "cannot write to " + dir + ": " + std::strerror(errno));
+  }
+}
+
+void saveParameters(const Graph& g, const TensorMap& state, const std::string& path) {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (const auto& in : g.inputs()) {
+    if (in.kind == InputKind::Parameter) {
+      const std::string& name = g.value(in.value).name;
+      params.emplace_back(name, state.at(name).detach().to(at::kCPU).contiguous());
+    }
+  }
+  // Not torch::pickle_save: torch.load(weights_only=True) rejects the
+  // torch.jit._pickle globals in its output.
+  writeOutput(path, saveTorchSave(params));
+}
+
+void RunRecord::addStep(double loss, double ms, bool timed) {
+  losses_.push_back(loss);
+  if (timed) ms_.push_back(ms);
+}
+
+void RunRecord::writeJson(std::ostream& out) const {
+  const double median = percentile(ms_, 0.5), lo = *std::min_element(ms_.begin(), ms_.end()),
+               hi = *std::max_element(ms_.begin(), ms_.end());
+  std::ostringstream j;
+  j << "{\"ranks\": " << ranks_ << ", \"device\": \"" << device_ << "\", \"steps\": " << steps_
+    << ", \"timed_steps\": " << ms_.size() << ", \"peak_bytes\": " << peakBytes_ << ", \"losses\": [";
+  for (size_t i = 0; i < losses_.size(); ++i) j << (i ? ", " : "") << floatText(losses_[i]);
+  char summary[256];
+  std::snprintf(summary, sizeof summary,
+                "], \"ms_per_step\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, \"steps_per_s\": %.3f}\n", median,
+                lo, hi, median > 0 ? 1000.0 / median : 0.0);
+  out << j.str() << summary << std::flush;
+}
+
+void RunRecord::writeSummary(std::ostream& out, bool finalLoss) const {
+  const double median = percentile(ms_, 0.5), lo = *std::min_element(ms_.begin(), ms_.end()),
+               hi = *std::max_element(ms_.begin(), ms_.end());
+  if (finalLoss) out << "final loss " << floatText(losses_.back()) << "\n";
+  char summary[256];
+  std::snprintf(summary, sizeof summary,
+                "%d steps on %d rank%s (%s): median %.3f ms, min %.3f ms, max %.3f ms per step, %.1f steps/s\n", steps_,
+                ranks_, ranks_ == 1 ? "" : "s", device_.c_str(), median, lo, hi, median > 0 ? 1000.0 / median : 0.0);
+  out << summary;
+  if (peakBytes_ > 0) {
+    out << "peak device memory " << floatText(std::round(peakBytes_ / 1048576.0 * 10) / 10) << " MiB on rank 0\n";
+  }
+  out << std::flush;
+}
+
+}  // namespace spmd

@@ -1,0 +1,48 @@
+// What rank 0 reports after the last step: the timing summary (text or
+// --json), and the files --save-params and --profile name, whose
+// directories are checked before step 1.
+#pragma once
+
+#include "spmd/ir/graph.h"
+#include "spmd/runtime/executor.h"
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+// Refuses (Diagnostic naming `flag`) a file in a directory this process
+// cannot write to: a file written after the last step is checked before
+// step 1, not after the whole run. "" and "-" pass.
+void requireWritableDirectory(const std::string& path, const std::string& flag);
+
+// The graph's parameters in `state`, on the CPU, saved as torch.save's
+// {name: tensor} at `path` (torch.load reads it).
+void saveParameters(const Graph& g, const TensorMap& state, const std::string& path);
+
+// Each step's loss and time, and what the summary says about the run.
+class RunRecord {
+ public:
+  RunRecord(int ranks, std::string device, int steps) : ranks_(ranks), device_(std::move(device)), steps_(steps) {}
+
+  // Step `step`'s loss and time; `timed`: past the warm-up, so in the timings.
+  void addStep(double loss, double ms, bool timed);
+  void setPeakBytes(int64_t bytes) { peakBytes_ = bytes; }
+
+  // One JSON object on one line: ranks, device, steps, timed steps, peak
+  // bytes, losses, ms per step (median, min, max), steps per second.
+  void writeJson(std::ostream& out) const;
+  // The text summary; `finalLoss` first where no step line showed it.
+  void writeSummary(std::ostream& out, bool finalLoss) const;
+
+ private:
+  int ranks_;
+  std::string device_;
+  int steps_;
+  std::vector<double> losses_, ms_;
+  int64_t peakBytes_ = 0;
+};
+
+}  // namespace spmd

@@ -1,0 +1,65 @@
+// MetaFallbackScope: LibTorch 1.13's meta fallback is there only while a
+// scope lives; on 2.x the ops have meta kernels of their own.
+#include "spmd/ops/dispatch.h"
+#include "spmd/ops/meta.h"
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include "catch.h"  // after LibTorch's headers (see catch.h)
+
+using namespace spmd;
+
+namespace {
+
+// aten::relu has no meta kernel on LibTorch 1.13 (only relu_ has one);
+// native_layer_norm gets one of spmd's shape functions.
+at::Tensor reluOnMeta() { return at::relu(metaTensor(at::kFloat, {2, 3})); }
+
+}  // namespace
+
+TEST_CASE("relu runs on meta tensors inside a MetaFallbackScope", "[meta]") {
+#if TORCH_VERSION_MAJOR < 2
+  // LibTorch 1.13 only: no kernel outside a scope, the fallback inside one,
+  // and none again once the last scope has ended.
+  CHECK_THROWS_AS(reluOnMeta(), c10::Error);
+  {
+    MetaFallbackScope outer;
+    CHECK(reluOnMeta().sizes() == at::IntArrayRef({2, 3}));
+    {
+      MetaFallbackScope inner;
+      CHECK(reluOnMeta().is_meta());
+    }
+    // The inner scope's end leaves the outer one's fallback in place.
+    const at::Tensor r = reluOnMeta();
+    CHECK(r.is_meta());
+    CHECK(r.sizes() == at::IntArrayRef({2, 3}));
+    auto [out, mean, rstd] = at::native_layer_norm(metaTensor(at::kFloat, {4, 5, 6}), {6}, {}, {}, 1e-5);
+    CHECK(out.is_meta());
+    CHECK(out.sizes() == at::IntArrayRef({4, 5, 6}));
+    CHECK(mean.sizes() == at::IntArrayRef({4, 5, 1}));
+  }
+  CHECK_THROWS_AS(reluOnMeta(), c10::Error);
+#else
+  // LibTorch 2.x: relu has a meta kernel, no scope needed; a scope changes nothing.
+  CHECK(reluOnMeta().sizes() == at::IntArrayRef({2, 3}));
+  {
+    MetaFallbackScope scope;
+    CHECK(reluOnMeta().is_meta());
+  }
+  CHECK(reluOnMeta().is_meta());
+#endif
+}
+
+TEST_CASE("inferOnMeta takes a scope of its own", "[meta]") {
+  auto relu = findOperator("aten::relu", "");
+  REQUIRE(relu);
+  const auto results = inferOnMeta(*relu, {metaTensor(at::kFloat, {2, 3})});
+  REQUIRE(results.size() == 1);
+  CHECK(results[0].is_meta());
+  CHECK(results[0].sizes() == at::IntArrayRef({2, 3}));
+#if TORCH_VERSION_MAJOR < 2
+  // LibTorch 1.13 only: its scope ended when it returned.
+  CHECK_THROWS_AS(reluOnMeta(), c10::Error);
+#endif
+}
