@@ -1,14 +1,14 @@
 // The graph's mutation API: def-use links, replaceAllUsesWith, erase,
 // insertion, replacement, reordering, and the builder's insertion point.
 // Each rewrite is checked on the printed listing and by the verifier.
-#include "catch.h"
-
 #include "spmd/ir/builder.h"
 #include "spmd/ir/graph.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/verify.h"
 
 #include <stdexcept>
+
+#include "catch.h"  // after LibTorch's headers (see catch.h)
 
 using namespace spmd;
 

@@ -160,7 +160,7 @@ TEST_CASE("bad listings name LINE:COL and what was expected", "[parser]") {
   CHECK(parseError(head + "  %r: f32[2] = aten::frobnicate(%x)\n  return (%r)\n") ==
         "3:16: unknown operator 'aten::frobnicate'");
   CHECK(parseError(head + "  %r: f32[2] = aten::relu(%x)  # role=sideways\n  return (%r)\n") ==
-        "3:36: unknown role 'sideways' (forward, backward, optimizer, comm)");
+        "3:39: unknown role 'sideways' (forward, backward, optimizer, comm)");
   CHECK(parseError(head) == "2:1: expected 'return (...)' before the end of input");
   CHECK(parseError("// only a comment\n") == "1:1: expected 'graph', got end of input");
   CHECK(parseError("graph\n  output %x\n") ==

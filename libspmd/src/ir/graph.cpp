@@ -221,16 +221,20 @@ const Node& Graph::replaceNode(const Node& old, Node replacement) {
 }
 
 void Graph::reorder(const std::vector<const Node*>& order) {
-  if (order.size() != nodes_.size()) throw std::logic_error("Graph::reorder: not a permutation of the nodes");
-  std::unordered_map<const Node*, std::unique_ptr<Node>> owned;
-  for (auto& n : nodes_) owned.emplace(n.get(), std::move(n));
+  // Checked first: a bad order leaves the graph as it was.
+  std::unordered_map<const Node*, size_t> at;
+  for (size_t i = 0; i < nodes_.size(); ++i) at.emplace(nodes_[i].get(), i);
+  std::vector<bool> taken(nodes_.size(), false);
+  for (const Node* n : order) {
+    auto it = at.find(n);
+    if (order.size() != nodes_.size() || it == at.end() || taken[it->second]) {
+      throw std::logic_error("Graph::reorder: not a permutation of the nodes");
+    }
+    taken[it->second] = true;
+  }
   std::vector<std::unique_ptr<Node>> reordered;
   reordered.reserve(order.size());
-  for (const Node* n : order) {
-    auto it = owned.find(n);
-    if (it == owned.end() || !it->second) throw std::logic_error("Graph::reorder: not a permutation of the nodes");
-    reordered.push_back(std::move(it->second));
-  }
+  for (const Node* n : order) reordered.push_back(std::move(nodes_[at.at(n)]));
   nodes_ = std::move(reordered);
   positionsStale_ = true;
 }

@@ -3,10 +3,13 @@
 // that every error names LINE:COL and what was expected there.
 #include "spmd/ir/parser.h"
 
+#include "listing_lexer.h"
+
 #include "spmd/ir/boxing.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -18,115 +21,13 @@
 namespace spmd {
 namespace {
 
-bool isSpace(char c) { return c == ' ' || c == '\t'; }
-bool isDigit(char c) { return c >= '0' && c <= '9'; }
-bool isIdentChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || isDigit(c) || c == '_';
-}
-// Characters of a bare value name (%conv1.weight); others are quoted (%"a b").
-bool isNameChar(char c) { return isIdentChar(c) || c == '.' || c == '-'; }
-
-std::string inQuotes(const std::string& s) { return "'" + s + "'"; }
-
-// A cursor over one line; `lineNo` and columns are 1-based in messages.
-class Cursor {
- public:
-  Cursor(const std::string& line, int lineNo) : s_(line), line_(lineNo) {}
-
-  [[noreturn]] void failAt(size_t pos, const std::string& what) const {
-    throw Diagnostic(std::to_string(line_) + ":" + std::to_string(pos + 1), what);
-  }
-  [[noreturn]] void fail(const std::string& what) const { failAt(pos_, what); }
-
-  // What the cursor is looking at, for "expected X, got Y" messages.
-  std::string found() const {
-    if (atEnd()) return "end of line";
-    size_t end = pos_;
-    while (end < s_.size() && !isSpace(s_[end]) && end - pos_ < 20) ++end;
-    if (end == pos_) end = pos_ + 1;
-    return inQuotes(s_.substr(pos_, end - pos_));
-  }
-  [[noreturn]] void expected(const std::string& what) const { fail("expected " + what + ", got " + found()); }
-
-  bool atEnd() const { return pos_ >= s_.size(); }
-  char peek(size_t ahead = 0) const { return pos_ + ahead < s_.size() ? s_[pos_ + ahead] : '\0'; }
-  size_t pos() const { return pos_; }
-  void setPos(size_t p) { pos_ = p; }
-  const std::string& text() const { return s_; }
-  void skipSpaces() {
-    while (!atEnd() && isSpace(s_[pos_])) ++pos_;
-  }
-  bool lookingAt(const std::string& t) const { return s_.compare(pos_, t.size(), t) == 0; }
-  bool consume(const std::string& t) {
-    if (!lookingAt(t)) return false;
-    pos_ += t.size();
-    return true;
-  }
-  void expect(const std::string& t) {
-    if (!consume(t)) expected(inQuotes(t));
-  }
-  // A keyword: `t` followed by a non-identifier character.
-  bool consumeWord(const std::string& t) {
-    if (!lookingAt(t) || isIdentChar(peek(t.size()))) return false;
-    pos_ += t.size();
-    return true;
-  }
-  std::string ident() {
-    size_t start = pos_;
-    while (!atEnd() && isIdentChar(s_[pos_])) ++pos_;
-    return s_.substr(start, pos_ - start);
-  }
-  // A double-quoted string with printer.cpp's escapes; the cursor is on '"'.
-  std::string str() {
-    size_t start = pos_;
-    expect("\"");
-    std::string out;
-    while (true) {
-      if (atEnd()) failAt(start, "unterminated string");
-      char c = s_[pos_++];
-      if (c == '"') return out;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (atEnd()) failAt(start, "unterminated string");
-      char e = s_[pos_++];
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'x': {
-          auto hex = [&](char h) -> int {
-            if (isDigit(h)) return h - '0';
-            if (h >= 'a' && h <= 'f') return h - 'a' + 10;
-            if (h >= 'A' && h <= 'F') return h - 'A' + 10;
-            return -1;
-          };
-          int hi = hex(peek()), lo = hex(peek(1));
-          if (hi < 0 || lo < 0) fail("expected two hex digits after \\x");
-          pos_ += 2;
-          out += static_cast<char>(hi * 16 + lo);
-          break;
-        }
-        default: failAt(pos_ - 2, std::string("unknown escape '\\") + e + "'");
-      }
-    }
-  }
-
- private:
-  const std::string& s_;
-  size_t pos_ = 0;
-  int line_;
-};
-
-// How a list element or scalar constant was spelled.
-struct Number {
-  bool isFloat = false;
-  int64_t i = 0;
-  double f = 0.0;
-};
+using listing::Cursor;
+using listing::Number;
+using listing::isDigit;
+using listing::isIdentChar;
+using listing::isNameChar;
+using listing::isSpace;
+using listing::inQuotes;
 
 class Parser {
  public:
@@ -134,7 +35,7 @@ class Parser {
     size_t start = 0;
     int lineNo = 0;
     bool sawHeader = false;
-    while (start <= text.size()) {
+    while (start < text.size()) {
       size_t end = text.find('\n', start);
       if (end == std::string::npos) end = text.size();
       std::string line = text.substr(start, end - start);
@@ -151,10 +52,10 @@ class Parser {
       }
       parseStatement(c);
     }
-    if (!sawHeader) throw Diagnostic(std::to_string(lineNo) + ":1", "expected 'graph', got end of input");
-    if (!sawReturn_) {
-      throw Diagnostic(std::to_string(lineNo) + ":1", "expected 'return (...)' before the end of input");
-    }
+    // At the end of input: the last line.
+    const std::string last = std::to_string(std::max(lineNo, 1)) + ":1";
+    if (!sawHeader) throw Diagnostic(last, "expected 'graph', got end of input");
+    if (!sawReturn_) throw Diagnostic(last, "expected 'return (...)' before the end of input");
     return std::move(graph_);
   }
 
@@ -197,7 +98,7 @@ class Parser {
     }
     if (c.consume("{unrolled: ")) {
       size_t at = c.pos();
-      Number n = number(c);
+      Number n = c.number();
       if (n.isFloat || n.i < 1 || n.i > std::numeric_limits<int>::max()) c.failAt(at, "expected a positive iteration count");
       graph_.setIters(static_cast<int>(n.i));
       c.expect(" iterations}");
@@ -294,7 +195,7 @@ class Parser {
       while (true) {
         size_t dimAt = c.pos();
         if (!isDigit(c.peek())) c.expected("a dimension (an integer >= 0)");
-        Number n = number(c);
+        Number n = c.number();
         if (n.isFloat || n.i < 0) c.failAt(dimAt, "expected a dimension (an integer >= 0)");
         v.shape.push_back(n.i);
         c.skipSpaces();
@@ -454,61 +355,6 @@ class Parser {
     return m;
   }
 
-  // An int or a float as printer.cpp writes them (floats always have '.',
-  // an exponent, inf or nan).
-  Number number(Cursor& c) {
-    size_t start = c.pos();
-    const std::string& s = c.text();
-    size_t i = start;
-    if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
-    Number n;
-    if (s.compare(i, 3, "inf") == 0 || s.compare(i, 3, "nan") == 0) {
-      if (isIdentChar(i + 3 < s.size() ? s[i + 3] : '\0')) c.expected("a number");
-      n.isFloat = true;
-      bool neg = s[start] == '-';
-      n.f = s[i] == 'i' ? (neg ? -1 : 1) * std::numeric_limits<double>::infinity()
-                        : std::numeric_limits<double>::quiet_NaN();
-      c.setPos(i + 3);
-      return n;
-    }
-    size_t digits = i;
-    while (i < s.size() && isDigit(s[i])) ++i;
-    bool any = i > digits;
-    if (i < s.size() && s[i] == '.') {
-      n.isFloat = true;
-      ++i;
-      size_t frac = i;
-      while (i < s.size() && isDigit(s[i])) ++i;
-      any = any || i > frac;
-    }
-    if (!any) c.expected("a number");
-    if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-      n.isFloat = true;
-      ++i;
-      if (i < s.size() && (s[i] == '-' || s[i] == '+')) ++i;
-      size_t exp = i;
-      while (i < s.size() && isDigit(s[i])) ++i;
-      if (i == exp) {
-        c.setPos(i);
-        c.expected("digits of the exponent");
-      }
-    }
-    if (i < s.size() && (isIdentChar(s[i]) || s[i] == '.')) {
-      c.setPos(start);
-      c.expected("a number");
-    }
-    std::string t = s.substr(start, i - start);
-    errno = 0;
-    if (n.isFloat) {
-      n.f = std::strtod(t.c_str(), nullptr);
-    } else {
-      n.i = std::strtoll(t.c_str(), nullptr, 10);
-      if (errno == ERANGE) c.failAt(start, "integer " + t + " does not fit in 64 bits");
-    }
-    c.setPos(i);
-    return n;
-  }
-
   // The element kind a list argument of this schema type holds.
   static std::optional<Arg::Kind> listKindOf(const c10::Argument* schemaArg) {
     if (!schemaArg) return std::nullopt;
@@ -543,7 +389,7 @@ class Parser {
           k = Arg::Kind::Bools;
           a.bools.push_back(c.text()[elemAt] == 'T');
         } else if (isDigit(c.peek()) || c.peek() == '-' || c.peek() == '+' || c.lookingAt("inf") || c.lookingAt("nan")) {
-          numbers.push_back(number(c));
+          numbers.push_back(c.number());
           k = Arg::Kind::Ints;
         } else {
           c.expected("a list element (a value, an integer, a float or True/False)");
@@ -615,7 +461,7 @@ class Parser {
       return a;
     }
     if (isDigit(ch) || ch == '-' || ch == '+' || c.lookingAt("inf") || c.lookingAt("nan")) {
-      Number n = number(c);
+      Number n = c.number();
       return n.isFloat ? Arg::ofFloat(n.f) : Arg::ofInt(n.i);
     }
     c.expected("an argument (a value, None, a number, True/False, a string, device(...), torch.NAME or a list)");
@@ -673,7 +519,7 @@ class Parser {
     spaces(c);
     size_t at = c.pos();
     if (!isDigit(c.peek())) c.expected("the bucket's index");
-    Number index = number(c);
+    Number index = c.number();
     if (index.isFloat || index.i != static_cast<int64_t>(buckets_.size())) {
       c.failAt(at, "expected bucket " + std::to_string(buckets_.size()) + " (buckets are numbered in order)");
     }
@@ -682,7 +528,7 @@ class Parser {
     Bucket b;
     at = c.pos();
     if (!isDigit(c.peek())) c.expected("the bucket's size in bytes");
-    Number size = number(c);
+    Number size = c.number();
     if (size.isFloat) c.failAt(at, "expected the bucket's size in bytes (an integer)");
     b.bytes = size.i;
     spaces(c);

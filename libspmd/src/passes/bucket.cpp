@@ -65,15 +65,13 @@ std::set<ValueId> bucketableParams(const Graph& g, const BucketOptions& o) {
   return params;
 }
 
-bool hasExternalOutput(const Graph& g, const PlanBucket& b, const std::set<size_t>& forward,
-                       const std::map<ValueId, std::vector<size_t>>& users) {
+bool hasExternalOutput(const Graph& g, const PlanBucket& b, const std::set<size_t>& forward) {
   for (size_t i : b.nodes) {
     for (ValueId o : g.nodes()[i].outputs) {
       if (o == kNoValue) continue;
       if (std::find(g.outputs().begin(), g.outputs().end(), o) != g.outputs().end()) return true;
-      auto it = users.find(o);
-      if (it == users.end()) continue;
-      for (size_t u : it->second) {
+      for (const Node* reader : g.users(o)) {
+        const size_t u = g.indexOf(*reader);
         if (forward.count(u) && !b.nodes.count(u)) return true;
       }
     }
@@ -84,8 +82,6 @@ bool hasExternalOutput(const Graph& g, const PlanBucket& b, const std::set<size_
 std::vector<PlanBucket> planBuckets(const Graph& g, const BucketOptions& o) {
   const std::vector<size_t> forward = forwardNodes(g);
   const std::set<size_t> forwardSet(forward.begin(), forward.end());
-  std::map<ValueId, std::vector<size_t>> users;
-  for (size_t i : forward) forEachTensorArg(g.nodes()[i], [&](ValueId v) { users[v].push_back(i); });
   const std::set<ValueId> trainable = bucketableParams(g, o);
   const double cap = o.capMb * 1048576.0, firstCap = o.firstCapMb * 1048576.0;
 
@@ -94,7 +90,7 @@ std::vector<PlanBucket> planBuckets(const Graph& g, const BucketOptions& o) {
   for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
     PlanBucket& current = buckets.front();
     const double held = static_cast<double>(current.bytes);
-    if ((held >= cap || (buckets.size() == 1 && held >= firstCap)) && hasExternalOutput(g, current, forwardSet, users)) {
+    if ((held >= cap || (buckets.size() == 1 && held >= firstCap)) && hasExternalOutput(g, current, forwardSet)) {
       buckets.insert(buckets.begin(), PlanBucket{});
     }
     PlanBucket& target = buckets.front();

@@ -1,4 +1,4 @@
-// capturable-adam: with --device cuda, Adam's update as torch.optim's
+// capturable-adam (spmd-lower runs it for --device cuda): Adam's update as torch.optim's
 // capturable foreach Adam computes it, which reads and writes each tensor
 // fewer times:
 //   exp_avg * beta1 + grad * (1 - beta1)     ->  lerp(exp_avg, grad, 1 - beta1)

@@ -1,4 +1,4 @@
-// check-capture: with --cudagraphs, finds the nodes a CUDA graph cannot hold
+// check-capture (spmd-lower runs it for --cudagraphs on CUDA): finds the nodes a CUDA graph cannot hold
 // (kernels that wait for a result on the host) and notes each, since
 // spmd-run then runs that step eagerly. Changes nothing in the graph.
 #include "spmd/passes/pass.h"

@@ -1,4 +1,4 @@
-// embedding-grad: with --cudagraphs on CUDA, each embedding_dense_backward
+// embedding-grad (spmd-lower runs it for --cudagraphs on CUDA): each embedding_dense_backward
 // becomes new_zeros + index_add, which a CUDA graph can hold. CUDA's
 // embedding_dense_backward sorts the indices and sizes its segments on the
 // host, so a step with an embedding could not be captured at all.

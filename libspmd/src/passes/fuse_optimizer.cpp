@@ -223,6 +223,12 @@ std::vector<std::string> commOrder(const NodeList& nodes) {
 }
 
 
+std::string joined(const std::set<std::string>& names) {
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
 class FuseOptimizerPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override;
@@ -270,7 +276,10 @@ bool FuseOptimizerPass::run(Graph& g, DiagnosticEngine& diagnostics) {
     unitFirst.push_back(members.front());
     fusedNodes += members.size();
   }
-  if (fused.empty()) return rewritten;
+  if (fused.empty()) {
+    if (!unfused.empty()) diagnostics.note("fuse-optimizer: nothing fused; these have no _foreach form: " + joined(unfused));
+    return rewritten;
+  }
   for (size_t i = 0; i < nodes.size(); ++i) {
     if (unitOf[i] >= 0) continue;
     unitOf[i] = static_cast<int>(unitFirst.size());
@@ -288,14 +297,9 @@ bool FuseOptimizerPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   for (size_t u : order) scheduled.push_back(unitNode[u]);
   g.reorder(scheduled);
   if (commOrder(g.nodes()) != commBefore) throw std::logic_error("fuse-optimizer: communication reordered");
-  const size_t fusedCalls = fused.size();
-  {
-    std::string kept;
-    for (const auto& name : unfused) kept += (kept.empty() ? "" : ", ") + name;
-    diagnostics.note("fuse-optimizer: " + std::to_string(fusedNodes) + " optimizer nodes became " +
-                             std::to_string(fusedCalls) + " _foreach calls" +
-                             (kept.empty() ? "" : "; these have no _foreach form: " + kept));
-  }
+  diagnostics.note("fuse-optimizer: " + std::to_string(fusedNodes) + " optimizer nodes became " +
+                   std::to_string(fused.size()) + " _foreach calls" +
+                   (unfused.empty() ? "" : "; these have no _foreach form: " + joined(unfused)));
   return true;
 }
 

@@ -10,7 +10,7 @@
 // for how the unrolled graph holds setup, main and cleanup.
 //
 // Without buckets (spmd-split not run) or with --no-move, nothing moves and
-// the graph is only marked unrolled; a note says so.
+// the graph is only marked unrolled; without buckets a note says so.
 #include "spmd/ir/iter_graph.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"

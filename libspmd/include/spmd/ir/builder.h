@@ -42,7 +42,8 @@ class GraphBuilder {
 
   // References into the graph: valid until the next value is added.
   const Value& value(ValueId v) const { return graph_.value(v); }
-  const std::vector<int64_t>& shape(ValueId v) const { return graph_.value(v).shape; }
+  // A copy: a reference would dangle once the next value is added.
+  std::vector<int64_t> shape(ValueId v) const { return graph_.value(v).shape; }
   Graph& graph() { return graph_; }
 
   // Frequently used forms.
