@@ -2,6 +2,7 @@
 // arguments, and runs the other torchscript_*.cpp files' steps in order.
 #include "spmd/io/torchscript.h"
 
+#include "spmd/ops/meta.h"
 #include "spmd/ops/spmd_ops.h"
 #include "spmd/support/diagnostic.h"
 #include "torchscript_internal.h"
@@ -86,6 +87,9 @@ Graph importTorchScript(const std::string& bytes, const std::string& fileName,
   // (LibTorch 1.13 lacks meta kernels for many ops, relu among them: there
   // most modules take the CPU path.)
   if (traceOn != TraceOn::Cpu) try {
+    // On LibTorch 1.13, ops without meta kernels run on zero CPU tensors
+    // for the length of the trace.
+    MetaFallbackScope metaFallback;
     std::vector<at::Tensor> metaInputs;
     for (const auto& spec : ordered) metaInputs.push_back(at::zeros(spec.shape, at::TensorOptions().dtype(spec.dtype).device(at::kMeta)));
     const auto metaState = onMeta(state);

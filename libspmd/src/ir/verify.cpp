@@ -2,6 +2,7 @@
 
 #include "spmd/ops/dtype.h"
 #include "spmd/ir/boxing.h"
+#include "spmd/ops/meta.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/support/diagnostic.h"
 
@@ -263,7 +264,10 @@ class Verifier {
 
 }  // namespace
 
-std::vector<Problem> verifyGraph(const Graph& graph) { return Verifier(graph).run(); }
+std::vector<Problem> verifyGraph(const Graph& graph) {
+  const MetaFallbackScope metaFallback;  // once for all nodes, not per node
+  return Verifier(graph).run();
+}
 
 void verifyGraphOrThrow(const Graph& graph) {
   auto problems = verifyGraph(graph);

@@ -50,12 +50,14 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
   // Below autograd: shapes need no graph, and spmd's own ops have no
   // autograd kernel for the meta device.
   at::AutoDispatchBelowADInplaceOrView belowAutograd;
-  // Most ops have meta kernels all the way down and need no fallback; the
-  // first scope to start registers it with every op's dispatch table, which
-  // costs milliseconds (verification infers every node, one at a time).
+  // Most ops have meta kernels all the way down and need no fallback. A
+  // scope is taken only for those that do: the first live scope updates
+  // every op's dispatch table (milliseconds), which a caller inferring node
+  // after node outside any scope would otherwise pay per node.
   try {
     return toMeta(callOperator(op, stack));
   } catch (const std::exception&) {
+    // No meta kernel somewhere below the op: again, with the fallback.
   }
   MetaFallbackScope metaFallback;
   try {

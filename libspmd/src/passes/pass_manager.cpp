@@ -1,5 +1,6 @@
 #include "spmd/ir/printer.h"
 #include "spmd/ir/verify.h"
+#include "spmd/ops/meta.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -107,6 +108,7 @@ void printTimes(const std::vector<PassTime>& times, std::ostream& log) {
 
 void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
                const DebugOptions& debug) {
+  const MetaFallbackScope metaFallback;  // the builders' shape inference, once for all passes
   DiagnosticEngine dropped;
   DiagnosticEngine& diagnostics = options.diagnostics ? *options.diagnostics : dropped;
   std::vector<PassTime> times;

@@ -27,7 +27,7 @@ class RunRecord {
  public:
   RunRecord(int ranks, std::string device, int steps) : ranks_(ranks), device_(std::move(device)), steps_(steps) {}
 
-  // Step `step`'s loss and time; `timed`: past the warm-up, so in the timings.
+  // The next step's loss and time; `timed`: past the warm-up, so in the timings.
   void addStep(double loss, double ms, bool timed);
   void setPeakBytes(int64_t bytes) { peakBytes_ = bytes; }
 
