@@ -245,7 +245,8 @@ MetaFallbackScope::~MetaFallbackScope() {
 #else
 namespace spmd {
 
-// LibTorch 2.x has meta kernels for the ops spmd needs.
+// LibTorch 2.x: no fallback is registered; an op without a C++ meta kernel
+// runs on zero CPU tensors through inferOnMeta's retry.
 MetaFallbackScope::MetaFallbackScope() = default;
 MetaFallbackScope::~MetaFallbackScope() = default;
 
