@@ -25,9 +25,7 @@ std::vector<std::string> passNames(const std::string& list) {
     size_t comma = list.find(',', start);
     if (comma == std::string::npos) comma = list.size();
     std::string name = list.substr(start, comma - start);
-    bool known = false;
-    for (const auto& p : spmd::registeredPasses()) known = known || name == p.name;
-    if (!known) throw spmd::Diagnostic("--passes", "unknown pass '" + name + "' (see --list-passes)");
+    if (!spmd::findPass(name)) throw spmd::Diagnostic("--passes", "unknown pass '" + name + "' (see --list-passes)");
     names.push_back(name);
     start = comma + 1;
   }

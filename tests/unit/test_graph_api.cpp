@@ -76,6 +76,11 @@ TEST_CASE("replaceAllUsesWith reaches outputs and state updates, replaceUsesWith
   m.g.replaceUsesWith(m.y, m.x, [&](const Node& n) { return &n == &first; });
   CHECK(first.args[0].value == m.x);
   CHECK(m.g.producer(again)->args[0].value == m.y);
+  // setArg moves the read: %x gains a reader, %mul loses one.
+  const size_t readersOfX = m.g.users(m.x).size();
+  m.g.setArg(*m.g.producer(again), 0, Arg::tensor(m.x));
+  CHECK(m.g.users(m.x).size() == readersOfX + 1);
+  CHECK(m.g.users(m.y).empty());
 }
 
 TEST_CASE("the builder inserts before or after a node, in order, with inferred types", "[graph]") {

@@ -84,18 +84,10 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 namespace spmd {
 namespace {
 
+// zerosOnCpu, and a meta device argument becomes the CPU.
 c10::IValue metaToCpu(const c10::IValue& v) {
-  auto cpu = [](const at::Tensor& t) {
-    return t.defined() && t.is_meta() ? at::zeros_like(t, at::TensorOptions().device(at::kCPU)) : t;
-  };
-  if (v.isTensor()) return cpu(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorVector()) list.push_back(cpu(t));
-    return list;
-  }
   if (v.isDevice() && v.toDevice().is_meta()) return c10::Device(at::kCPU);
-  return v;
+  return zerosOnCpu(v);
 }
 
 c10::IValue cpuToMeta(const c10::IValue& v) {

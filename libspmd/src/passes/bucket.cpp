@@ -161,9 +161,9 @@ struct CommBucket {
   size_t waitSlot = 0;               // program order of the wait: i before node i, node count at the end
 };
 
-std::vector<CommBucket> placeBuckets(const Graph& g, const std::vector<PlanBucket>& plan) {
+std::vector<CommBucket> placeBuckets(Graph& g, const std::vector<PlanBucket>& plan) {
   std::map<ValueId, Gradient*> gradOf;
-  for (Gradient& grad : const_cast<Graph&>(g).gradients()) gradOf[grad.parameter] = &grad;
+  for (Gradient& grad : g.gradients()) gradOf[grad.parameter] = &grad;
   std::vector<CommBucket> comm;
   for (size_t b = 0; b < plan.size(); ++b) {
     CommBucket c{static_cast<int>(b), {}};

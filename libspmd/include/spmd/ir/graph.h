@@ -285,7 +285,6 @@ class Graph {
   const Node* producer(ValueId v) const;
   // The nodes reading `v`, each once, in program order.
   std::vector<const Node*> users(ValueId v) const;
-  bool hasNodeUsers(ValueId v) const { return !users_.at(v).empty(); }
   // Every read of `from` becomes a read of `to`: node arguments, graph
   // outputs and the new values of state updates. Gradient records are
   // annotations, not reads, and stay.
