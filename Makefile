@@ -7,7 +7,8 @@ CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev libcli11-dev \
-           nlohmann-json3-dev catch2 graphviz python3-jsonschema procps llvm-15-tools
+           nlohmann-json3-dev catch2 graphviz python3-jsonschema procps llvm-15-tools \
+           python3-torchvision
 INSPECT := $(BUILD)/spmd-inspect
 EXPAND  := $(BUILD)/spmd-expand
 

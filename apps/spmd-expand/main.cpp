@@ -27,13 +27,15 @@ int main(int argc, char** argv) {
   spmd::addDebugFlags(app, debug);
   spmd::addListPassesFlag(app);
   bool listOps = false;
-  app.add_flag("--list-ops", listOps, "list the differentiable ops and exit");
+  app.add_flag("--list-ops", listOps,
+               "list every operator of the linked LibTorch with where its derivative comes from "
+               "(autograd: LibTorch's derivatives.yaml; composite: through the ops it calls; none) and exit");
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(tool);
     options.diagnostics = &diagnostics;
     if (listOps) {
-      for (const auto& op : spmd::differentiableOps()) std::cout << op << "\n";
+      for (const auto& line : spmd::derivativeSources()) std::cout << line << "\n";
       return 0;
     }
     spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/true);

@@ -3,6 +3,10 @@
 FUNCTION (in an importable module, or a .py file path) takes no arguments and
 returns (train_step, model, optimizer, batch), the arguments of
 spmd_export.export.
+
+Every failure is one line on stderr, `spmd_export: error: ...`, with exit
+status 1 (2 for a bad command line), never a traceback: the user's code that
+raised is named by file and line instead.
 """
 import argparse
 import importlib
@@ -10,7 +14,7 @@ import importlib.util
 import os
 import sys
 
-from ._export import SpmdExportError, export
+from ._export import SpmdExportError, describe, export
 
 
 def _load(target):
@@ -23,28 +27,55 @@ def _load(target):
             raise SpmdExportError(f"{module_name}: no such file")
         module = importlib.util.module_from_spec(spec)
         sys.path.insert(0, os.path.dirname(os.path.abspath(module_name)))
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # the user's file failed to run (SyntaxError included)
+            raise SpmdExportError(f"cannot load {module_name}: {describe(e)}") from None
     else:
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
             raise SpmdExportError(f"cannot import {module_name}: {e}") from None
+        except Exception as e:
+            raise SpmdExportError(f"cannot import {module_name}: {describe(e)}") from None
     if not hasattr(module, function):
         raise SpmdExportError(f"{module_name} has no function {function!r}")
     return getattr(module, function)
 
 
+def _arguments(target):
+    """(train_step, model, optimizer, batch) from the user's function."""
+    make = _load(target)
+    try:
+        made = make()
+    except Exception as e:
+        raise SpmdExportError(f"{target} raised {describe(e)}") from None
+    if not isinstance(made, (tuple, list)) or len(made) != 4:
+        got = f"{len(made)} values" if isinstance(made, (tuple, list)) else type(made).__name__
+        raise SpmdExportError(f"{target} must return (train_step, model, optimizer, batch), got {got}")
+    return made
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, as for every other failure; exit 2 marks a usage error.
+        print(f"spmd_export: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m spmd_export", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python3 -m spmd_export", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="MODULE:FUNCTION returning (train_step, model, optimizer, batch)")
     parser.add_argument("-o", "--output", default="step.json", help="JSON graph dump to write (default step.json)")
     parser.add_argument("--weights", help="torch.save file for parameters and state (default: OUTPUT with .weights.pt)")
     args = parser.parse_args(argv)
     try:
-        train_step, model, optimizer, batch = _load(args.target)()
-        export(train_step, model, optimizer, batch, args.output, args.weights)
+        export(*_arguments(args.target), args.output, args.weights)
     except SpmdExportError as e:
-        print(f"spmd_export: error: {e}", file=sys.stderr)
+        print("spmd_export: error: " + " ".join(str(e).splitlines()), file=sys.stderr)
+        return 1
+    except Exception as e:  # export() names every cause it knows; anything else is still one line
+        print(f"spmd_export: error: internal error (please report): {describe(e, skip_ours=False)}", file=sys.stderr)
         return 1
     print(f"wrote {args.output}", file=sys.stderr)
     return 0

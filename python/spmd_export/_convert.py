@@ -5,13 +5,16 @@ make_fx records in-place ATen ops (the optimizer's param.addcdiv_, the state's
 exp_avg.mul_, ...). Each becomes its out-of-place form, and later readers of
 the mutated tensor read the new value (SSA renaming); graph inputs written
 this way become state updates. In-place writes that other live aliases
-(views) would observe are rejected.
+(views) would observe are rejected. Multi-tensor (foreach) ops are first
+expanded into per-tensor ops (_foreach.py).
 """
 import math
 import operator
 
 import torch
 import torch.fx
+
+from ._foreach import expand_foreach
 
 # Ops whose result aliases their first argument.
 _VIEW_OPS = {"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::t", "aten::transpose", "aten::permute",
@@ -328,8 +331,9 @@ def _eliminate_dead(nodes, roots):
 
 def convert(gm, inputs, grad_params, error):
     """The dump of `gm`, whose placeholders are `inputs` [(name, kind, requires_grad)]
-    in order and whose output is [loss, gradient of each of grad_params...]."""
-    c = _Converter(gm, error)
+    in order and whose output is [loss, gradient of each of grad_params...].
+    Expands `gm`'s foreach ops in place."""
+    c = _Converter(expand_foreach(gm, error), error)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise error(f"internal: {len(placeholders)} placeholders for {len(inputs)} inputs")

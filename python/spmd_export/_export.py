@@ -1,10 +1,12 @@
 """Tracing a train step with make_fx and writing it as an spmd graph dump."""
 import collections
 import contextlib
+import functools
 import json
 import math
 import operator
 import os
+import traceback
 
 import importlib
 
@@ -15,8 +17,42 @@ from torch.nn.utils import stateless
 from ._convert import convert
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
 class SpmdExportError(Exception):
     """A train step, model or optimizer that cannot be exported, and why."""
+
+
+def _where(e, skip_ours=True):
+    """' (at FILE:LINE)' of the innermost frame of `e`'s traceback in the
+    user's code (outside torch and, with skip_ours, spmd_export), or ''."""
+    skip = (os.path.dirname(torch.__file__) + os.sep,) + ((_HERE + os.sep,) if skip_ours else ())
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if not frame.filename.startswith("<") and not os.path.abspath(frame.filename).startswith(skip):
+            return f" (at {frame.filename}:{frame.lineno})"
+    return ""
+
+
+def describe(e, skip_ours=True):
+    """An exception as one line: 'TypeError: first line of message (at FILE:LINE)'."""
+    text = str(e).strip().splitlines()
+    return type(e).__name__ + (f": {text[0]}" if text else "") + _where(e, skip_ours)
+
+
+def _reads_values(e):
+    """Whether make_fx failed because traced code read a tensor's value."""
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("_local_scalar_dense" in text or "tracing tensor" in text
+                                            or "data-dependent" in text)
+
+
+def _failure(e):
+    """What a failed trace of the user's step did, for 'the train step ...'."""
+    if _reads_values(e):
+        return ("reads tensor values in Python (data-dependent control flow, .item(), bool(tensor)), which a static "
+                "graph cannot express: " + str(e).splitlines()[0] + _where(e))
+    return "raised " + describe(e)
 
 
 # ---- what is traced -----------------------------------------------------------
@@ -55,8 +91,6 @@ def _initial_state(opt, param):
     """torch.optim's state for `param` as its first step creates it."""
     group = next(g for g in opt.param_groups if any(p is param for p in g["params"]))
     name = type(opt).__name__
-    if group.get("fused"):
-        raise SpmdExportError(f"{name}(fused=True) cannot be traced; use the default implementation")
     if isinstance(opt, torch.optim.SGD):
         if group["momentum"] == 0:
             return {}
@@ -98,43 +132,91 @@ def _optimizer_state(opts, named_params):
 
 # ---- tracing --------------------------------------------------------------------
 
-def _adamw_as_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=None,
-                   capturable=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize, **_):
-    """AdamW for PyTorch versions whose AdamW has no tensor-step formulation
-    (1.13 reads step.item()): its decoupled weight decay, as adamw.py applies
-    it, then torch.optim's own Adam update in the tensor-step formulation."""
+def _adamw_as_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=None,
+                   capturable=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize, **kwargs):
+    """AdamW for PyTorch versions whose single-tensor AdamW has no tensor-step
+    formulation (1.13 reads step.item()): its decoupled weight decay, as
+    adamw.py applies it, then torch.optim's own Adam update in the tensor-step
+    formulation. Foreach groups keep `original` (its capturable path)."""
+    if foreach:
+        return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=foreach,
+                        capturable=capturable, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr,
+                        weight_decay=weight_decay, eps=eps, maximize=maximize, **kwargs)
     for p in params:
         p.mul_(1 - lr * weight_decay)
-    importlib.import_module("torch.optim.adam").adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=False,
-                          capturable=False, differentiable=True, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr,
-                          weight_decay=0.0, eps=eps, maximize=maximize)
+    importlib.import_module("torch.optim.adam").adam(
+        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=False, capturable=False,
+        differentiable=True, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=0.0, eps=eps,
+        maximize=maximize)
+
+
+def _check_fused(opt, group):
+    """fused=True where this PyTorch has no fused kernel for the parameters'
+    device (1.13: CUDA only) fails in eager too; say so before tracing."""
+    name = type(opt).__name__
+    supported = getattr(importlib.import_module("torch.optim.optimizer"), "_get_fused_kernels_supported_devices",
+                        lambda: ["cuda"])()
+    others = sorted({p.device.type for p in group["params"]} - set(supported))
+    if others:
+        raise SpmdExportError(f"{name}(fused=True) needs its parameters on {' or '.join(supported)}, not "
+                              f"{', '.join(others)} (this PyTorch has no fused kernel for them); use foreach=True "
+                              "or the default implementation")
+
+
+def _all_true(_):
+    return True
 
 
 @contextlib.contextmanager
 def _traceable(opts):
-    """Optimizer settings whose update make_fx can trace: single-tensor
-    implementations, and for Adam/AdamW the tensor-step formulation
-    (`differentiable`), since the default one reads step.item()."""
+    """Optimizer settings whose update make_fx can trace, without .item():
+    - single-tensor Adam/AdamW: the tensor-step formulation (`differentiable`);
+    - foreach Adam/AdamW: the foreach tensor-step formulation (`capturable`),
+      whose device assert (CUDA tensors, a CUDA-graph constraint, not one of
+      the math) is lifted for the trace by shadowing `all` in adam.py and
+      adamw.py, whose only uses during a step are that assert and a check
+      that steps are tensors, which ours are;
+    - fused: traced as foreach. The fused kernels are one opaque op whose
+      arithmetic spmd would have to restate; the foreach path computes the
+      same update through ATen ops (it rounds as foreach does, not as the
+      fused kernel does).
+    SGD's foreach path reads no tensor values and is traced as it is; its
+    foreach ops are expanded per tensor by the converter."""
+    for opt in opts:  # before anything is changed
+        for group in opt.param_groups:
+            if group.get("fused"):
+                _check_fused(opt, group)
     saved = []
-    patch_adamw = False
+    patch_adamw = lift_assert = False
     for opt in opts:
         for group in opt.param_groups:
             saved.append((group, dict(group)))
-            if "foreach" in group:
-                group["foreach"] = False
+            if group.get("fused"):
+                group["fused"], group["foreach"] = False, True
             if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-                if "differentiable" in group:
+                if group.get("foreach"):
+                    group["capturable"] = lift_assert = True
+                elif "differentiable" in group:
                     group["differentiable"] = True
                 elif isinstance(opt, torch.optim.AdamW):
                     patch_adamw = True
-    adamw_module = importlib.import_module("torch.optim.adamw")
+    modules = [importlib.import_module("torch.optim.adam"), importlib.import_module("torch.optim.adamw")]
+    adamw_module = modules[1]
     original_adamw = adamw_module.adamw
     if patch_adamw:
-        adamw_module.adamw = _adamw_as_adam
+        adamw_module.adamw = functools.partial(_adamw_as_adam, original_adamw)
+    shadowed = [(m, m.__dict__.get("all")) for m in modules] if lift_assert else []
+    for m, _ in shadowed:
+        m.all = _all_true
     try:
         yield
     finally:
         adamw_module.adamw = original_adamw
+        for m, previous in shadowed:
+            if previous is None:
+                del m.all
+            else:
+                m.all = previous
         for group, values in saved:
             group.clear()
             group.update(values)
@@ -170,7 +252,15 @@ def _installed(modules, opts, named_params, named_buffers, state_entries, params
                         # A fresh detach marks the gradient as optimizer.step()
                         # reads it (the converter resolves the mark to it).
                         grads.setdefault(id(t), None if t.grad is None else t.grad.detach())
-                return _step(*args, **kwargs)
+                try:
+                    return _step(*args, **kwargs)
+                except SpmdExportError:
+                    raise
+                except Exception as e:  # named here: the optimizer, not the user's step, is the cause
+                    what = ("reads tensor values in Python (its step count with .item(), say), which a static graph "
+                            "cannot express" if _reads_values(e) else "raised " + describe(e))
+                    raise SpmdExportError(f"{type(_opt).__name__}.step() {what}; spmd_export traces SGD, Adam, AdamW "
+                                          "and optimizers whose step is tensor ops only") from e
 
             opt.step = recording_step
         try:
@@ -212,13 +302,8 @@ def _trace(train_step, model, optimizer, batch):
             gm = make_fx(step)(params, buffers, states, [t.detach() for t in batch_tensors])
     except SpmdExportError:
         raise
-    except RuntimeError as e:
-        text = str(e)
-        if "_local_scalar_dense" in text or "tracing tensor" in text or "data-dependent" in text:
-            raise SpmdExportError("the train step reads tensor values in Python (data-dependent control flow, "
-                                  ".item(), bool(tensor)), which a static graph cannot express: "
-                                  + text.splitlines()[0]) from None
-        raise SpmdExportError(f"tracing the train step failed: {text.splitlines()[0] if text else type(e).__name__}") from None
+    except Exception as e:  # the user's step, model or loss failed while traced
+        raise SpmdExportError("the train step " + _failure(e)) from e
     inputs = ([(n, "parameter", p.requires_grad) for (n, p) in named_params]
               + [(n, "buffer", False) for n, _ in named_buffers]
               + [(n, "state", False) for (n, _, _, _) in state_entries]
@@ -253,11 +338,24 @@ def export(train_step, model, optimizer, batch, path, weights_path=None):
     if weights_path is None:
         weights_path = os.path.splitext(path)[0] + ".weights.pt"
     gm, inputs, grad_params, tensors = _trace(train_step, model, optimizer, batch)
-    doc = convert(gm, inputs, grad_params, SpmdExportError)
+    try:
+        doc = convert(gm, inputs, grad_params, SpmdExportError)
+    except SpmdExportError:
+        raise
+    except Exception as e:  # a bug of ours; still one line, with where it happened
+        raise SpmdExportError("internal error converting the traced step (please report): "
+                              + describe(e, skip_ours=False)) from e
     doc["weights"] = {"file": weights_path, "format": "torch.save"}
-    for tmp, write in ((weights_path, lambda f: torch.save(tensors, f)), (path, lambda f: f.write(_dump(doc).encode()))):
-        with open(tmp + ".tmp", "wb") as f:
-            write(f)
-    os.replace(weights_path + ".tmp", weights_path)
-    os.replace(path + ".tmp", path)
+    writes = ((weights_path, lambda f: torch.save(tensors, f)), (path, lambda f: f.write(_dump(doc).encode())))
+    try:
+        for target, write in writes:
+            with open(target + ".tmp", "wb") as f:
+                write(f)
+        for target, _ in writes:
+            os.replace(target + ".tmp", target)
+    except OSError as e:
+        for target, _ in writes:  # no partial output
+            with contextlib.suppress(OSError):
+                os.remove(target + ".tmp")
+        raise SpmdExportError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
     return doc

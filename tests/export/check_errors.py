@@ -1,8 +1,11 @@
 """spmd_export's errors name their cause, as an exception from the API and as
-one line with exit 1 from `python3 -m spmd_export`.
+one line with exit 1 from `python3 -m spmd_export`; and its expansion of
+torch.optim's foreach ops computes exactly what the foreach ops compute.
 
   check_errors.py        (python/ on PYTHONPATH, a python3 with torch)
 """
+import copy
+import importlib
 import os
 import subprocess
 import sys
@@ -11,6 +14,8 @@ import tempfile
 import torch
 
 import spmd_export
+from spmd_export import _export
+from spmd_export._foreach import expand_foreach
 
 passed = failed = 0
 tmp = tempfile.mkdtemp()
@@ -72,6 +77,51 @@ def silent_step(model, optimizer, x):
     plain_step(model, optimizer, x)
 
 
+class Refusing(torch.nn.Module):
+    """A model whose forward raises (the user's own error)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        raise ValueError("refusing input of shape " + str(tuple(x.shape)))
+
+
+def expect_cli(name, fragment, args, code=1):
+    """`python3 -m spmd_export ARGS` fails with `code` and exactly one line,
+    'spmd_export: error: ...' containing `fragment`."""
+    proc = subprocess.run([sys.executable, "-m", "spmd_export"] + args, capture_output=True, text=True)
+    lines = proc.stderr.splitlines()
+    report("CLI: " + name, proc.returncode == code and len(lines) == 1 and lines[0].startswith("spmd_export: error: ")
+           and fragment in lines[0], f"exit {proc.returncode}, stderr {proc.stderr!r} (wanted {fragment!r})")
+
+
+def check_foreach_expansion(name, make_opt):
+    """The traced foreach step, run by torch before and after its foreach ops
+    are expanded into per-tensor ops, gives bit-identical results."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    gm, inputs, _, tensors = _export._trace(plain_step, model, make_opt(model.parameters()), torch.randn(5, 4))
+    expanded = expand_foreach(copy.deepcopy(gm), spmd_export.SpmdExportError)
+    targets = lambda g: [str(n.target) for n in g.graph.nodes if n.op == "call_function"]
+    had = sum("_foreach_" in t for t in targets(gm))
+    left = [t for t in targets(expanded) if "_foreach_" in t]
+
+    def run(graph):
+        # Grouped as the traced step takes them; the step updates them in place.
+        groups = {k: [] for k in ("parameter", "buffer", "state", "data")}
+        for n, kind, _ in inputs:
+            groups[kind].append(tensors[n].clone() if kind != "data" else torch.ones(5, 4))
+        with torch.no_grad():
+            out = graph(*groups.values())
+        return list(out) + [t for ts in groups.values() for t in ts]
+
+    same = all(torch.equal(a, b) for a, b in zip(run(gm), run(expanded)))
+    report(f"foreach expansion is exact: {name}", had > 0 and not left and same,
+           f"{had} foreach ops traced, left {left}, results equal: {same}")
+
+
 def main():
     model = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4)
@@ -105,6 +155,33 @@ def main():
     except Exception as e:
         report("a custom optimizer's state is exported", False, f"{type(e).__name__}: {e}")
 
+    refusing = Refusing()
+    expect_error("forward raises", "the train step raised ValueError: refusing input of shape (2, 4) (at "
+                 + os.path.abspath(__file__), plain_step, refusing, torch.optim.SGD(refusing.parameters(), lr=0.1), x)
+    expect_error("forward fails inside torch", "the train step raised RuntimeError: mat1 and mat2 shapes", plain_step,
+                 model, torch.optim.SGD(model.parameters(), lr=0.1), torch.randn(2, 5))
+    # Adagrad's step reads its step count with .item(): the optimizer is named as the cause.
+    expect_error("unsupported optimizer", "Adagrad.step() reads tensor values in Python", plain_step, model,
+                 torch.optim.Adagrad(model.parameters()), x)
+    # 1.13 refuses fused=True for CPU parameters at construction; a group switched
+    # to fused afterwards must still fail with the cause, not in a kernel.
+    fused = torch.optim.Adam(model.parameters())
+    fused.param_groups[0]["fused"] = True
+    supported = getattr(importlib.import_module("torch.optim.optimizer"), "_get_fused_kernels_supported_devices",
+                        lambda: ["cuda"])()
+    if "cpu" not in supported:
+        expect_error("fused=True on CPU", "Adam(fused=True) needs its parameters on cuda, not cpu", plain_step, model,
+                     fused, x)
+
+    for name, make_opt in [
+            ("SGD", lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=True)),
+            ("SGD nesterov, weight decay, maximize", lambda ps: torch.optim.SGD(
+                ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1, maximize=True, foreach=True)),
+            ("Adam amsgrad, weight decay, maximize", lambda ps: torch.optim.Adam(
+                ps, lr=0.1, amsgrad=True, weight_decay=0.1, maximize=True, foreach=True)),
+            ("AdamW amsgrad", lambda ps: torch.optim.AdamW(ps, lr=0.1, amsgrad=True, foreach=True))]:
+        check_foreach_expansion(name, make_opt)
+
     # The command line: one line on stderr, exit 1; a good target writes both files.
     env = dict(os.environ)
     proc = subprocess.run([sys.executable, "-m", "spmd_export", "no_such_module:make"], capture_output=True,
@@ -124,6 +201,48 @@ def main():
                           text=True, env=env)
     report("CLI: FILE.py:FUNCTION writes the dump and weights", proc.returncode == 0 and os.path.exists(out) and
            os.path.exists(os.path.join(tmp, "cli.weights.pt")), proc.stderr)
+
+    # Every failure on the command line is one line, whatever raised it.
+    bad = os.path.join(tmp, "bad.py")
+    with open(bad, "w") as f:
+        f.write("import torch\n"
+                "def step(model, opt, x):\n"
+                "    loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad(); return loss\n"
+                "class Refusing(torch.nn.Linear):\n"
+                "    def forward(self, x):\n"
+                "        raise ValueError('no')\n"
+                "def fused():\n"
+                "    m = torch.nn.Linear(4, 3)\n"
+                "    return step, m, torch.optim.Adam(m.parameters(), fused=True), torch.randn(2, 4)\n"
+                "def adagrad():\n"
+                "    m = torch.nn.Linear(4, 3)\n"
+                "    return step, m, torch.optim.Adagrad(m.parameters()), torch.randn(2, 4)\n"
+                "def refusing():\n"
+                "    m = Refusing(4, 3)\n"
+                "    return step, m, torch.optim.SGD(m.parameters(), lr=0.1), torch.randn(2, 4)\n"
+                "def broken():\n"
+                "    return 1 / 0\n"
+                "def three():\n"
+                "    return 1, 2, 3\n"
+                "def good():\n"
+                "    m = torch.nn.Linear(4, 3)\n"
+                "    return step, m, torch.optim.SGD(m.parameters(), lr=0.1, foreach=True), torch.randn(2, 4)\n")
+    syntax = os.path.join(tmp, "syntax.py")
+    with open(syntax, "w") as f:
+        f.write("def make(:\n")
+    if "cpu" not in supported:
+        expect_cli("fused=True on CPU", "FusedAdam requires all the params to be CUDA", [bad + ":fused"])
+    expect_cli("unsupported optimizer", "Adagrad.step() reads tensor values in Python", [bad + ":adagrad"])
+    expect_cli("forward raises", f"the train step raised ValueError: no (at {bad}:6)", [bad + ":refusing"])
+    expect_cli("target function raises", f"{bad}:broken raised ZeroDivisionError: division by zero (at {bad}:17)",
+               [bad + ":broken"])
+    expect_cli("target returns the wrong thing", "must return (train_step, model, optimizer, batch), got 3 values",
+               [bad + ":three"])
+    expect_cli("file does not compile", f"cannot load {syntax}: SyntaxError", [syntax + ":make"])
+    expect_cli("missing function", "has no function 'nothing'", [bad + ":nothing"])
+    expect_cli("unwritable output", "cannot write", [bad + ":good", "-o", os.path.join(tmp, "no", "dir", "x.json")])
+    expect_cli("no target", "the following arguments are required: target", [], code=2)
+    expect_cli("unknown flag", "unrecognized arguments: --frobnicate", [bad + ":good", "--frobnicate"], code=2)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -59,6 +59,24 @@ CASES = {
                             mlp_batch(7, 32)),
     "mlp_adam_amsgrad_wd": (lambda: MLP(4, 24), lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, weight_decay=1e-2),
                             mlp_batch(9, 24)),
+    # torch.optim's multi-tensor (foreach) implementations, the default on
+    # CUDA, against eager foreach training: the export expands each _foreach_
+    # op into per-tensor ops (zero_grad's _foreach_zero_ too). Adam/AdamW are
+    # traced through their tensor-step (capturable) foreach path, which rounds
+    # as the tensor-step single-tensor one does (see above).
+    "mlp_sgd_foreach": (lambda: MLP(3, 32), lambda ps: torch.optim.SGD(ps, lr=0.05, foreach=True), mlp_batch(7, 32)),
+    "cnn_sgd_foreach": (lambda: TinyCNN(), lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, foreach=True),
+                        cnn_batch),
+    "mlp_sgd_nesterov_wd_foreach": (lambda: MLP(3, 32),
+                                    lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.8, nesterov=True,
+                                                               weight_decay=1e-3, foreach=True),
+                                    mlp_batch(7, 32)),
+    "mlp_adam_foreach": (lambda: MLP(), lambda ps: torch.optim.Adam(ps, lr=1e-2, foreach=True), mlp_batch(100, 100)),
+    "lm_adamw_foreach": (lambda: TinyLM(), lambda ps: torch.optim.AdamW(ps, lr=1e-2, eps=1e-5, foreach=True), lm_batch),
+    "mlp_adam_amsgrad_wd_foreach": (lambda: MLP(4, 24),
+                                    lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, weight_decay=1e-2,
+                                                                foreach=True),
+                                    mlp_batch(9, 24)),
 }
 
 

@@ -322,6 +322,9 @@ class DataDependentBranch(nn.Module):
         return h.sum()
 
 
+# ---- in-place writes through views (functionalized on import) -------------
+
+
 class InPlaceOnSelect(nn.Module):
     def __init__(self):
         super().__init__()
@@ -342,6 +345,27 @@ class InPlaceOnView(nn.Module):
         h = self.fc(x)
         h.view(-1).mul_(2.0)
         return h.mean()
+
+
+class InPlaceViewsOfViews(nn.Module):
+    """A view taken before a write reads the written values; slices assigned
+    into; in-place activations and dropout on flatten/transpose results
+    (efficientnet's Dropout(inplace=True) after flatten)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.drop = nn.Dropout(p=0.0, inplace=True)
+
+    def forward(self, x):
+        h = self.fc(x)
+        first = h[0]
+        h.transpose(0, 1)[1:3].mul_(3.0)
+        h[:, 4] = first[:1] * 0.5
+        flat = torch.flatten(h, 1)
+        flat.relu_()
+        self.drop(flat)
+        return h.sum() + first.sum() * 2.0
 
 
 # ---- inputs -----------------------------------------------------------------
@@ -430,6 +454,11 @@ MODULES = [
      lambda: DepthwiseClassifier(4, 10, 7), [f32("x", 5, 4, 16, 16), i64("labels", [5], 7)]),
     ("resnet_branches", "script",
      lambda: TinyResNet(2, 6, 3), [f32("x", 2, 2, 12, 12), f32("y", 2, 3)]),
+    ("inplace_select", "script", InPlaceOnSelect, [f32("x", 4, 5)]),
+    ("inplace_view", "script", InPlaceOnView, [f32("x", 4, 5)]),
+    ("inplace_view_traced", "trace", InPlaceOnView, [f32("x", 4, 5)]),
+    ("inplace_views_of_views", "script", InPlaceViewsOfViews, [f32("x", 6, 6)]),
+    ("inplace_views_of_views_traced", "trace", InPlaceViewsOfViews, [f32("x", 6, 6)]),
 ]
 
 
@@ -446,12 +475,6 @@ def source_line(function, needle):
 ERROR_MODULES = [
     ("err_data_dependent_if", "script", DataDependentBranch, [f32("x", 3, 6)],
      "data-dependent control flow", source_line(DataDependentBranch.forward, "if h.sum() > 0:")),
-    ("err_inplace_select", "script", InPlaceOnSelect, [f32("x", 4, 5)],
-     "writes to a view", source_line(InPlaceOnSelect.forward, "h[:, 0].add_(1.0)")),
-    ("err_inplace_view", "script", InPlaceOnView, [f32("x", 4, 5)],
-     "writes to a view", source_line(InPlaceOnView.forward, "h.view(-1).mul_(2.0)")),
-    ("err_inplace_view_traced", "trace", InPlaceOnView, [f32("x", 4, 5)],
-     "writes to a view", source_line(InPlaceOnView.forward, "h.view(-1).mul_(2.0)")),
 ]
 
 # Bad --input specs for modules of MODULES: (name, module file, specs, message, line or None)

@@ -288,7 +288,7 @@ std::vector<at::Tensor> runKeepingEverything(const Graph& g) {
   for (const Node& node : g.nodes()) {
     auto op = findOperator(node);
     REQUIRE(op);
-    auto results = callOperator(*op, boxArguments(node, [&](ValueId v) { return env[v]; }));
+    auto results = callOperator(*op, boxArguments(node, op->schema(), [&](ValueId v) { return env[v]; }));
     for (size_t k = 0; k < node.outputs.size() && k < results.size(); ++k) {
       if (node.outputs[k] != kNoValue) env[node.outputs[k]] = results[k];
     }

@@ -90,6 +90,10 @@ std::vector<OutputAliasing> outputAliasing(const Node& node) {
     for (auto& r : result) r.base = firstTensorArgument(node);
     return result;
   }
+  if (hasTrait(node.op, OpTrait::ViewOfFirstArgument)) {
+    for (auto& r : result) r = {firstTensorArgument(node), false};
+    return result;
+  }
   if (hasTrait(node.op, OpTrait::ViewsEachListElement) && !node.args.empty()) {
     const std::vector<ValueId>& elements = node.args[0].values;
     for (size_t k = 0; k < result.size() && k < elements.size(); ++k) result[k] = {elements[k], false};
@@ -127,7 +131,9 @@ Lifetimes computeLifetimes(const Graph& graph) {
     const int at = static_cast<int>(i);
     for (const Arg& a : nodes[i].args) {
       if (a.kind == Arg::Kind::Value) extendLifetime(t, a.value, at);
-      for (ValueId v : a.values) extendLifetime(t, v, at);
+      for (ValueId v : a.values) {
+        if (v != kNoValue) extendLifetime(t, v, at);
+      }
     }
     auto aliasing = outputAliasing(nodes[i]);
     for (size_t k = 0; k < nodes[i].outputs.size(); ++k) {

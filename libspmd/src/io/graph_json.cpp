@@ -36,7 +36,13 @@ ojson argJson(const Graph& g, const Arg& a) {
     case Arg::Kind::Value: out[key] = g.value(a.value).name; break;
     case Arg::Kind::Values: {
       ojson names = ojson::array();
-      for (ValueId v : a.values) names.push_back(g.value(v).name);
+      for (ValueId v : a.values) {
+        if (v == kNoValue) {
+          names.push_back(nullptr);  // an absent element of a Tensor?[]
+        } else {
+          names.push_back(g.value(v).name);
+        }
+      }
       out[key] = names;
       break;
     }
@@ -345,7 +351,7 @@ class Reader {
       expectArray(v, at);
       for (size_t i = 0; i < v.size(); ++i) {
         std::string item = at + "/" + std::to_string(i);
-        if (key == "values") a.values.push_back(ref(v[i], item));
+        if (key == "values") a.values.push_back(v[i].is_null() ? kNoValue : ref(v[i], item));
         if (key == "ints") a.ints.push_back(integer(v[i], item));
         if (key == "floats") a.floats.push_back(number(v[i], item));
         if (key == "bools") {

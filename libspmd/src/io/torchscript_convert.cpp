@@ -2,8 +2,14 @@
 // ATen call, constants as arguments, in-place updates made functional.
 #include "torchscript_internal.h"
 
+#include "spmd/ir/boxing.h"
+#include "spmd/ir/builder.h"
+#include "spmd/ops/meta.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ScalarOps.h>
 #include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/runtime/operator.h>
 
 #include <algorithm>
 #include <set>
@@ -52,6 +58,7 @@ class Converter {
         n->kind() == c10::prim::TupleConstruct || n->kind() == c10::prim::ListUnpack) {
       return;  // read where they are used
     }
+    if (folder_.folds(n)) return;  // folded where used (ShapeFolder)
     const c10::FunctionSchema* schema = n->maybeSchema();
     const bool known = n->kind().is_aten() || kind.rfind("spmd::", 0) == 0;
     if (!schema || !known) {
@@ -79,16 +86,50 @@ class Converter {
     for (size_t i = 0; i < n->inputs().size(); ++i) {
       node.args.push_back(convertArg(n, schema->arguments()[i], n->inputs()[i]));
     }
-    if (inPlace) rejectViewMutation(n, node);
+    std::vector<const jit::Value*> outs;
     for (const jit::Value* out : n->outputs()) {
       if (out->type()->kind() == c10::TypeKind::ListType) {
-        for (const jit::Value* item : unpackedItems(n, out)) node.outputs.push_back(addTensorValue(n, item));
+        for (const jit::Value* item : unpackedItems(n, out)) outs.push_back(item);
       } else {
-        node.outputs.push_back(addTensorValue(n, out));
+        outs.push_back(out);
       }
     }
-    if (inPlace) values_[n->inputs()[0]] = node.outputs[0];  // later readers see the update
-    graph_.addNode(std::move(node));
+    for (const jit::Value* out : outs) node.outputs.push_back(addTensorValue(n, out));
+    const Node& added = graph_.addNode(std::move(node));
+    if (inPlace) {
+      writeBack(n, n->inputs()[0], added.outputs[0]);
+    } else if (isViewOp(kind) && !added.args.empty() && added.args[0].kind == Arg::Kind::Value) {
+      for (size_t k = 0; k < outs.size(); ++k) views_.record(outs[k], n->inputs()[0], added, k);
+    }
+  }
+
+  // x.add_(y) made functional: x's value becomes x + y. Where x is a view
+  // (of a view ...) of a base, the base takes the new elements too, and
+  // every other view of that base is read again from the new base, as
+  // LibTorch's functionalization does; later readers see the new values.
+  void writeBack(const jit::Node* n, const jit::Value* target, ValueId updated) {
+    values_[target] = updated;
+    const jit::Value* written = target;
+    ValueId value = updated;
+    while (const ViewTable::View* view = views_.find(written)) {
+      value = viewInverse(graph_, sourceOf(n), describe(n), *view, values_.at(view->base), value);
+      written = view->base;
+      values_[written] = value;
+    }
+    refreshViews(n, written);
+  }
+
+  // Views of `base` taken before it changed read it again.
+  void refreshViews(const jit::Node* n, const jit::Value* base) {
+    for (const auto& [view, info] : views_.of(base)) {
+      Node again = info.node;
+      again.args[0] = Arg::tensor(values_.at(base));
+      GraphBuilder b(graph_);
+      b.setMeta(NodeMeta{sourceOf(n)});
+      const auto outputs = b.callMulti(again.qualifiedName(), again.args);
+      values_[view] = outputs.at(info.index);
+      refreshViews(n, view);
+    }
   }
 
   bool isTrainingBatchNorm(const jit::Node* n) {
@@ -165,18 +206,6 @@ class Converter {
     }
   }
 
-  // Rewriting x.add_(y) as x' = x + y is only sound when nothing else
-  // aliases x: reject in-place writes to views.
-  void rejectViewMutation(const jit::Node* n, const Node& node) {
-    if (node.args.empty() || node.args[0].kind != Arg::Kind::Value) return;
-    auto producer = producers_.find(node.args[0].value);
-    if (producer != producers_.end() && isViewOp(producer->second)) {
-      throw Diagnostic(describe(n), std::string("in-place operation '") + n->kind().toQualString() +
-                                        "' writes to a view (" + producer->second +
-                                        "), which the functional graph cannot express");
-    }
-  }
-
   ValueId newValue(const std::string& base, c10::ScalarType dtype, std::vector<int64_t> shape) {
     Value v;
     v.name = graph_.freshName(base);
@@ -204,8 +233,16 @@ class Converter {
 
   // torch.jit.trace records Python numbers in tensor arithmetic (x * 0.5,
   // buf.add_(1)) as 0-dim tensor constants; they become aten::scalar_tensor
-  // nodes of the same dtype and value.
+  // nodes of the same value. The constant loses the tracer's "wrapped
+  // number" mark, so a double, long or bool one is taken for the Python
+  // number it was (a 0-dim tensor made in forward is f32 unless asked
+  // otherwise) and takes part in type promotion as a number would: it gets
+  // the dtype of the tensor it meets (f32 for x * 0.5, even where x is
+  // 0-dim), and the default float dtype where a float meets integers.
   ValueId scalarTensor(const jit::Node* user, const jit::Value* v, const at::Tensor& t) {
+    const bool pythonNumber = t.scalar_type() == c10::ScalarType::Double || t.scalar_type() == c10::ScalarType::Long ||
+                              t.scalar_type() == c10::ScalarType::Bool || t.unsafeGetTensorImpl()->is_wrapped_number();
+    const c10::ScalarType dtype = pythonNumber ? wrappedNumberDtype(user, v, t) : t.scalar_type();
     Node node;
     node.op = "aten::scalar_tensor";
     node.meta.source = sourceOf(user);
@@ -213,23 +250,39 @@ class Converter {
     node.args.push_back(integral ? Arg::ofInt(t.item<int64_t>())
                         : t.scalar_type() == c10::ScalarType::Bool ? Arg::ofBool(t.item<bool>())
                                                                    : Arg::ofFloat(t.item<double>()));
-    Arg dtype;
-    dtype.kind = Arg::Kind::DType;
-    dtype.i = static_cast<int64_t>(t.scalar_type());
-    node.args.push_back(dtype);
+    Arg dtypeArg;
+    dtypeArg.kind = Arg::Kind::DType;
+    dtypeArg.i = static_cast<int64_t>(dtype);
+    node.args.push_back(dtypeArg);
     node.args.push_back(Arg::none());  // layout
     node.args.push_back(Arg::none());  // device
     node.args.push_back(Arg::none());  // pin_memory
-    ValueId id = newValue("scalar_tensor", t.scalar_type(), {});
+    ValueId id = newValue("scalar_tensor", dtype, {});
     node.outputs.push_back(id);
     values_[v] = id;
     graph_.addNode(std::move(node));
     return id;
   }
 
+  c10::ScalarType wrappedNumberDtype(const jit::Node* user, const jit::Value* v, const at::Tensor& t) {
+    for (const jit::Value* other : user->inputs()) {
+      if (other == v || !values_.count(other)) continue;
+      const c10::ScalarType met = graph_.value(values_.at(other)).dtype;
+      const bool floating = c10::isFloatingType(t.scalar_type());
+      if (floating && !c10::isFloatingType(met)) return c10::get_default_dtype_as_scalartype();
+      if (!floating && met == c10::ScalarType::Bool) return t.scalar_type();
+      return met;
+    }
+    return t.scalar_type();
+  }
+
   ValueId tensorValue(const jit::Node* n, const jit::Value* v) {
     auto it = values_.find(v);
     if (it != values_.end()) return it->second;
+    if (v->node()->kind() != c10::prim::Constant) {  // a number from the shapes, as a tensor
+      auto folded = folder_.value(v);
+      if (folded && folded->isTensor() && folded->toTensor().dim() == 0) return scalarTensor(n, v, folded->toTensor());
+    }
     if (v->node()->kind() == c10::prim::Constant) {
       auto constant = jit::toIValue(v);
       if (constant && constant->isTensor() && constant->toTensor().dim() == 0) {
@@ -251,54 +304,29 @@ class Converter {
     }
     if (type->kind() == c10::TypeKind::TensorType) return Arg::tensor(tensorValue(n, actual));
     if (auto list = type->cast<c10::ListType>()) {
-      if (list->getElementType()->kind() == c10::TypeKind::TensorType) {
+      c10::TypePtr element = list->getElementType();
+      const bool optional = element->kind() == c10::TypeKind::OptionalType;  // Tensor?[] (aten::index)
+      if (optional) element = element->castRaw<c10::OptionalType>()->getElementType();
+      if (element->kind() == c10::TypeKind::TensorType) {
         if (actual->node()->kind() != c10::prim::ListConstruct) {
           throw Diagnostic(describe(n), formal.name() + ": tensor list not built by a list literal");
         }
         Arg a;
         a.kind = Arg::Kind::Values;
-        for (const jit::Value* item : actual->node()->inputs()) a.values.push_back(tensorValue(n, item));
+        for (const jit::Value* item : actual->node()->inputs()) {
+          const bool absent = optional && item->type()->kind() == c10::TypeKind::NoneType;
+          a.values.push_back(absent ? kNoValue : tensorValue(n, item));
+        }
         return a;
       }
     }
-    auto constant = constantValue(actual);
+    auto constant = folder_.value(actual);
     if (!constant) {
       throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + ": argument '" + formal.name() +
                                         "' is computed at run time (" + actual->node()->kind().toQualString() +
                                         "), not a constant");
     }
     return constantArg(n, formal, type, *constant);
-  }
-
-  // A constant, or a list literal of constants (how traces spell int[]).
-  static c10::optional<c10::IValue> constantValue(const jit::Value* v) {
-    if (auto c = jit::toIValue(v)) return c;
-    if (v->node()->kind() != c10::prim::ListConstruct) return c10::nullopt;
-    std::vector<c10::IValue> items;
-    for (const jit::Value* item : v->node()->inputs()) {
-      auto c = jit::toIValue(item);
-      if (!c) return c10::nullopt;
-      items.push_back(*c);
-    }
-    auto all = [&](bool (c10::IValue::*is)() const) {
-      return std::all_of(items.begin(), items.end(), [&](const c10::IValue& i) { return (i.*is)(); });
-    };
-    if (all(&c10::IValue::isInt)) {
-      std::vector<int64_t> ints;
-      for (const auto& i : items) ints.push_back(i.toInt());
-      return c10::IValue(ints);
-    }
-    if (all(&c10::IValue::isDouble)) {
-      std::vector<double> floats;
-      for (const auto& i : items) floats.push_back(i.toDouble());
-      return c10::IValue(floats);
-    }
-    if (all(&c10::IValue::isBool)) {
-      c10::List<bool> bools;
-      for (const auto& i : items) bools.push_back(i.toBool());
-      return c10::IValue(bools);
-    }
-    return c10::nullopt;
   }
 
   Arg constantArg(const jit::Node* n, const c10::Argument& formal, const c10::TypePtr& type,
@@ -347,6 +375,8 @@ class Converter {
   Graph& graph_;
   std::string fileName_;
   std::unordered_map<const jit::Value*, ValueId> values_;
+  ShapeFolder folder_{graph_, values_};
+  ViewTable views_;
   std::unordered_map<ValueId, std::string> producers_;
 };
 
@@ -374,6 +404,7 @@ Graph convertTrace(const jit::Graph& traced, const std::vector<InputSpec>& order
   converter.convert(traced);
   converter.recordUpdates(stateInputs);
   eliminateDeadNodes(graph);
+  retypeFromConstants(graph);
   return graph;
 }
 

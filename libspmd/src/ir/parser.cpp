@@ -385,6 +385,9 @@ class Parser {
         if (c.peek() == '%') {
           k = Arg::Kind::Values;
           a.values.push_back(use(c));
+        } else if (c.consumeWord("None")) {  // an absent element of a Tensor?[]
+          k = Arg::Kind::Values;
+          a.values.push_back(kNoValue);
         } else if (c.consumeWord("True") || c.consumeWord("False")) {
           k = Arg::Kind::Bools;
           a.bools.push_back(c.text()[elemAt] == 'T');

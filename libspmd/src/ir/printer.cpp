@@ -67,7 +67,7 @@ std::string refText(const std::string& name) {
 }
 
 std::string argText(const Graph& g, const Arg& a) {
-  auto ref = [&](ValueId v) { return refText(g.value(v).name); };
+  auto ref = [&](ValueId v) { return v == kNoValue ? std::string("None") : refText(g.value(v).name); };
   switch (a.kind) {
     case Arg::Kind::Value: return ref(a.value);
     case Arg::Kind::Values: return listText(a.values, ref);
@@ -174,7 +174,9 @@ std::string printDot(const Graph& g) {
     };
     for (const Arg& a : n.args) {
       if (a.kind == Arg::Kind::Value) edge(a.value);
-      for (ValueId v : a.values) edge(v);
+      for (ValueId v : a.values) {
+        if (v != kNoValue) edge(v);
+      }
     }
     for (ValueId v : n.outputs) {
       if (v != kNoValue) producer[v] = id;

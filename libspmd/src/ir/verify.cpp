@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
@@ -46,8 +47,12 @@ bool argFits(const Arg& a, const c10::TypePtr& formal) {
     case c10::TypeKind::DeviceObjType: return a.kind == K::Device;
     case c10::TypeKind::ListType: {
       auto elem = type->castRaw<c10::ListType>()->getElementType();
+      if (auto optional = elem->cast<c10::OptionalType>()) {  // Tensor?[]: elements may be absent
+        return a.kind == K::Values && optional->getElementType()->kind() == c10::TypeKind::TensorType;
+      }
+      const bool anyAbsent = std::find(a.values.begin(), a.values.end(), kNoValue) != a.values.end();
       switch (elem->kind()) {
-        case c10::TypeKind::TensorType: return a.kind == K::Values;
+        case c10::TypeKind::TensorType: return a.kind == K::Values && !anyAbsent;
         case c10::TypeKind::IntType:
         case c10::TypeKind::SymIntType: return a.kind == K::Ints;
         case c10::TypeKind::FloatType: return a.kind == K::Floats;
@@ -125,7 +130,9 @@ class Verifier {
       const Arg& a = node.args[i];
       std::string at = where + "/args/" + std::to_string(i);
       if (a.kind == Arg::Kind::Value) check(a.value, at + "/value");
-      for (size_t k = 0; k < a.values.size(); ++k) check(a.values[k], at + "/values/" + std::to_string(k));
+      for (size_t k = 0; k < a.values.size(); ++k) {
+        if (a.values[k] != kNoValue) check(a.values[k], at + "/values/" + std::to_string(k));
+      }
     }
     return ok;
   }

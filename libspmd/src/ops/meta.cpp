@@ -41,10 +41,67 @@ c10::IValue zerosOnCpu(const c10::IValue& v) {
     for (const at::Tensor& t : v.toTensorVector()) list.push_back(cpu(t));
     return list;
   }
+  if (v.isList() && v.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {  // Tensor?[]
+    c10::List<c10::optional<at::Tensor>> list;
+    for (const c10::IValue& item : v.toListRef()) {
+      list.push_back(item.isNone() ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(cpu(item.toTensor())));
+    }
+    return list;
+  }
   return v;
 }
 
+// zerosOnCpu, and a meta device argument becomes the CPU.
+c10::IValue metaToCpu(const c10::IValue& v) {
+  if (v.isDevice() && v.toDevice().is_meta()) return c10::Device(at::kCPU);
+  return zerosOnCpu(v);
+}
+
+c10::IValue cpuToMeta(const c10::IValue& v) {
+  if (v.isTensor()) return toMeta({v.toTensor()})[0];
+  if (v.isTensorList()) return c10::List<at::Tensor>(toMeta(v.toTensorVector()));
+  return v;
+}
+
+// The argument a return writes into (in-place or out=), if any.
+std::optional<size_t> writtenArgument(const c10::FunctionSchema& schema, size_t ret) {
+  const c10::AliasInfo* alias = schema.returns()[ret].alias_info();
+  if (!alias || !alias->isWrite()) return std::nullopt;
+  for (size_t i = 0; i < schema.arguments().size(); ++i) {
+    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
+    if (a && a->isWrite() && a->beforeSets() == alias->beforeSets()) return i;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+void runMetaOnCpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t argc = schema.arguments().size();
+  const std::vector<c10::IValue> args(stack->end() - argc, stack->end());
+  for (auto it = stack->end() - argc; it != stack->end(); ++it) *it = metaToCpu(*it);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  const size_t retc = schema.returns().size();
+  for (size_t k = 0; k < retc; ++k) {
+    c10::IValue& out = (*stack)[stack->size() - retc + k];
+    auto written = writtenArgument(schema, k);
+    if (!written) {
+      out = cpuToMeta(out);
+      continue;
+    }
+    // An out= kernel may have resized its output: the meta argument takes
+    // the new shape (on its TensorImpl: resize_ would come back here).
+    at::Tensor meta = args[*written].toTensor();
+    const at::Tensor cpu = out.toTensor();
+    if (meta.sizes() != cpu.sizes() || meta.strides() != cpu.strides()) {
+      meta.unsafeGetTensorImpl()->set_sizes_and_strides(cpu.sizes(), cpu.strides());
+      c10::StorageImpl* storage = meta.storage().unsafeGetStorageImpl();
+      if (storage->nbytes() < cpu.storage().nbytes()) storage->set_nbytes(cpu.storage().nbytes());
+    }
+    out = meta;
+  }
+}
 
 std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack) {
   // Below autograd: shapes need no graph, and spmd's own ops have no
@@ -84,55 +141,7 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 namespace spmd {
 namespace {
 
-// zerosOnCpu, and a meta device argument becomes the CPU.
-c10::IValue metaToCpu(const c10::IValue& v) {
-  if (v.isDevice() && v.toDevice().is_meta()) return c10::Device(at::kCPU);
-  return zerosOnCpu(v);
-}
-
-c10::IValue cpuToMeta(const c10::IValue& v) {
-  if (v.isTensor()) return toMeta({v.toTensor()})[0];
-  if (v.isTensorList()) return c10::List<at::Tensor>(toMeta(v.toTensorVector()));
-  return v;
-}
-
-// The argument a return writes into (in-place or out=), if any.
-std::optional<size_t> writtenArgument(const c10::FunctionSchema& schema, size_t ret) {
-  const c10::AliasInfo* alias = schema.returns()[ret].alias_info();
-  if (!alias || !alias->isWrite()) return std::nullopt;
-  for (size_t i = 0; i < schema.arguments().size(); ++i) {
-    const c10::AliasInfo* a = schema.arguments()[i].alias_info();
-    if (a && a->isWrite() && a->beforeSets() == alias->beforeSets()) return i;
-  }
-  return std::nullopt;
-}
-
-void metaByCpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
-  const size_t argc = schema.arguments().size();
-  const std::vector<c10::IValue> args(stack->end() - argc, stack->end());
-  for (auto it = stack->end() - argc; it != stack->end(); ++it) *it = metaToCpu(*it);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-  const size_t retc = schema.returns().size();
-  for (size_t k = 0; k < retc; ++k) {
-    c10::IValue& out = (*stack)[stack->size() - retc + k];
-    auto written = writtenArgument(schema, k);
-    if (!written) {
-      out = cpuToMeta(out);
-      continue;
-    }
-    // An out= kernel may have resized its output: the meta argument takes
-    // the new shape (on its TensorImpl: resize_ would come back here).
-    at::Tensor meta = args[*written].toTensor();
-    const at::Tensor cpu = out.toTensor();
-    if (meta.sizes() != cpu.sizes() || meta.strides() != cpu.strides()) {
-      meta.unsafeGetTensorImpl()->set_sizes_and_strides(cpu.sizes(), cpu.strides());
-      c10::StorageImpl* storage = meta.storage().unsafeGetStorageImpl();
-      if (storage->nbytes() < cpu.storage().nbytes()) storage->set_nbytes(cpu.storage().nbytes());
-    }
-    out = meta;
-  }
-}
+void metaOnCpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { runMetaOnCpu(op, stack); }
 
 // Shape functions for the 1.13 ops without meta kernels that are costly on
 // zero CPU tensors (layer norm over activations, the embedding gradient),
@@ -204,7 +213,7 @@ struct MetaRegistrations {
   torch::Library shapes{torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__};
 
   MetaRegistrations() {
-    fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&metaByCpu>());
+    fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&metaOnCpuFallback>());
     for (const char* name : {"_foreach_add.Scalar", "_foreach_mul.Scalar", "_foreach_add.List", "_foreach_sub.List",
                              "_foreach_mul.List", "_foreach_div.List", "_foreach_maximum.List",
                              "_foreach_addcmul.Scalar", "_foreach_addcdiv.Scalar", "_foreach_sqrt", "_foreach_neg"}) {

@@ -11,6 +11,7 @@ constexpr uint32_t kCollective = bit(OpTrait::Collective);
 constexpr uint32_t kHostSync = bit(OpTrait::SyncsWithHost);
 constexpr uint32_t kMayAlias = bit(OpTrait::MayCopyOrAlias);
 constexpr uint32_t kListViews = bit(OpTrait::ViewsEachListElement);
+constexpr uint32_t kView = bit(OpTrait::ViewOfFirstArgument);
 
 // Every op with a trait, sorted by name.
 const std::map<std::string, uint32_t>& traitTable() {
@@ -18,6 +19,7 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"aten::_local_scalar_dense", kHostSync},
       {"aten::_unique", kHostSync},
       {"aten::_unique2", kHostSync},
+      {"aten::_unsafe_view", kView},
       {"aten::alpha_dropout", kMayAlias},
       {"aten::broadcast_tensors", kListViews},
       {"aten::contiguous", kMayAlias},

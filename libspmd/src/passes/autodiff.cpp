@@ -3,17 +3,18 @@
 //
 // Appends the backward nodes (role "backward", each carrying the source line
 // of the forward node it differentiates) and records one Gradient per
-// parameter that requires one and reaches the loss. Forward calls whose
-// backward needs saved results are first rewritten to the forms that return
-// them. Integer values and frozen parameters get no gradient; fan-out
-// accumulates with aten::add. Does not reduce gradients across ranks
+// parameter that requires one and reaches the loss. Each op's backward is
+// the one LibTorch's autograd runs (passes/derivatives.h); a forward call
+// whose backward reads results it does not return is replaced by the calls
+// it is made of. Integer values and frozen parameters get no gradient;
+// fan-out accumulates with aten::add. Does not reduce gradients across ranks
 // (grad-sync) or update parameters (optimizer).
 #include "spmd/ir/builder.h"
 #include "spmd/passes/derivatives.h"
+#include "spmd/ir/printer.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
-#include "spmd/ir/printer.h"
 
 #include <map>
 #include <stdexcept>
@@ -84,53 +85,6 @@ ValueId checkedLoss(const Graph& g) {
   return loss;
 }
 
-// Every active node must be differentiable; all that are not are reported
-// together, each with its source line. After the forward rewrites every
-// active node needs a rule of its own (a rewrite that did not apply, e.g.
-// cross-entropy over more than 2 dimensions, leaves the composite op).
-void requireRules(const Graph& g, const Activity& activity, bool rewritten) {
-  std::vector<std::string> missing;
-  for (const Node& n : g.nodes()) {
-    if (!activity.active(n)) continue;
-    std::string why = whyNotDifferentiable(n);
-    if (why.empty() && rewritten && !findDerivative(n)) why = "not supported for these arguments";
-    if (why.empty()) continue;
-    missing.push_back(n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source) + " (" + why + ")");
-  }
-  if (missing.empty()) return;
-  std::string list;
-  for (size_t i = 0; i < missing.size(); ++i) list += (i ? "; " : "") + missing[i];
-  throw Diagnostic("", "cannot differentiate the path from the parameters to the loss: " + list);
-}
-
-// Rewrites active nodes whose backward needs saved results; marks every
-// forward node's role.
-void prepareForward(Graph& g, const Activity& activity) {
-  GraphBuilder b(g);
-  const std::vector<const Node*> forward = snapshot(g.nodes());
-  for (size_t i = 0; i < forward.size(); ++i) {
-    const Node& n = *forward[i];
-    NodeMeta& meta = g.metaOf(n);
-    if (meta.role == NodeRole::Unknown) meta.role = NodeRole::Forward;
-    b.setMeta(meta);
-    if (!activity.active(n)) continue;
-    // The rewrite rebuilds the node in its place from parts.
-    const Node* next = i + 1 < forward.size() ? forward[i + 1] : nullptr;
-    Node original = g.extract(n);
-    if (next) {
-      b.setInsertionPoint(*next);
-    } else {
-      b.setInsertionPointToEnd();
-    }
-    if (rewriteForBackward(b, original)) continue;
-    if (next) {
-      g.insertBefore(*next, std::move(original));
-    } else {
-      g.addNode(std::move(original));
-    }
-  }
-}
-
 void accumulate(GraphBuilder& b, std::map<ValueId, ValueId>& grads, ValueId input, ValueId grad) {
   auto it = grads.find(input);
   if (it == grads.end()) {
@@ -140,39 +94,101 @@ void accumulate(GraphBuilder& b, std::map<ValueId, ValueId>& grads, ValueId inpu
   }
 }
 
+std::string describeNode(const Node& n, const std::string& why) {
+  return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source) + " (" + why + ")";
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string list;
+  for (size_t i = 0; i < items.size(); ++i) list += (i ? "; " : "") + items[i];
+  return list;
+}
+
+// Why gradient flow stops at a node whose input needs one: its results had
+// gradients but LibTorch gave the input none (histc), or its results that
+// reach the loss are not floating point (argmax). "" when it does not stop
+// there (nodes upstream of a stop get no gradient to pass on).
+std::string whereFlowStops(const Graph& g, const Node& n, const Activity& activity, const std::set<ValueId>& received,
+                           bool hadGradients) {
+  std::vector<ValueId> starved;
+  forEachTensorArg(n, [&](ValueId v) {
+    if (activity.requiresGrad[v] && !received.count(v)) starved.push_back(v);
+  });
+  if (starved.empty()) return "";
+  bool reaches = false, floating = false;
+  for (ValueId o : n.outputs) {
+    if (o == kNoValue || !activity.reachesLoss[o]) continue;
+    reaches = true;
+    floating = floating || isFloating(g.value(o));
+  }
+  if (!reaches || createsFreshTensor(n) || (floating && !hadGradients)) return "";
+  return floating ? "LibTorch's autograd gives %" + g.value(starved[0]).name + " no gradient"
+                  : "its results are not floating point, so no gradient flows back";
+}
+
+// Each active forward node, last first, adds its backward for the gradients
+// of its outputs; LibTorch's autograd supplies each op's formula
+// (passes/derivatives.h). Nodes LibTorch cannot differentiate are reported
+// together, each with its source line, as are the nodes where the flow to
+// a parameter that reaches the loss but gets no gradient stops.
 void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
-  const size_t forwardCount = g.nodes().size();
+  Differentiator differentiator(g);
   GraphBuilder b(g);
   b.setMeta(NodeMeta{"", NodeRole::Backward, -1, -1, IterationTag::Every});
   std::map<ValueId, ValueId> grads;
   grads[loss] = b.call("aten::ones_like", {Arg::tensor(loss), Arg::none(), Arg::none(), Arg::none(), Arg::none(), Arg::none()},
                        "grad_loss");
   auto needsGrad = [&](ValueId v) { return v < static_cast<ValueId>(activity.requiresGrad.size()) && activity.requiresGrad[v]; };
-  for (size_t i = forwardCount; i-- > 0;) {
-    const Node node = g.nodes()[i];  // a copy: appending may reallocate the node list
-    if (!activity.active(node)) continue;
+  std::vector<std::string> failures, stops;
+  const std::vector<const Node*> forward = snapshot(g.nodes());
+  for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
+    const Node& node = **it;
+    if (node.meta.role == NodeRole::Unknown) g.metaOf(node).role = NodeRole::Forward;
+    const Node before = node;  // differentiating may replace the node
+    std::set<ValueId> received;
     std::vector<ValueId> outGrads;
     bool any = false;
     for (ValueId o : node.outputs) {
-      auto it = o == kNoValue ? grads.end() : grads.find(o);
-      outGrads.push_back(it == grads.end() ? kNoValue : it->second);
-      any = any || it != grads.end();
+      auto found = o == kNoValue ? grads.end() : grads.find(o);
+      outGrads.push_back(found == grads.end() ? kNoValue : found->second);
+      any = any || found != grads.end();
     }
-    if (!any) continue;
-    b.setMeta(NodeMeta{node.meta.source, NodeRole::Backward, -1, -1, IterationTag::Every});
-    const DerivativeRule* rule = findDerivative(node);
-    if (!rule) throw std::logic_error("autodiff: no rule for " + node.qualifiedName() + " after the forward rewrites");
-    RuleInput input{b, node, outGrads, needsGrad};
-    for (const Contribution& c : rule->backward(input)) {
-      if (needsGrad(c.input)) accumulate(b, grads, c.input, c.grad);
+    if (activity.active(node) && any) {
+      const NodeMeta backwardMeta{node.meta.source, NodeRole::Backward, -1, -1, IterationTag::Every};
+      try {
+        for (const Contribution& c : differentiator.differentiate(node, outGrads, needsGrad, backwardMeta)) {
+          if (!needsGrad(c.input)) continue;
+          accumulate(b, grads, c.input, c.grad);
+          received.insert(c.input);
+        }
+      } catch (const Diagnostic& d) {
+        failures.push_back(d.message());
+        continue;
+      }
+    }
+    std::string stop = whereFlowStops(g, before, activity, received, any);
+    if (!stop.empty()) stops.insert(stops.begin(), describeNode(before, stop));
+  }
+  if (!failures.empty()) {
+    throw Diagnostic("", "cannot differentiate the path from the parameters to the loss: " + joined(failures));
+  }
+  std::vector<std::string> starved;
+  for (const auto& in : g.inputs()) {
+    auto found = grads.find(in.value);
+    if (in.kind != InputKind::Parameter) continue;
+    if (found != grads.end()) {
+      g.addGradient(Gradient{in.value, found->second});
+    } else if (activity.requiresGrad[in.value] && activity.reachesLoss[in.value]) {
+      starved.push_back(g.value(in.value).name);
     }
   }
-  for (const auto& in : g.inputs()) {
-    auto it = grads.find(in.value);
-    if (in.kind == InputKind::Parameter && it != grads.end()) g.addGradient(Gradient{in.value, it->second});
+  if (!starved.empty() && !stops.empty()) {
+    std::string names;
+    for (const auto& n : starved) names += (names.empty() ? "" : ", ") + n;
+    throw Diagnostic("", "cannot differentiate the path from the parameters to the loss: " + joined(stops) +
+                             "; parameters that reach the loss without a gradient: " + names);
   }
 }
-
 
 class AutodiffPass final : public Pass {
  public:
@@ -186,11 +202,7 @@ std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions&) { return std::m
 bool AutodiffPass::run(Graph& g, DiagnosticEngine&) {
   const ValueId loss = checkedLoss(g);
   const Activity activity = analyse(g, loss);
-  requireRules(g, activity, false);
-  prepareForward(g, activity);
-  const Activity rewritten = analyse(g, loss);  // again: rewrites added values
-  requireRules(g, rewritten, true);
-  appendBackward(g, rewritten, loss);
+  appendBackward(g, activity, loss);
   eliminateDeadNodes(g);  // backward results no gradient needed
   return true;  // the backward's seed at least
 }

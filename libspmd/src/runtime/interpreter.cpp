@@ -45,7 +45,7 @@ class ReusePlanner {
     const Node* producer = g_.producer(v);
     if (!producer) return false;
     const std::string& op = producer->op;
-    if (op.rfind("aten::", 0) != 0 || mayCopyOrAlias(op)) return false;
+    if (op.rfind("aten::", 0) != 0 || mayCopyOrAlias(op) || hasTrait(op, OpTrait::ViewOfFirstArgument)) return false;
     const auto& returns = ops_[g_.indexOf(*producer)].schema().returns();
     const auto& outs = producer->outputs;
     const size_t output = static_cast<size_t>(std::find(outs.begin(), outs.end(), v) - outs.begin());
@@ -117,7 +117,9 @@ Interpreter::Interpreter(const Graph& graph, Buffers buffers) : graph_(graph) {
     ops_.push_back(*op);
     for (const Arg& a : node.args) {
       if (a.kind == Arg::Kind::Value) lastUse[a.value] = static_cast<int>(i);
-      for (ValueId v : a.values) lastUse[v] = static_cast<int>(i);
+      for (ValueId v : a.values) {
+        if (v != kNoValue) lastUse[v] = static_cast<int>(i);
+      }
     }
   }
   // Outputs and updated state live to the end.
@@ -152,10 +154,10 @@ RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs, Coll
         }
         results = collectives->run(node, tensors, !reusesInput_.empty() && reusesInput_[i]);
       } else if (!inPlace_.empty() && inPlace_[i]) {
-        callOperator(*inPlace_[i], boxArguments(node, tensorOf));
+        callOperator(*inPlace_[i], boxArguments(node, inPlace_[i]->schema(), tensorOf));
         for (ValueId v : node.args[0].values) results.push_back(env[v]);
       } else {
-        results = callOperator(ops_[i], boxArguments(node, tensorOf));
+        results = callOperator(ops_[i], boxArguments(node, ops_[i].schema(), tensorOf));
       }
     } catch (const c10::Error& e) {
       const std::string what = e.what_without_backtrace();

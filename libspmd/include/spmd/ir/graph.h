@@ -45,7 +45,8 @@ struct GraphInput {
 struct Arg {
   enum class Kind {
     Value,         // a tensor value
-    Values,        // a list of tensor values (aten::cat)
+    Values,        // a list of tensor values (aten::cat); in a Tensor?[]
+                   // (aten::index) kNoValue marks an absent element
     None,          // an absent optional
     Int,
     Float,
@@ -329,12 +330,15 @@ class Graph {
 bool eliminateDeadNodes(Graph& graph);
 
 // Calls f(ValueId) (or f(ValueId&) on a mutable node) for every tensor the
-// node reads, single values and list elements alike, in argument order.
+// node reads, single values and list elements alike, in argument order; the
+// absent elements of a Tensor?[] list are skipped.
 template <typename NodeT, typename F>
 void forEachTensorArg(NodeT& node, F&& f) {
   for (auto& a : node.args) {
     if (a.kind == Arg::Kind::Value) f(a.value);
-    for (auto& v : a.values) f(v);
+    for (auto& v : a.values) {
+      if (v != kNoValue) f(v);
+    }
   }
 }
 

@@ -26,6 +26,13 @@ class MetaFallbackScope {
   MetaFallbackScope& operator=(const MetaFallbackScope&) = delete;
 };
 
+// Runs `op` on the boxed `stack` as its meta kernel would: on zero-filled CPU
+// copies of the stack's meta tensors (a meta device argument becomes the
+// CPU), leaving meta results of the CPU results' shapes and strides. In-place
+// and out= results are the meta arguments they write. For ops that have no
+// meta kernel in this LibTorch.
+void runMetaOnCpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack);
+
 // A contiguous meta tensor.
 at::Tensor metaTensor(c10::ScalarType dtype, const std::vector<int64_t>& shape);
 

@@ -25,6 +25,10 @@ enum class OpTrait : uint32_t {
   // Its Tensor[] result holds a view of each element of its Tensor[]
   // argument (expanded views), although the schema carries no alias sets.
   ViewsEachListElement = 1u << 3,
+  // Its result is always a view of its first tensor argument, although its
+  // schema declares a fresh tensor (aten::_unsafe_view, which autograd's
+  // matmul uses on results it made).
+  ViewOfFirstArgument = 1u << 4,
 };
 
 // Whether `op` ("aten::reshape", without the overload) has `trait`.

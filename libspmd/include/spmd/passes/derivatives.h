@@ -1,13 +1,14 @@
-// Reverse-mode derivative rules, one per differentiable forward op. Each rule
-// emits the ATen ops PyTorch's own derivatives use (derivatives.yaml):
-// threshold_backward for relu, native_layer_norm_backward, convolution_backward,
-// and so on, plus sum_to_size where broadcasting must be undone.
+// Per-op derivatives from LibTorch's own autograd (derivatives.yaml as
+// compiled into libtorch), recorded on the meta device and written into the
+// graph. autodiff.cpp keeps the reverse-mode structure (which values need
+// gradients, fan-out accumulation, frozen parameters); this file supplies
+// what one node contributes.
 #pragma once
 
 #include "spmd/ir/graph.h"
-#include "spmd/ir/builder.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,36 +20,41 @@ struct Contribution {
   ValueId grad;
 };
 
-struct RuleInput {
-  GraphBuilder& b;
-  const Node& node;
-  const std::vector<ValueId>& grads;          // per node output; kNoValue where no gradient flows
-  std::function<bool(ValueId)> needsGrad;     // whether an input value takes a gradient
+class Differentiator {
+ public:
+  explicit Differentiator(Graph& graph);
+  ~Differentiator();
+  Differentiator(const Differentiator&) = delete;
+  Differentiator& operator=(const Differentiator&) = delete;
+
+  // Differentiates the forward node `node` given the gradients of its outputs
+  // (`outGrads`, one per output, kNoValue where none flows): runs its op with
+  // autograd on meta tensors (one per tensor argument, requiring grad where
+  // `needsGrad` says so), asks torch::autograd::grad for the input gradients,
+  // and appends the backward calls LibTorch made, with `backwardMeta`, at the
+  // end of the graph. Where that backward reads results the node does not
+  // return (layer_norm's mean and rstd, cross_entropy's log-probabilities),
+  // the node is replaced in the forward by the calls its op is made of
+  // (native_layer_norm; _log_softmax and nll_loss_forward), which then
+  // invalidates `node`; views of its arguments are rebuilt in the backward
+  // instead. Returns one contribution per tensor argument that received a
+  // gradient. Throws Diagnostic when LibTorch cannot differentiate the op.
+  std::vector<Contribution> differentiate(const Node& node, const std::vector<ValueId>& outGrads,
+                                          const std::function<bool(ValueId)>& needsGrad, const NodeMeta& backwardMeta);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
-struct DerivativeRule {
-  std::vector<Contribution> (*backward)(RuleInput&);
-  // Why this call cannot be differentiated ("" when it can), for rules that
-  // hold only for some arguments (dropout with p > 0 in training, say).
-  std::string (*unsupported)(const Node&) = nullptr;
-};
-
-// The rule for `node`'s op and overload, or nullptr.
-const DerivativeRule* findDerivative(const Node& node);
-
-// Every op with a rule, "aten::add.Tensor" style, sorted.
-std::vector<std::string> differentiableOps();
-
-// "" when `node` can be differentiated (it has a rule, or a rewrite into
-// ops that have rules applies to it), else why not.
-std::string whyNotDifferentiable(const Node& node);
-
-// Rewrites forward calls whose backward needs values the call does not
-// return into the forms that return them (layer_norm -> native_layer_norm,
-// max_pool2d -> max_pool2d_with_indices, cross_entropy_loss -> _log_softmax +
-// nll_loss_forward). Appends the replacement through `b`, keeping the
-// original output value ids; returns false (appending nothing) when `node`
-// needs no rewrite.
-bool rewriteForBackward(GraphBuilder& b, const Node& node);
+// Where the derivative of every aten and spmd operator this LibTorch has
+// comes from, one
+// "aten::op.overload<TAB>source" line each, sorted: "composite"
+// (CompositeImplicitAutograd: differentiated through the ops it calls),
+// "autograd" (LibTorch's autograd kernel, generated from derivatives.yaml;
+// it may declare the op not differentiable, as for histc, which spmd-expand
+// reports where such an op cuts a parameter off the loss), "none" (no
+// autograd kernel at all).
+std::vector<std::string> derivativeSources();
 
 }  // namespace spmd

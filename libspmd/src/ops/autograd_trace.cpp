@@ -1,0 +1,71 @@
+#include "spmd/ops/autograd_trace.h"
+
+#include "spmd/ops/meta.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include <atomic>
+
+namespace spmd {
+namespace {
+
+constexpr c10::DispatchKey kRecordKey = c10::DispatchKey::Fake;
+
+// The innermost live trace. A dispatcher fallback is a plain function, so
+// the trace it records into is found here; autograd's engine runs a
+// meta-device backward on the thread that asked for it, but an atomic
+// costs nothing and makes no assumption about that.
+std::atomic<DispatchTrace*> activeTrace{nullptr};
+
+bool noKernelFor(const c10::Error& e) {
+  return dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr ||
+         std::string(e.what()).find("meta") != std::string::npos;
+}
+
+void recordAndRun(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const size_t argc = op.schema().arguments().size();
+  const size_t base = stack->size() - argc;
+  std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  {
+    c10::impl::ExcludeDispatchKeyGuard below(kRecordKey);
+    const c10::DispatchKeySet rest = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kRecordKey);
+    try {
+      op.redispatchBoxed(rest, stack);
+    } catch (const c10::Error& e) {
+      // No meta kernel for this op (relu on 2.x, hardtanh on 1.13) or one
+      // that reads data: the shapes come from zero-filled CPU tensors.
+      if (!noKernelFor(e)) throw;
+      stack->resize(base);  // a kernel that failed part way may have taken its arguments
+      stack->insert(stack->end(), args.begin(), args.end());
+      runMetaOnCpu(op, stack);
+    }
+  }
+  DispatchTrace* trace = activeTrace.load();
+  if (!trace) return;
+  const size_t retc = op.schema().returns().size();
+  std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(retc), stack->end());
+  trace->append(RecordedCall{op, std::move(args), std::move(results)});
+}
+
+TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&recordAndRun>()); }
+
+}  // namespace
+
+struct DispatchTrace::Guards {
+  c10::impl::IncludeDispatchKeyGuard record{kRecordKey};
+  MetaFallbackScope metaFallback;
+};
+
+DispatchTrace::DispatchTrace() : guards_(std::make_unique<Guards>()), previous_(activeTrace.exchange(this)) {}
+
+DispatchTrace::~DispatchTrace() { activeTrace.store(previous_); }
+
+std::vector<RecordedCall> DispatchTrace::take() {
+  std::vector<RecordedCall> calls;
+  calls.swap(calls_);
+  return calls;
+}
+
+}  // namespace spmd

@@ -1,0 +1,49 @@
+"""Writes the zoo's models as TorchScript files for spmd's pipeline.
+
+  gen_zoo.py OUTDIR [NAME ...]
+
+For each model of zoo.ZOO (or only those named): OUTDIR/NAME.pt, the
+wrapped model (forward returns the loss) traced in train mode with
+torch.jit.trace from weights seeded per model, and OUTDIR/NAME.inputs, its
+--input flags. tests/parity/run_parity.py --zoo OUTDIR trains them against
+DDP. Run with a python that imports torch and torchvision (/usr/bin/python3).
+"""
+import os
+import re
+import sys
+import zlib
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zoo import ZOO  # noqa: E402
+
+DTYPES = {"f32": torch.float32, "i64": torch.int64}
+
+
+def example(spec):
+    name, dtype, dims = re.fullmatch(r"(\w+):(\w+)\[([0-9,]*)\]", spec).groups()
+    shape = [int(d) for d in dims.split(",") if d]
+    return torch.randn(shape) if DTYPES[dtype].is_floating_point else torch.randint(0, 64, shape)
+
+
+def main(argv):
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    out, names = argv[0], argv[1:] or sorted(ZOO)
+    os.makedirs(out, exist_ok=True)
+    for name in names:
+        constructor, specs = ZOO[name]
+        torch.manual_seed(zlib.crc32(name.encode()))
+        model = constructor().train()
+        traced = torch.jit.trace(model, tuple(example(s) for s in specs), check_trace=False)
+        traced.save(os.path.join(out, name + ".pt"))
+        with open(os.path.join(out, name + ".inputs"), "w") as f:
+            f.write(" ".join("--input " + s for s in specs) + "\n")
+    print(f"wrote {len(names)} models to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
