@@ -368,6 +368,22 @@ class InPlaceViewsOfViews(nn.Module):
         return h.sum() + first.sum() * 2.0
 
 
+class IndexGather(nn.Module):
+    """aten::index with tensor indices (Tensor?[] with absent entries): the
+    rows and columns a GPT-2 head gathers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.register_buffer("pick", torch.tensor([0, 2, 2, 5]))
+
+    def forward(self, x):
+        h = self.fc(x)
+        rows = h[torch.arange(h.size(0)), self.pick[: h.size(0)]]
+        cols = h[:, self.pick]
+        return rows.sum() + (cols * cols).sum()
+
+
 # ---- inputs -----------------------------------------------------------------
 
 
@@ -454,6 +470,8 @@ MODULES = [
      lambda: DepthwiseClassifier(4, 10, 7), [f32("x", 5, 4, 16, 16), i64("labels", [5], 7)]),
     ("resnet_branches", "script",
      lambda: TinyResNet(2, 6, 3), [f32("x", 2, 2, 12, 12), f32("y", 2, 3)]),
+    ("index_gather", "script", IndexGather, [f32("x", 4, 6)]),
+    ("index_gather_traced", "trace", IndexGather, [f32("x", 4, 6)]),
     ("inplace_select", "script", InPlaceOnSelect, [f32("x", 4, 5)]),
     ("inplace_view", "script", InPlaceOnView, [f32("x", 4, 5)]),
     ("inplace_view_traced", "trace", InPlaceOnView, [f32("x", 4, 5)]),

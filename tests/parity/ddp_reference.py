@@ -2,7 +2,7 @@
 DistributedDataParallel (Gloo, CPU, N ranks as local processes) trained for S
 steps from a sample's weights on random data.
 
-  ddp_reference.py --sample mlp|lm|cnn --optimizer sgd|adam|adamw --lr F
+  ddp_reference.py --sample mlp|lm|cnn | --zoo --sample NAME --optimizer sgd|adam|adamw --lr F
       [--momentum F] [--dampening F] [--nesterov] [--weight-decay F]
       [--betas B1,B2] [--eps F] [--amsgrad]
       --nproc N --steps S --data DATA.pt --out REF.pt
@@ -12,8 +12,9 @@ steps from a sample's weights on random data.
 Run with a python that imports torch (Debian's /usr/bin/python3). It
 
 - builds the sample's model class from samples/models.py (the constructor that
-  samples.SAMPLES uses), loads the weights of the TorchScript sample
-  (samples/X.pt, or --model-pt) strictly, and puts it in train mode;
+  samples.SAMPLES uses; with --zoo, tests/zoo/zoo.py's ZOO), loads the weights
+  of the TorchScript sample (samples/X.pt, or --model-pt) strictly, and puts
+  it in train mode;
 - writes DATA.pt, spmd-run's --data contract: {input name: tensor [S, G, ...]}
   with G the global batch (N x the per-rank batch of samples.SAMPLES); floats
   are randn, int64 inputs randint(0, 64), all from one generator seeded --seed;
@@ -46,8 +47,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "samples"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "zoo"))
 
 from models import SAMPLES  # noqa: E402
+
+
+def models_of(a):
+    """SAMPLES, or with --zoo tests/zoo's models (they need torchvision), which
+    keep the same contract. Looked up, not passed: ranks cannot pickle them."""
+    if not a.zoo:
+        return SAMPLES
+    from zoo import ZOO
+    return ZOO
 
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "i64": torch.int64, "i32": torch.int32}
 TOKEN_RANGE = 64  # TinyLM's vocabulary
@@ -102,7 +113,7 @@ def make_optimizer(params, a):
 
 def build_model(a):
     """The sample's eager model with the TorchScript sample's weights, train mode."""
-    model = SAMPLES[a.sample][0]()
+    model = models_of(a)[a.sample][0]()
     scripted = torch.jit.load(a.model_pt, map_location="cpu")
     model.load_state_dict(scripted.state_dict(), strict=True)
     return model.train()
@@ -117,7 +128,7 @@ def worker(rank, a, port, state, data):
     dist.init_process_group("gloo", rank=rank, world_size=a.nproc,
                             timeout=datetime.timedelta(seconds=120))
     try:
-        model = SAMPLES[a.sample][0]()
+        model = models_of(a)[a.sample][0]()
         model.load_state_dict(state, strict=True)
         model.train()
         if a.first_bucket_cap_mb is not None:
@@ -157,7 +168,9 @@ def worker(rank, a, port, state, data):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sample", required=True, choices=sorted(SAMPLES))
+    p.add_argument("--sample", required=True, help="a sample (%s) or, with --zoo, a model of tests/zoo" %
+                   ", ".join(sorted(SAMPLES)))
+    p.add_argument("--zoo", action="store_true", help="--sample names a model of tests/zoo/zoo.py")
     p.add_argument("--optimizer", required=True, choices=["sgd", "adam", "adamw"])
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--momentum", type=float, default=0.0)
@@ -181,6 +194,8 @@ def main():
     p.add_argument("--all-ranks", action="store_true", help="also write REF.rankR.pt for every rank")
     p.add_argument("-v", "--verbose", action="store_true", help="rank 0 prints its loss and DDP buckets per step")
     a = p.parse_args()
+    if a.sample not in models_of(a):
+        p.error(f"--sample {a.sample}: no such model (have: {', '.join(sorted(models_of(a)))})")
     if a.lr is None:
         if a.optimizer == "sgd":
             p.error("--lr is required for sgd")
@@ -188,6 +203,8 @@ def main():
     if a.nproc < 1 or a.steps < 1:
         p.error("--nproc and --steps must be positive")
     if a.model_pt is None:
+        if a.zoo:
+            p.error("--zoo needs --model-pt (tests/zoo/gen_zoo.py writes the models)")
         a.model_pt = os.path.join(ROOT, "samples", a.sample + ".pt")
 
     model = build_model(a)
@@ -197,7 +214,7 @@ def main():
             p.error(f"--ignore-param {n}: no such parameter (have: {', '.join(sorted(param_names))})")
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    data = make_data(SAMPLES[a.sample][1], a.nproc, a.steps, a.seed)
+    data = make_data(models_of(a)[a.sample][1], a.nproc, a.steps, a.seed)
     torch.save(data, a.data)
 
     try:

@@ -1,7 +1,7 @@
 """Data-parallel parity tests: spmd's pipeline against PyTorch DDP.
 
   run_parity.py BIN_DIR [--case NAME ...] [--strict] [--list] [--keep]
-                [--python PY] [--timeout SECONDS]
+                [--python PY] [--timeout SECONDS] [--zoo DIR]
 
 For each case it writes the reference with ddp_reference.py (PyTorch DDP on
 Gloo, N local processes) into a temporary folder, which also gives the data
@@ -13,7 +13,8 @@ file, then runs spmd's pipeline on the same sample and data:
     --save-params TMP/ours.pt --device cpu
 
 and compares rank 0's parameters with compare_params.py (rtol 1e-4,
-atol 1e-6). EXTRA-FLAGS (--bucket-cap-mb, --first-bucket-cap-mb,
+atol 1e-6). With --zoo DIR it runs the zoo's cases instead, on the models
+tests/zoo/gen_zoo.py wrote to DIR (NAME.pt, NAME.inputs). EXTRA-FLAGS (--bucket-cap-mb, --first-bucket-cap-mb,
 --ignore-param) go to spmd-split and to ddp_reference.py alike.
 
 Prints `PASS NAME` or `FAIL NAME: REASON` (then the failing tool's output,
@@ -81,6 +82,13 @@ CASES = [
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     Case("strict_lm_adamw_eps1e-8", "lm", "--optimizer adamw --lr 1e-2", 2, 5, "", 0, True),
 ]
+# The model zoo (tests/zoo/zoo.py; --zoo DIR with gen_zoo.py's files): models
+# nobody here wrote, 3 steps of SGD with momentum on 2 ranks.
+ZOO_SGD = "--optimizer sgd --lr 0.01 --momentum 0.9"
+ZOO_CASES = [Case("zoo_" + name, name, ZOO_SGD, 2, 3, "", 1, False) for name in [
+    "resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2", "squeezenet",
+    "densenet121", "regnet", "vit", "convnext", "swin", "transformer_encoder_lm", "transformer_seq2seq",
+    "transformer_decoder", "lstm", "gru", "gpt2_hf_style"]]
 TOOLS = ["spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-run"]
 
 
@@ -114,20 +122,22 @@ def run(argv, timeout, stdin=None, what=None, env=None):
     return proc.stdout
 
 
-def run_case(case, bin_dir, python, tmp, timeout):
+def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None):
     tools = {t: os.path.join(bin_dir, t) for t in TOOLS}
     missing = [t for t, path in tools.items() if not os.access(path, os.X_OK)]
     if missing:
         raise Failure("missing " + ", ".join(os.path.join(bin_dir, t) for t in missing) + " (not built?)")
-    model = os.path.join(ROOT, "samples", case.sample + ".pt")
-    with open(os.path.join(ROOT, "samples", case.sample + ".inputs")) as f:
+    models = zoo_dir or os.path.join(ROOT, "samples")
+    model = os.path.join(models, case.sample + ".pt")
+    with open(os.path.join(models, case.sample + ".inputs")) as f:
         inputs = shlex.split(f.read())
     optimizer, extra = shlex.split(case.optimizer), shlex.split(case.extra)
     data, ref, ours, step = (os.path.join(tmp, f) for f in ("data.pt", "ref.pt", "ours.pt", "step.spmd"))
 
     run([python, os.path.join(HERE, "ddp_reference.py"), "--sample", case.sample, *optimizer,
          "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data, "--out", ref,
-         "--seed", str(case.seed), "--model-pt", model, *extra], timeout, what="ddp_reference.py")
+         "--seed", str(case.seed), "--model-pt", model, *extra, *(["--zoo"] if zoo_dir else [])], timeout,
+        what="ddp_reference.py")
 
     if case.name.startswith("export_"):
         dump = os.path.join(tmp, "exported.json")
@@ -173,20 +183,22 @@ def main():
     p.add_argument("--keep", action="store_true", help="keep every case's temporary folder")
     p.add_argument("--python", default=default_python(), help="python that imports torch (/usr/bin/python3)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per command (300)")
+    p.add_argument("--zoo", metavar="DIR", help="run the zoo's cases, on tests/zoo/gen_zoo.py's files in DIR")
     a = p.parse_args()
+    all_cases = ZOO_CASES if a.zoo else CASES
 
     if a.list:
-        for c in CASES:
+        for c in all_cases:
             print(f"{c.name}{' (strict)' if c.strict else ''}: {c.sample} {c.optimizer} --nproc {c.nproc} "
                   f"--steps {c.steps} --seed {c.seed}{' ' + c.extra if c.extra else ''}")
         return 0
     if not a.bin_dir:
         p.error("BIN_DIR is required")
-    by_name = {c.name: c for c in CASES}
+    by_name = {c.name: c for c in all_cases}
     unknown = [n for n in a.case if n not in by_name]
     if unknown:
         p.error(f"unknown case {', '.join(unknown)} (have: {', '.join(by_name)})")
-    cases = [by_name[n] for n in a.case] if a.case else [c for c in CASES if a.strict or not c.strict]
+    cases = [by_name[n] for n in a.case] if a.case else [c for c in all_cases if a.strict or not c.strict]
     bin_dir = os.path.abspath(a.bin_dir)
 
     passed = failed = 0
@@ -194,7 +206,7 @@ def main():
         tmp = tempfile.mkdtemp(prefix=f"spmd-parity-{case.name}-")
         start = time.monotonic()
         try:
-            summary = run_case(case, bin_dir, a.python, tmp, a.timeout)
+            summary = run_case(case, bin_dir, a.python, tmp, a.timeout, a.zoo and os.path.abspath(a.zoo))
         except Failure as f:
             failed += 1
             if os.listdir(tmp):

@@ -223,6 +223,7 @@ std::vector<Case> cases() {
       {"cumsum", "aten::cumsum", {{3, 5}}, [](const Ids& p, const Ids&) { return std::vector<Arg>{v(p[0]), i(1), none()}; }},
       {"group_norm", "aten::group_norm", {{2, 6, 3}, {6}, {6}}, [](const Ids& p, const Ids&) { return std::vector<Arg>{v(p[0]), i(3), v(p[1]), v(p[2]), f(1e-5), b(true)}; }},
       {"stack", "aten::stack", {{3, 4}, {3, 4}}, [](const Ids& p, const Ids&) { return std::vector<Arg>{list({p[0], p[1]}), i(1)}; }},
+      {"as_strided (its backward copies through a view of a zeroed buffer)", "aten::as_strided", {{4, 5}}, [](const Ids& p, const Ids&) { return std::vector<Arg>{v(p[0]), ints({3, 2}), ints({1, 4}), i(1)}; }},
       {"the same value twice (mul x*x)", "aten::mul.Tensor", {{3, 4}}, [](const Ids& p, const Ids&) { return std::vector<Arg>{v(p[0]), v(p[0])}; }},
   };
 }
@@ -308,4 +309,29 @@ TEST_CASE("scaled_dot_product_attention, where this LibTorch has it", "[autodiff
   checkCase({"sdpa bool mask", "aten::scaled_dot_product_attention", {{2, 6, 4}, {2, 6, 4}, {2, 6, 4}},
              [&](const Ids& p, const Ids& d) { return sdpaArgs(p, d[0], false); },
              {torch::ones({6, 6}, torch::kBool).tril()}});
+}
+
+// Dropout with p > 0 in training mode: the mask LibTorch's decomposition
+// draws is random, so the check is statistical, plus the exact relation
+// between the forward and the recorded backward: with x = 1, d sum(dropout(x))
+// / dx is the scaled mask the forward applied.
+TEST_CASE("dropout with p > 0 trains with the mask its forward drew", "[autodiff]") {
+  Graph g;
+  ValueId x = g.addInput(Value{"x", c10::ScalarType::Float, {4000}}, InputKind::Parameter);
+  GraphBuilder builder(g);
+  ValueId dropped = builder.call("aten::dropout", {v(x), f(0.3), b(true)});
+  g.addOutput(builder.call("aten::sum", {v(dropped), none()}));
+  runPasses(g, {"autodiff"}, PipelineOptions{}, DebugOptions{});
+  REQUIRE(verifyGraph(g).empty());
+  REQUIRE(g.gradients().size() == 1);
+  g.addOutput(dropped);
+  g.addOutput(g.gradients()[0].value);
+  torch::manual_seed(3);
+  RunResult got = Interpreter(g).run({{"x", torch::ones({4000})}});
+  const at::Tensor out = got.outputs.at(1), grad = got.outputs.at(2);
+  CHECK(torch::equal(out, grad));
+  const double zeros = (out == 0).to(torch::kDouble).mean().item<double>();
+  CHECK(zeros > 0.25);
+  CHECK(zeros < 0.35);
+  CHECK(torch::allclose(out.masked_select(out != 0), torch::full({1}, 1.0 / 0.7)));
 }

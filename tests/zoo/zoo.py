@@ -53,7 +53,7 @@ class EncoderLM(nn.Module):
         layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers)
         self.head = nn.Linear(dim, VOCAB)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
 
     def forward(self, tokens, targets):
         h = self.encoder(self.embed(tokens) + self.pos, mask=self.mask)
@@ -69,7 +69,7 @@ class Seq2Seq(nn.Module):
         self.transformer = nn.Transformer(dim, heads, num_encoder_layers=1, num_decoder_layers=1,
                                           dim_feedforward=2 * dim, dropout=0.0, batch_first=True)
         self.head = nn.Linear(dim, VOCAB)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq))
 
     def forward(self, source, target, labels):
         h = self.transformer(self.embed(source), self.embed(target), tgt_mask=self.mask)
@@ -133,8 +133,10 @@ class GPT2Attention(nn.Module):
         self.heads, self.head_dim = heads, dim // heads
         self.c_attn = Conv1D(3 * dim, dim)
         self.c_proj = Conv1D(dim, dim)
-        causal = torch.tril(torch.ones((positions, positions), dtype=torch.bool)).view(1, 1, positions, positions)
-        self.register_buffer("bias", causal, persistent=False)
+        # The float mask buffer of transformers' GPT-2 before 4.x (Gloo, which
+        # DDP's buffer broadcast uses here, has no bool tensors).
+        self.register_buffer("bias", torch.tril(torch.ones(positions, positions)).view(1, 1, positions, positions))
+        self.register_buffer("masked_bias", torch.tensor(-1e4))
 
     def split_heads(self, x):
         return x.view(x.size()[:-1] + (self.heads, self.head_dim)).permute(0, 2, 1, 3)
@@ -146,8 +148,7 @@ class GPT2Attention(nn.Module):
             [], value.size(-1) ** 0.5, dtype=query.dtype, device=query.device)
         q_len, k_len = query.size(-2), key.size(-2)
         causal = self.bias[:, :, k_len - q_len:k_len, :k_len]
-        mask_value = torch.full([], torch.finfo(weights.dtype).min, dtype=weights.dtype, device=weights.device)
-        weights = torch.where(causal, weights, mask_value)
+        weights = weights * causal + self.masked_bias * (1 - causal)
         weights = nn.functional.softmax(weights, dim=-1)
         out = torch.matmul(weights, value).permute(0, 2, 1, 3).contiguous()
         return self.c_proj(out.view(out.size()[:-2] + (self.heads * self.head_dim,)))

@@ -56,6 +56,11 @@ class TensorMap {
     byImpl_[t.unsafeGetTensorImpl()] = v;
     if (t.has_storage()) byGeometry_[geometryOf(t)] = v;
   }
+  // By identity only: the tensor itself (or its TensorImpl), no alias.
+  std::optional<T> findExact(const at::Tensor& t) const {
+    auto it = byImpl_.find(t.unsafeGetTensorImpl());
+    return it == byImpl_.end() ? std::nullopt : std::optional<T>(it->second);
+  }
   std::optional<T> find(const at::Tensor& t) const {
     auto it = byImpl_.find(t.unsafeGetTensorImpl());
     if (it != byImpl_.end()) return it->second;
@@ -158,7 +163,19 @@ class CallWriter {
       : g_(g), b_(g), meta_(meta), node_(node) {}
 
   GraphBuilder& builder() { return b_; }
-  TensorMap<ValueId>& values() { return values_; }
+
+  // `t` names `v` from now on. A tensor with storage of its own (a leaf, a
+  // fresh result) is its storage's base: writes through views of it update
+  // the base, and other views read the base again.
+  void bind(const at::Tensor& t, ValueId v) {
+    const Storage* s = storageOf(t);
+    values_.bind(t, Bound{v, s ? s->version : 0});
+    if (!s && t.has_storage()) storages_[t.storage().unsafeGetStorageImpl()] = Storage{t, v, 0};
+  }
+  std::optional<ValueId> known(const at::Tensor& t) const {
+    auto b = values_.find(t);
+    return b ? std::optional<ValueId>(b->value) : std::nullopt;
+  }
 
   // Forward calls whose results a backward call may read; `replay` says
   // whether reading one repeats its call (views) in the backward.
@@ -174,7 +191,7 @@ class CallWriter {
   bool readsForwardResults(const std::vector<RecordedCall>& backward) {
     TensorMap<bool> produced;
     std::function<bool(const at::Tensor&)> available = [&](const at::Tensor& t) {
-      if (values_.find(t) || produced.find(t)) return true;
+      if (known(t) || produced.find(t)) return true;
       auto i = forward_.find(t);
       if (!i) return true;  // not ours to decide: resolve() reports or folds it
       const RecordedCall& call = (*forwardCalls_)[*i];
@@ -192,8 +209,9 @@ class CallWriter {
     return false;
   }
 
-  // The calls in order. A tensor `preset` names keeps that value where it
-  // is made last (an in-place call after the one that created it).
+  // The calls in order. A tensor `preset` names (itself, not an alias of
+  // the same geometry) keeps that value where it is made last (an in-place
+  // call after the one that created it).
   void write(const std::vector<RecordedCall>& calls, const TensorMap<ValueId>& preset = {}) {
     TensorMap<size_t> lastMaker;
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -202,8 +220,8 @@ class CallWriter {
     for (size_t i = 0; i < calls.size(); ++i) {
       TensorMap<ValueId> here;
       for (const at::Tensor& t : madeBy(calls[i])) {
-        if (lastMaker.find(t) == std::optional<size_t>(i)) {
-          if (auto v = preset.find(t)) here.bind(t, *v);
+        if (lastMaker.findExact(t) == std::optional<size_t>(i)) {
+          if (auto v = preset.findExact(t)) here.bind(t, *v);
         }
       }
       writeCall(calls[i], here);
@@ -216,11 +234,14 @@ class CallWriter {
   }
 
   ValueId resolve(const at::Tensor& t) {
-    if (auto v = values_.find(t)) return *v;
+    if (auto b = values_.find(t)) {
+      const Storage* s = storageOf(t);
+      return s && b->version < s->version ? readAgain(t, *s) : b->value;
+    }
     if (forwardCalls_) {
       if (auto i = forward_.find(t)) {
         writeCall((*forwardCalls_)[*i], {});  // a view of the node's values, repeated
-        if (auto v = values_.find(t)) return *v;
+        if (auto v = known(t)) return *v;
       }
     }
     // A 0-dim CPU tensor no call made: a number LibTorch wrapped.
@@ -236,8 +257,58 @@ class CallWriter {
                 : floating                               ? Arg::ofFloat(t.item<double>())
                                                          : Arg::ofInt(t.item<int64_t>());
     ValueId v = b_.call("aten::scalar_tensor", {value, dtypeArg(t.scalar_type()), Arg::none(), Arg::none(), Arg::none()});
-    values_.bind(t, v);
+    bind(t, v);
     return v;
+  }
+
+  // The value of a whole storage and how often recorded calls wrote it.
+  struct Storage {
+    at::Tensor base;
+    ValueId value;
+    uint64_t version;
+  };
+  struct Bound {
+    ValueId value;
+    uint64_t version;  // of its storage when bound
+  };
+
+  Storage* storageOf(const at::Tensor& t) {
+    if (!t.has_storage()) return nullptr;
+    auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+    return it == storages_.end() ? nullptr : &it->second;
+  }
+  const Storage* storageOf(const at::Tensor& t) const { return const_cast<CallWriter*>(this)->storageOf(t); }
+
+  static bool sameGeometry(const at::Tensor& a, const at::Tensor& b) {
+    return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
+  }
+
+  // A view whose storage was written since it was bound, read from the base.
+  ValueId readAgain(const at::Tensor& t, const Storage& s) {
+    const ValueId v = sameGeometry(t, s.base)
+                          ? s.value
+                          : b_.call("aten::as_strided", {Arg::tensor(s.value), intsArg(t.sizes().vec()),
+                                                         intsArg(t.strides().vec()), Arg::ofInt(t.storage_offset())});
+    bind(t, v);
+    return v;
+  }
+
+  // The written tensor's new value is `updated`; its storage's base takes it
+  // (as_strided_scatter where the tensor is a view: LibTorch's backward of
+  // as_strided copies into a view of a zeroed buffer, for one).
+  void recordWrite(const at::Tensor& written, ValueId updated) {
+    Storage* s = storageOf(written);
+    if (!s) {
+      bind(written, updated);
+      return;
+    }
+    s->value = sameGeometry(written, s->base)
+                   ? updated
+                   : b_.call("aten::as_strided_scatter",
+                             {Arg::tensor(s->value), Arg::tensor(updated), intsArg(written.sizes().vec()),
+                              intsArg(written.strides().vec()), Arg::ofInt(written.storage_offset())});
+    ++s->version;
+    bind(written, updated);
   }
 
   void writeCall(const RecordedCall& call, const TensorMap<ValueId>& preset) {
@@ -255,11 +326,15 @@ class CallWriter {
     }
     const std::vector<at::Tensor> results = madeBy(call);
     std::vector<ValueId> keep;
-    for (const at::Tensor& r : results) keep.push_back(r.defined() ? preset.find(r).value_or(kNoValue) : kNoValue);
+    for (const at::Tensor& r : results) keep.push_back(r.defined() ? preset.findExact(r).value_or(kNoValue) : kNoValue);
     const std::vector<ValueId> outputs = b_.callMulti(op, std::move(args), "", keep);
     for (size_t k = 0; k < outputs.size() && k < results.size(); ++k) {
       if (outputs[k] == kNoValue || !results[k].defined()) continue;
-      values_.bind(results[k], outputs[k]);  // an in-place call's target now names the new value
+      if (written) {
+        recordWrite(results[k], outputs[k]);
+      } else {
+        bind(results[k], outputs[k]);
+      }
       meta_[outputs[k]] = results[k];
     }
   }
@@ -284,7 +359,8 @@ class CallWriter {
   GraphBuilder b_;
   std::unordered_map<ValueId, at::Tensor>& meta_;
   const Node& node_;
-  TensorMap<ValueId> values_;
+  TensorMap<Bound> values_;
+  std::unordered_map<const c10::StorageImpl*, Storage> storages_;
   TensorMap<size_t> forward_;
   const std::vector<RecordedCall>* forwardCalls_ = nullptr;
 };
@@ -388,16 +464,16 @@ Recording Differentiator::State::record(const Node& node, const c10::OperatorHan
 std::vector<Contribution> Differentiator::State::emit(const Node& original, const Node& node, const Recording& rec,
                                                       const NodeMeta& backwardMeta) {
   CallWriter w(g, meta, node);
-  for (const auto& [t, v] : rec.leaves) w.values().bind(t, v);
+  for (const auto& [t, v] : rec.leaves) w.bind(t, v);
   TensorMap<ValueId> results;  // the node's results, by what its op returned
   for (size_t k = 0; k < rec.outputs.size() && k < node.outputs.size(); ++k) {
     if (!rec.outputs[k].defined() || node.outputs[k] == kNoValue) continue;
     results.bind(rec.outputs[k], node.outputs[k]);
-    if (!w.values().find(rec.outputs[k])) w.values().bind(rec.outputs[k], node.outputs[k]);
+    if (!w.known(rec.outputs[k])) w.bind(rec.outputs[k], node.outputs[k]);
   }
   w.offerForward(rec.forward);
   if (w.readsForwardResults(rec.backward)) replaceByForwardCalls(original, node, rec, w, results);
-  for (const auto& [t, v] : rec.gradOutputs) w.values().bind(t, v);
+  for (const auto& [t, v] : rec.gradOutputs) w.bind(t, v);
   w.builder().setInsertionPointToEnd();
   w.builder().setMeta(backwardMeta);
   w.write(rec.backward);
@@ -431,7 +507,7 @@ void Differentiator::State::replaceByForwardCalls(const Node& original, const No
   for (size_t k = 0; k < rec.outputs.size() && k < node.outputs.size(); ++k) {
     const ValueId out = node.outputs[k];
     if (out == kNoValue || produced[out]) continue;
-    auto now = rec.outputs[k].defined() ? w.values().find(rec.outputs[k]) : std::nullopt;
+    auto now = rec.outputs[k].defined() ? w.known(rec.outputs[k]) : std::nullopt;
     if (!now || *now == out) {
       throw std::logic_error("autodiff: no recorded call of " + node.qualifiedName() + " produces result " +
                              std::to_string(k));

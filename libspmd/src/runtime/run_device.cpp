@@ -4,6 +4,7 @@
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
+#include <mutex>
 #include <torch/cuda.h>
 #ifdef SPMD_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -59,6 +60,15 @@ int64_t RunDevice::peakBytes() const {
   }
 #endif
   return 0;
+}
+
+void RunDevice::seedRandomOps(uint64_t seed) const {
+  auto reseed = [seed](at::Generator g) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  };
+  reseed(at::globalContext().defaultGenerator(at::Device(at::kCPU)));
+  if (isCuda()) reseed(at::globalContext().defaultGenerator(device_));
 }
 
 }  // namespace spmd

@@ -29,6 +29,9 @@ class RunDevice {
   void allowTF32(bool on) const;
   // Waits for the work queued on the device (nothing on CPU).
   void synchronize() const;
+  // Seeds the generators random ops (dropout's bernoulli) draw from when
+  // they name none: the CPU's and, on CUDA, this GPU's.
+  void seedRandomOps(uint64_t seed) const;
   // Peak bytes the caching allocator handed out on this GPU (0 on CPU).
   int64_t peakBytes() const;
 

@@ -56,6 +56,10 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   for (int step = 0; step < steps; ++step) {
     const bool timed = step >= o.warmup;
     const TensorMap inputs = data.forStep(step);
+    // Dropout masks: a stream per rank and step, reproducible from --seed
+    // (not PyTorch's stream: README, "Dropout").
+    device.seedRandomOps((o.seed * 1000003 + static_cast<uint64_t>(info.rank) * 7919 + static_cast<uint64_t>(step)) ^
+                         0x9E3779B97F4A7C15ull);
     device.synchronize();
     const auto begin = std::chrono::steady_clock::now();
     auto afterNode = profile ? profile->startStep(timed) : std::function<void(const Node&)>();

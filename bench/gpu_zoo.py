@@ -1,0 +1,172 @@
+"""Real transformers and timm models through spmd's pipeline on one GPU,
+against eager PyTorch (fp32, same data, same initial weights).
+
+  python3 bench/gpu_zoo.py BIN_DIR OUT_DIR [NAME ...]
+
+For each model: build it with a seeded small configuration, wrap it so that
+forward returns the loss, trace it with torch.jit.trace, run
+
+  spmd-expand M.pt --input ... --optimizer sgd --lr 0.01 --momentum 0.9
+    | spmd-lower --device cuda -o M.spmd
+  spmd-run M.spmd --device cuda --steps 3 --data data.pt --save-params ours.pt
+
+and train a copy of the eager model for the same 3 steps with torch.optim.SGD
+on the same batches. Prints one line per model, PASS (parameters within
+rtol 1e-3 / atol 1e-5: cuDNN and cuBLAS pick algorithms per call, so bits
+differ from eager) or FAIL with the stage and its one-line message, and
+writes OUT_DIR/gpu_zoo.json. Needs torch 2.x with CUDA, transformers, timm.
+"""
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+import torch
+import torch.nn as nn
+
+STEPS = 3
+DEVICE = os.environ.get("SPMD_GPU_ZOO_DEVICE", "cuda")  # cpu: both sides on the CPU, to tell kernels apart
+# f64: model and data in float64, where eager's BatchNorm takes the native kernel
+# (cuDNN's is fp32/fp16 only) as ours does, and no TF32 applies.
+FLOAT = os.environ.get("SPMD_GPU_ZOO_DTYPE", "f32")
+LR, MOMENTUM = 0.01, 0.9
+
+
+class HFLoss(nn.Module):
+    """A transformers model called with labels: its own loss."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, labels):
+        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
+
+
+class ClassifyLoss(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.model(x), y)
+
+
+def hf(config_name, model_name, **config):
+    import transformers
+    cfg = getattr(transformers, config_name)(**config)
+    cfg.attn_implementation = "eager"
+    return lambda: HFLoss(getattr(transformers, model_name)(cfg))
+
+
+def timm_model(name, **kw):
+    import timm
+    return lambda: ClassifyLoss(timm.create_model(name, pretrained=False, num_classes=10, **kw))
+
+
+TOKENS = {"input_ids": ("i64", [4, 32], 128), "labels": ("i64", [4, 32], 128)}
+IMAGES = {"x": ("f32", [4, 3, 64, 64], None), "y": ("i64", [4], 10)}
+
+MODELS = {
+    "hf_gpt2": (hf("GPT2Config", "GPT2LMHeadModel", n_layer=2, n_embd=64, n_head=2, vocab_size=128,
+                   n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), TOKENS),
+    "hf_llama": (hf("LlamaConfig", "LlamaForCausalLM", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                    num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64), TOKENS),
+    "hf_bert_mlm": (hf("BertConfig", "BertForMaskedLM", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                       num_attention_heads=2, vocab_size=128, max_position_embeddings=64,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), TOKENS),
+    "timm_resnet18": (timm_model("resnet18"), IMAGES),
+    "timm_resnet18_no_zero_init": (timm_model("resnet18", zero_init_last=False), IMAGES),
+    "tv_resnet18": (lambda: ClassifyLoss(__import__("torchvision").models.resnet18(num_classes=10)), IMAGES),
+    "timm_vit_tiny": (timm_model("vit_tiny_patch16_224", img_size=64, drop_rate=0.0), IMAGES),
+    "timm_convnext_atto": (timm_model("convnext_atto"), IMAGES),
+    "timm_efficientnet_b0": (timm_model("efficientnet_b0", drop_rate=0.0, drop_path_rate=0.0), IMAGES),
+}
+
+
+def batches(inputs, generator):
+    data = {}
+    for name, (dtype, shape, high) in inputs.items():
+        full = [STEPS] + shape
+        data[name] = (torch.randn(full, generator=generator, dtype=torch.float64 if FLOAT == "f64" else torch.float32)
+                      if dtype == "f32"
+                      else torch.randint(0, high, full, generator=generator))
+    return data
+
+
+def spec(name, dtype, shape):
+    return f"--input={name}:{FLOAT if dtype == 'f32' else dtype}[{','.join(map(str, shape))}]"
+
+
+def run(cmd, stage):
+    proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise RuntimeError(f"{stage}: {lines[-1] if lines else 'exit %d' % proc.returncode}")
+    return proc.stdout
+
+
+def check(name, bin_dir, out_dir):
+    make, inputs = MODELS[name]
+    torch.manual_seed(0)
+    model = make().train()
+    if FLOAT == "f64":
+        model = model.double()
+    data = batches(inputs, torch.Generator().manual_seed(1))
+    folder = os.path.join(out_dir, name)
+    os.makedirs(folder, exist_ok=True)
+    pt, step, ours = (os.path.join(folder, f) for f in ("model.pt", "step.spmd", "ours.pt"))
+    try:
+        traced = torch.jit.trace(model, tuple(data[n][0] for n in inputs), check_trace=False, strict=False)
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        return {"name": name, "ok": False, "stage": "torch.jit.trace", "why": str(e).splitlines()[0][:300]}
+    traced.save(pt)
+    torch.save(data, os.path.join(folder, "data.pt"))
+    specs = " ".join(spec(n, d, s) for n, (d, s, _) in inputs.items())
+    try:
+        run(f"{bin_dir}/spmd-expand {pt} {specs} --optimizer sgd --lr {LR} --momentum {MOMENTUM} -o {folder}/step.json",
+            "spmd-expand")
+        run(f"{bin_dir}/spmd-lower {folder}/step.json --device {DEVICE} -o {step}", "spmd-lower")
+        run(f"{bin_dir}/spmd-run {step} --device {DEVICE} --steps {STEPS} --data {folder}/data.pt --save-params {ours}",
+            "spmd-run")
+    except RuntimeError as e:
+        return {"name": name, "ok": False, "stage": str(e).split(":")[0], "why": str(e)[:400]}
+
+    eager = model.to(DEVICE)
+    opt = torch.optim.SGD(eager.parameters(), lr=LR, momentum=MOMENTUM)
+    for s in range(STEPS):
+        opt.zero_grad()
+        eager(*[data[n][s].to(DEVICE) for n in inputs]).backward()
+        opt.step()
+    got = torch.load(ours)
+    worst, bad = 0.0, []
+    for n, p in eager.named_parameters():
+        diff = (got[n].to(DEVICE) - p.detach()).abs()
+        worst = max(worst, (diff / (p.detach().abs() + 1e-5)).max().item())
+        if not torch.allclose(got[n].to(DEVICE), p.detach(), rtol=1e-3, atol=1e-5):
+            bad.append(n)
+    return {"name": name, "ok": not bad, "params": len(got), "mismatched": bad[:5], "worst_rel": worst}
+
+
+def main(argv):
+    if len(argv) < 2:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    bin_dir, out_dir, names = argv[0], argv[1], argv[2:] or list(MODELS)
+    results = []
+    for name in names:
+        try:
+            r = check(name, bin_dir, out_dir)
+        except Exception as e:  # noqa: BLE001
+            r = {"name": name, "ok": False, "stage": "script", "why": traceback.format_exc().splitlines()[-1]}
+        results.append(r)
+        print(("PASS " if r["ok"] else "FAIL ") + json.dumps(r), flush=True)
+    with open(os.path.join(out_dir, "gpu_zoo.json"), "w") as f:
+        json.dump({"torch": torch.__version__, "device": DEVICE == "cuda" and torch.cuda.get_device_name() or "cpu",
+                   "results": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
