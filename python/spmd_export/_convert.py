@@ -52,6 +52,21 @@ def _tensor_metas(node):
     return out
 
 
+def _drop_profiler_ranges(gm):
+    """make_fx on torch 2.x records optimizer.step's record_function range as
+    profiler ops (an enter returning a handle, an exit taking it): side effects
+    for the profiler only, dropped."""
+    graph = gm.graph
+    ranges = [n for n in graph.nodes if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+              and n.target._schema.name.startswith("profiler::")]
+    for node in reversed(ranges):  # exits (the handles' users) first
+        if not node.users:
+            graph.erase_node(node)
+    if ranges:
+        gm.recompile()
+    return gm
+
+
 class _Converter:
     def __init__(self, gm, error):
         self.gm = gm
@@ -134,6 +149,21 @@ class _Converter:
         self.emit("aten::scalar_tensor", "", [literal, {"dtype": _dtype_name(dtype)}, {"none": None}, {"none": None},
                                               {"none": None}], [name], user)
         return name
+
+    def constant(self, node):
+        """A get_attr of a 0-dim tensor constant (torch 2.x's foreach Adam adds
+        one to its step counts): an aten::scalar_tensor of its dtype and value."""
+        value = getattr(self.gm, node.target, None)
+        if not isinstance(value, torch.Tensor) or value.dim() != 0:
+            self.fail(node, "reads a tensor constant that is not a 0-dim tensor; register it as a buffer")
+        dtype = _dtype_name(value.dtype)
+        number = value.item()
+        literal = ({"bool": bool(number)} if value.dtype == torch.bool else
+                   {"float": _float(number)} if value.dtype.is_floating_point else {"int": int(number)})
+        self.types[node.name] = (dtype, [])
+        self.emit("aten::scalar_tensor", "", [literal, {"dtype": dtype}, {"none": None}, {"none": None},
+                                              {"none": None}], [node.name], node)
+        self.define(node, node.name, (dtype, []))
 
     def scalar_overload(self, node, schema):
         """op.Tensor called with a Python number as its second operand ->
@@ -333,7 +363,7 @@ def convert(gm, inputs, grad_params, error):
     """The dump of `gm`, whose placeholders are `inputs` [(name, kind, requires_grad)]
     in order and whose output is [loss, gradient of each of grad_params...].
     Expands `gm`'s foreach ops in place."""
-    c = _Converter(expand_foreach(gm, error), error)
+    c = _Converter(expand_foreach(_drop_profiler_ranges(gm), error), error)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise error(f"internal: {len(placeholders)} placeholders for {len(inputs)} inputs")
@@ -354,6 +384,8 @@ def convert(gm, inputs, grad_params, error):
             grad_value[node] = c.ref(_marked_tensor(node, markers), node)
         elif node.op == "call_function":
             c.call(node)
+        elif node.op == "get_attr":
+            c.constant(node)
         elif node.op not in ("placeholder", "output"):
             c.fail(node, f"unsupported FX node kind {node.op}")
     loss = c.ref(results[0], output)

@@ -138,11 +138,20 @@ def main():
     expect_error("foreign parameter", "not the model's", plain_step, torch.nn.Linear(4, 3),
                  torch.optim.SGD(model.parameters(), lr=0.1), x)
 
-    # RMSprop (1.13) keeps its step count as a Python int: tracing would freeze it.
+    # RMSprop keeps its step count as a Python int on 1.13 (tracing would
+    # freeze it); torch 2.x keeps a tensor, and the step exports.
     rms = torch.optim.RMSprop(model.parameters())
     plain_step(model, rms, x)
-    expect_error("Python number in optimizer state", "state 'step' of weight is a Python int", plain_step, model,
-                 rms, x)
+    if isinstance(next(iter(rms.state.values()))["step"], (int, float)):
+        expect_error("Python number in optimizer state", "state 'step' of weight is a Python int", plain_step, model,
+                     rms, x)
+    else:
+        try:
+            doc = spmd_export.export(plain_step, model, rms, x, os.path.join(tmp, "rms.json"))
+            report("RMSprop with a tensor step count exports", any(i["kind"] == "state" for i in doc["inputs"]),
+                   str([i["name"] for i in doc["inputs"]]))
+        except Exception as e:
+            report("RMSprop with a tensor step count exports", False, f"{type(e).__name__}: {e}")
 
     # An optimizer of the user's own, stepped once, exports the state it made.
     heavy = HeavyBall(model.parameters(), lr=0.1)

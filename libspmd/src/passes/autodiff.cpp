@@ -10,11 +10,10 @@
 // fan-out accumulates with aten::add. Does not reduce gradients across ranks
 // (grad-sync) or update parameters (optimizer).
 #include "spmd/ir/builder.h"
-#include "spmd/passes/derivatives.h"
 #include "spmd/ir/printer.h"
+#include "spmd/passes/derivatives.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
-
 
 #include <map>
 #include <stdexcept>

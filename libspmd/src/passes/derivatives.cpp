@@ -6,7 +6,8 @@
 // formulas make. Recorded tensors are mapped back to graph values by
 // identity, or, for the shallow copies autograd saves, by storage and
 // geometry. The backward calls are written into the graph in order, in-place
-// ones as their functional forms.
+// ones as their functional forms, writes through a view of a recorded buffer
+// as as_strided_scatter on the buffer.
 #include "spmd/passes/derivatives.h"
 
 #include "spmd/ir/boxing.h"
@@ -177,8 +178,8 @@ class CallWriter {
     return b ? std::optional<ValueId>(b->value) : std::nullopt;
   }
 
-  // Forward calls whose results a backward call may read; `replay` says
-  // whether reading one repeats its call (views) in the backward.
+  // Forward calls whose results a backward call may read: reading one the
+  // node did not return repeats its call (a view) in the backward.
   void offerForward(const std::vector<RecordedCall>& calls) {
     for (size_t i = 0; i < calls.size(); ++i) {
       for (const c10::IValue& r : calls[i].results) forEachTensor(r, [&](const at::Tensor& t) { forward_.bind(t, i); });
