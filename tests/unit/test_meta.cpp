@@ -68,3 +68,33 @@ TEST_CASE("inferOnMeta takes a scope of its own", "[meta]") {
   CHECK_THROWS_AS(reluOnMeta(), c10::Error);
 #endif
 }
+
+// Convolutions on meta tensors (1.13 gets a shape function; 2.x has meta
+// kernels) give the shapes and memory formats the CPU kernels give, plain,
+// strided, grouped, transposed and channels-last.
+TEST_CASE("convolution on meta tensors has the CPU's shapes", "[meta]") {
+  MetaFallbackScope scope;
+  struct Conv {
+    std::vector<int64_t> input, weight, stride, padding, dilation, outputPadding;
+    bool transposed;
+    int64_t groups;
+    bool channelsLast;
+  };
+  const std::vector<Conv> convs = {
+      {{2, 3, 9, 8}, {6, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, false, 1, false},
+      {{2, 4, 11, 9}, {8, 2, 3, 2}, {2, 3}, {1, 0}, {2, 1}, {0, 0}, false, 2, false},
+      {{2, 4, 5, 6}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 0}, true, 1, false},
+      {{2, 3, 8, 8}, {5, 3, 1, 1}, {1, 1}, {0, 0}, {1, 1}, {0, 0}, false, 1, true},
+      {{2, 3, 10}, {4, 3, 3}, {2}, {1}, {1}, {0}, false, 1, false},
+  };
+  for (const Conv& c : convs) {
+    auto format = c.channelsLast ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+    at::Tensor x = at::randn(c.input).contiguous(format), w = at::randn(c.weight);
+    at::Tensor cpu = at::convolution(x, w, {}, c.stride, c.padding, c.dilation, c.transposed, c.outputPadding, c.groups);
+    at::Tensor meta = at::convolution(x.to(at::kMeta), w.to(at::kMeta), {}, c.stride, c.padding, c.dilation,
+                                      c.transposed, c.outputPadding, c.groups);
+    CHECK(meta.is_meta());
+    CHECK(meta.sizes() == cpu.sizes());
+    CHECK(meta.strides() == cpu.strides());
+  }
+}

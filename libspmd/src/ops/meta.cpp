@@ -3,7 +3,9 @@
 #include "spmd/ops/dispatch.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/ConvUtils.h>
 #include <ATen/native/TypeProperties.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 #include <torch/version.h>
 
@@ -175,6 +177,27 @@ void layerNormBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack)
   stack->emplace_back(gradBias);
 }
 
+// 1.13's convolution on meta tensors picks the "overrideable" backend and
+// throws; on zero CPU tensors it would compute the whole convolution.
+void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+  auto args = torch::jit::last(*stack, 9);
+  const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
+  const auto stride = args[3].toIntVector(), padding = args[4].toIntVector(), dilation = args[5].toIntVector();
+  const auto outputPadding = args[7].toIntVector();
+  const bool transposed = args[6].toBool();
+  const int64_t groups = args[8].toInt();
+  const std::vector<int64_t> shape =
+      transposed ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, outputPadding, stride, dilation,
+                                               groups)
+                 : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
+  torch::jit::drop(*stack, 9);
+  // Under LibTorch's tracer (the TorchScript import) the result is the
+  // traced convolution's, not an aten::empty of its own.
+  c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);
+  stack->emplace_back(at::empty(shape, input.options().memory_format(input.suggest_memory_format())));
+}
+
 void embeddingBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   // grad_output, indices, num_weights, padding_idx, scale_grad_by_freq
   auto args = torch::jit::last(*stack, 5);
@@ -222,6 +245,7 @@ struct MetaRegistrations {
     shapes.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&layerNormMeta>());
     shapes.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&layerNormBackwardMeta>());
     shapes.impl("embedding_dense_backward", torch::CppFunction::makeFromBoxedFunction<&embeddingBackwardMeta>());
+    shapes.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolutionMeta>());
   }
 };
 

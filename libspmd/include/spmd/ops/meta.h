@@ -11,7 +11,7 @@ namespace spmd {
 
 // While one lives, ops that have no meta kernel on LibTorch 1.13 work on
 // meta tensors all the same: they run on zero-filled CPU tensors and return
-// meta tensors of the results' shapes (a few costly ones, layer norm and the
+// meta tensors of the results' shapes (a few costly ones, convolution, layer norm and the
 // embedding gradient among them, get shape functions instead). The first
 // live scope registers that fallback with the dispatcher, the last one to
 // end deregisters it; scopes nested inside a live one only count. Hold one
