@@ -4,16 +4,16 @@
 
 #include "spmd/ir/boxing.h"
 #include "spmd/ir/builder.h"
-#include "spmd/ops/meta.h"
+#include "spmd/ops/dispatch.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/ScalarOps.h>
 #include <torch/csrc/jit/ir/constants.h>
-#include <torch/csrc/jit/runtime/operator.h>
 
 #include <algorithm>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -74,10 +74,10 @@ class Converter {
     }
     const bool inPlace = schema->is_mutable() && kind.back() == '_';
     Node node;
-    node.op = inPlace ? kind.substr(0, kind.size() - 1) : kind;
+    node.op = kind;
     node.overload = schema->overload_name();
     node.meta.source = sourceOf(n);
-    if (inPlace) requireOutOfPlaceForm(n, node);
+    if (inPlace) std::tie(node.op, node.overload) = outOfPlaceForm(n, *schema);
     if (n->inputs().size() != schema->arguments().size()) {
       throw Diagnostic(describe(n), kind + ": traced call has " + std::to_string(n->inputs().size()) +
                                         " arguments, the schema " +
@@ -199,11 +199,13 @@ class Converter {
     return std::vector<const jit::Value*>(outs.begin(), outs.end());
   }
 
-  void requireOutOfPlaceForm(const jit::Node* n, const Node& node) {
-    if (!c10::Dispatcher::singleton().findSchema({node.op, node.overload})) {
+  std::pair<std::string, std::string> outOfPlaceForm(const jit::Node* n, const c10::FunctionSchema& schema) {
+    auto form = outOfPlaceOverload(schema);
+    if (!form) {
       throw Diagnostic(describe(n), std::string("in-place operation '") + n->kind().toQualString() +
                                         "' has no out-of-place form to rewrite it to");
     }
+    return *form;
   }
 
   ValueId newValue(const std::string& base, c10::ScalarType dtype, std::vector<int64_t> shape) {
@@ -326,37 +328,20 @@ class Converter {
                                         "' is computed at run time (" + actual->node()->kind().toQualString() +
                                         "), not a constant");
     }
-    return constantArg(n, formal, type, *constant);
+    return constantArg(n, formal, *constant);
   }
 
-  Arg constantArg(const jit::Node* n, const c10::Argument& formal, const c10::TypePtr& type,
-                  const c10::IValue& c) {
-    Arg a;
-    switch (type->kind()) {
-      case c10::TypeKind::ScalarTypeType: a.kind = Arg::Kind::DType; a.i = c.toInt(); return a;
-      case c10::TypeKind::LayoutType: a.kind = Arg::Kind::Layout; a.i = c.toInt(); return a;
-      case c10::TypeKind::MemoryFormatType: a.kind = Arg::Kind::MemoryFormat; a.i = c.toInt(); return a;
-      case c10::TypeKind::DeviceObjType:
-        // A module traced on the meta device names it where it used x.device.
-        a.kind = Arg::Kind::Device;
-        a.s = c.toDevice().is_meta() ? "cpu" : c.toDevice().str();
-        return a;
-      case c10::TypeKind::StringType: a.kind = Arg::Kind::Str; a.s = c.toStringRef(); return a;
-      default: break;
+  // A constant as the graph argument for `formal` (ir/boxing.h's
+  // argFromIValue: a meta device, where a module traced on the meta device
+  // used x.device, becomes the CPU).
+  Arg constantArg(const jit::Node* n, const c10::Argument& formal, const c10::IValue& c) {
+    try {
+      return argFromIValue(formal, c, [&](const at::Tensor&) -> ValueId {
+        throw std::invalid_argument("argument '" + formal.name() + "' is a tensor constant");
+      });
+    } catch (const std::invalid_argument& e) {
+      throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + ": " + e.what());
     }
-    if (c.isNone()) return Arg::none();
-    if (c.isBool()) return Arg::ofBool(c.toBool());
-    if (c.isInt()) return Arg::ofInt(c.toInt());
-    if (c.isDouble()) return Arg::ofFloat(c.toDouble());
-    if (c.isIntList()) { a.kind = Arg::Kind::Ints; a.ints = c.toIntVector(); return a; }
-    if (c.isDoubleList()) { a.kind = Arg::Kind::Floats; a.floats = c.toDoubleVector(); return a; }
-    if (c.isBoolList()) {
-      a.kind = Arg::Kind::Bools;
-      for (bool b : c.toBoolList()) a.bools.push_back(b);
-      return a;
-    }
-    throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + ": argument '" + formal.name() +
-                                      "' has an unsupported constant of type " + c.tagKind());
   }
 
   void addOutputs(const jit::Value* out) {

@@ -13,6 +13,37 @@ std::optional<c10::OperatorHandle> findOperator(const std::string& op, const std
   return *handle;
 }
 
+namespace {
+
+bool sameArguments(const c10::FunctionSchema& a, const c10::FunctionSchema& b) {
+  if (a.arguments().size() != b.arguments().size()) return false;
+  for (size_t i = 0; i < a.arguments().size(); ++i) {
+    if (*a.arguments()[i].real_type() != *b.arguments()[i].real_type()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::string, std::string>> outOfPlaceOverload(const c10::FunctionSchema& inPlace) {
+  const std::string& name = inPlace.name();
+  if (name.empty() || name.back() != '_') return std::nullopt;
+  const std::string base = name.substr(0, name.size() - 1);
+  // The same overload name first: it is the usual pairing (add_.Tensor, add.Tensor).
+  auto same = c10::Dispatcher::singleton().findSchema({base, inPlace.overload_name()});
+  if (same && !same->schema().is_mutable() && sameArguments(same->schema(), inPlace)) {
+    return std::make_pair(base, inPlace.overload_name());
+  }
+  for (const c10::OperatorName& candidate : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (candidate.name != base) continue;
+    auto op = c10::Dispatcher::singleton().findSchema(candidate);
+    if (op && !op->schema().is_mutable() && sameArguments(op->schema(), inPlace)) {
+      return std::make_pair(candidate.name, candidate.overload_name);
+    }
+  }
+  return std::nullopt;
+}
+
 std::vector<at::Tensor> callOperator(const c10::OperatorHandle& op, std::vector<c10::IValue> stack) {
   op.callBoxed(&stack);
   std::vector<at::Tensor> results;

@@ -124,29 +124,6 @@ std::string qualifiedName(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
-bool sameArguments(const c10::FunctionSchema& a, const c10::FunctionSchema& b) {
-  if (a.arguments().size() != b.arguments().size()) return false;
-  for (size_t i = 0; i < a.arguments().size(); ++i) {
-    if (*a.arguments()[i].real_type() != *b.arguments()[i].real_type()) return false;
-  }
-  return true;
-}
-
-// The out-of-place overload of an in-place op (`add_` -> `add`) that takes
-// the same arguments, "aten::add.Tensor" style.
-std::optional<std::string> outOfPlaceOverload(const c10::FunctionSchema& inPlace) {
-  const std::string& name = inPlace.name();
-  if (name.empty() || name.back() != '_') return std::nullopt;
-  const std::string base = name.substr(0, name.size() - 1);
-  static const std::vector<c10::OperatorName> all = c10::Dispatcher::singleton().getAllOpNames();
-  for (const c10::OperatorName& candidate : all) {
-    if (candidate.name != base) continue;
-    auto op = c10::Dispatcher::singleton().findSchema(candidate);
-    if (op && !op->schema().is_mutable() && sameArguments(op->schema(), inPlace)) return qualifiedName(candidate);
-  }
-  return std::nullopt;
-}
-
 // What one run of a node's op with autograd recorded.
 struct Recording {
   std::vector<std::pair<at::Tensor, ValueId>> leaves;       // one per tensor argument
@@ -274,11 +251,9 @@ class CallWriter {
   };
 
   Storage* storageOf(const at::Tensor& t) {
-    if (!t.has_storage()) return nullptr;
-    auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+    auto it = t.has_storage() ? storages_.find(t.storage().unsafeGetStorageImpl()) : storages_.end();
     return it == storages_.end() ? nullptr : &it->second;
   }
-  const Storage* storageOf(const at::Tensor& t) const { return const_cast<CallWriter*>(this)->storageOf(t); }
 
   static bool sameGeometry(const at::Tensor& a, const at::Tensor& b) {
     return a.sizes() == b.sizes() && a.strides() == b.strides() && a.storage_offset() == b.storage_offset();
@@ -351,7 +326,9 @@ class CallWriter {
   // out-of-place overload that takes the same arguments; the value written
   // becomes a new value.
   std::string functionalForm(const c10::FunctionSchema& schema) const {
-    if (auto functional = outOfPlaceOverload(schema)) return *functional;
+    if (auto functional = outOfPlaceOverload(schema)) {
+      return qualifiedName(c10::OperatorName(functional->first, functional->second));
+    }
     throw nodeProblem(node_, "its derivative writes in place with " + qualifiedName(schema.operator_name()) +
                                  ", which has no functional form");
   }

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spmd {
@@ -15,6 +16,11 @@ namespace spmd {
 // or empty for the default one), if this LibTorch has it. aten ops come
 // from the linked LibTorch, spmd ops from libspmd's library (ops/spmd_ops.h).
 std::optional<c10::OperatorHandle> findOperator(const std::string& op, const std::string& overload);
+
+// The out-of-place overload of an in-place op that takes the same arguments
+// (add_.Tensor -> add.Tensor, bernoulli_.float -> bernoulli.p), as
+// {op, overload}; nullopt when `inPlace` is not named `..._` or has none.
+std::optional<std::pair<std::string, std::string>> outOfPlaceOverload(const c10::FunctionSchema& inPlace);
 
 // Calls `op` on boxed arguments and returns the tensors it produced, list
 // results flattened in order.
