@@ -18,12 +18,14 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;
   spmd::OptimizerFlags optimizerFlags;
+  spmd::PrecisionFlags precisionFlags;
   spmd::DebugOptions debug;
   app.add_option("IN", in, "TorchScript module or JSON graph dump, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output JSON graph dump, '-' for stdout")->capture_default_str();
   spmd::addInputSpecFlag(app, inputSpecs);
   spmd::addOptimizerFlags(app, options.optimizer, optimizerFlags);
   spmd::addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
+  spmd::addPrecisionFlags(app, precisionFlags);
   spmd::addDebugFlags(app, debug);
   spmd::addListPassesFlag(app);
   bool listOps = false;
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/true);
+    spmd::finishPrecisionFlags(precisionFlags, options);
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     spmd::runStage(loaded, spmd::expandPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));

@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
   bool json = false, split = false;
   spmd::PipelineOptions options;
   spmd::OptimizerFlags optimizerFlags;
+  spmd::PrecisionFlags precisionFlags;
   spmd::DebugOptions debug;
   app.add_option("IN", in, "listing, JSON graph dump, TorchScript or artifact, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output listing (or JSON with --json), '-' for stdout")->capture_default_str();
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
   spmd::addInputSpecFlag(app, inputSpecs);
   spmd::addOptimizerFlags(app, options.optimizer, optimizerFlags);
   spmd::addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
+  spmd::addPrecisionFlags(app, precisionFlags);
   spmd::addBucketFlags(app, options.buckets);
   spmd::addUnrollFlags(app, options.unroll);
   spmd::addLowerFlags(app, options.lower);
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
   return spmd::runTool(kTool, app, argc, argv, [&] {
     const std::vector<std::string> names = passNames(passes);
     spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/false);
+    spmd::finishPrecisionFlags(precisionFlags, options);
     const auto specs = spmd::parseInputSpecs(inputSpecs);
     auto runOne = [&](spmd::LoadedGraph loaded) {
       spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(kTool);

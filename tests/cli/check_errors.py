@@ -72,6 +72,14 @@ def expand_errors(write, graph_json):
            E + r"--momentum: applies to --optimizer sgd only")
     expand("amsgrad with sgd", MLP + ["--optimizer", "sgd", "--lr", "1", "--amsgrad"], 1,
            E + r"--amsgrad: applies to --optimizer adam and adamw only")
+    expand("autocast fp16", MLP + ["--optimizer", "adam", "--autocast", "cuda:fp16"], 1,
+           E + r"--autocast 'cuda:fp16': fp16 needs dynamic loss scaling .*, which spmd does not do; use bf16")
+    expand("autocast bad device", MLP + ["--optimizer", "adam", "--autocast", "tpu:bf16"], 1,
+           E + r"--autocast 'tpu:bf16': expected DEVICE:DTYPE with DEVICE cuda or cpu \(cuda:bf16\)")
+    expand("autocast not a lower precision", MLP + ["--optimizer", "adam", "--autocast", "cpu:f64"], 1,
+           E + r"--autocast 'cpu:f64': autocast's lower precision type must be bf16")
+    expand("bad reduce dtype", MLP + ["--optimizer", "adam", "--reduce-dtype", "i64"], 1,
+           E + r"--reduce-dtype 'i64': expected f32, bf16 or f16")
     expand("usage: bad grad-reduce", MLP + ["--optimizer", "adam", "--grad-reduce", "max"], 2, r"max")
 
     def non_scalar(d):

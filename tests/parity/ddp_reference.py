@@ -7,7 +7,7 @@ steps from a sample's weights on random data.
       [--betas B1,B2] [--eps F] [--amsgrad]
       --nproc N --steps S --data DATA.pt --out REF.pt
       [--bucket-cap-mb F] [--first-bucket-cap-mb F] [--ignore-param NAME ...] [--seed K] [--model-pt PATH]
-      [--all-ranks] [--verbose]
+      [--autocast cpu:bf16] [--reduce-dtype bf16|f16] [--all-ranks] [--verbose]
 
 Run with a python that imports torch (Debian's /usr/bin/python3). It
 
@@ -23,6 +23,11 @@ Run with a python that imports torch (Debian's /usr/bin/python3). It
   cap from --first-bucket-cap-mb, else DDP's 1 MiB): at step s rank r
   reads rows [r*G/N, (r+1)*G/N) of DATA[input][s % S] and runs zero_grad,
   loss = model(*inputs), loss.backward(), opt.step();
+- with --autocast cpu:bf16 runs the forward (model(*inputs), which returns the
+  loss) under torch.autocast("cpu", dtype=torch.bfloat16), backward and step
+  outside it, as PyTorch's AMP recipe does; with --reduce-dtype bf16|f16
+  registers DDP's bf16_compress_hook / fp16_compress_hook (the bucket cast,
+  divided by the world size, all-reduced, cast back);
 - has rank 0 write REF.pt, {name: tensor} of its named_parameters() (no
   "module." prefix) after S steps, REF.losses.pt (rank 0's per-step local
   losses, a 1-D tensor) and REF.buffers.pt ({name: tensor}, rank 0's buffers
@@ -42,6 +47,7 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -137,14 +143,22 @@ def worker(rank, a, port, state, data):
         if a.ignore_param:
             DDP._set_params_and_buffers_to_ignore_for_model(model, list(a.ignore_param))
         ddp = DDP(model, device_ids=None, broadcast_buffers=True, bucket_cap_mb=a.bucket_cap_mb)
+        if a.reduce_dtype:
+            hook = {"bf16": default_hooks.bf16_compress_hook, "f16": default_hooks.fp16_compress_hook}[a.reduce_dtype]
+            ddp.register_comm_hook(None, hook)
         opt = make_optimizer(ddp.parameters(), a)
+        autocast_dtype = {"bf16": torch.bfloat16}[a.autocast.split(":")[1]] if a.autocast else None
         names = list(data)
         rows = data[names[0]].shape[1] // a.nproc
         losses = []
         for s in range(a.steps):
             inputs = [data[n][s % data[n].shape[0], rank * rows:(rank + 1) * rows] for n in names]
             opt.zero_grad()
-            loss = ddp(*inputs)
+            if autocast_dtype is not None:
+                with torch.autocast("cpu", dtype=autocast_dtype):
+                    loss = ddp(*inputs)
+            else:
+                loss = ddp(*inputs)
             loss.backward()
             opt.step()
             losses.append(loss.detach().clone())
@@ -191,6 +205,8 @@ def main():
                    help="a parameter DDP leaves unsynchronised (repeatable)")
     p.add_argument("--seed", type=int, default=0, help="data seed (0)")
     p.add_argument("--model-pt", default=None, help="TorchScript weights (samples/SAMPLE.pt)")
+    p.add_argument("--autocast", choices=["cpu:bf16"], help="the forward under torch.autocast")
+    p.add_argument("--reduce-dtype", choices=["bf16", "f16"], help="DDP's compression hook for that dtype")
     p.add_argument("--all-ranks", action="store_true", help="also write REF.rankR.pt for every rank")
     p.add_argument("-v", "--verbose", action="store_true", help="rank 0 prints its loss and DDP buckets per step")
     a = p.parse_args()

@@ -49,8 +49,8 @@ from collections import namedtuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# optimizer: spmd-expand's and ddp_reference.py's optimizer flags (the same
-# names); extra: spmd-split's and ddp_reference.py's flags (the same names).
+# optimizer: spmd-expand's and ddp_reference.py's optimizer and precision
+# flags (the same names); extra: spmd-split's and ddp_reference.py's flags (the same names).
 Case = namedtuple("Case", "name sample optimizer nproc steps extra seed strict")
 
 ADAM = "--optimizer adam --lr 1e-2 --eps 1e-2"
@@ -79,6 +79,16 @@ CASES = [
     Case("export_lm_adamw", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5, "", 1, False),
     Case("export_cnn_sgd_momentum", "cnn", SGD_MOMENTUM, 2, 5, "--bucket-cap-mb 0.002 --first-bucket-cap-mb 0.002", 1,
          False),
+    # Mixed precision: the forward under torch.autocast("cpu", bfloat16) in
+    # DDP, spmd-expand --autocast cpu:bf16; gradients all-reduced in fp32, or
+    # in fp16 as DDP's fp16_compress_hook does (Gloo on LibTorch 1.13 cannot
+    # sum bf16, so --reduce-dtype bf16 is checked on NCCL, bench/gpu_parity.sh).
+    Case("mlp_adam_autocast_bf16", "mlp", ADAM + " --autocast cpu:bf16", 2, 5, "", 1, False),
+    Case("lm_adamw_autocast_bf16", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5 --autocast cpu:bf16", 2, 5, "", 1,
+         False),
+    Case("cnn_sgd_autocast_bf16", "cnn", SGD_MOMENTUM + " --autocast cpu:bf16", 2, 5, "", 1, False),
+    Case("lm_adamw_autocast_bf16_reduce_f16", "lm",
+         "--optimizer adamw --lr 1e-2 --eps 1e-5 --autocast cpu:bf16 --reduce-dtype f16", 2, 5, "", 1, False),
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     Case("strict_lm_adamw_eps1e-8", "lm", "--optimizer adamw --lr 1e-2", 2, 5, "", 0, True),
 ]

@@ -141,6 +141,12 @@ ValueId GraphBuilder::sumTo(ValueId a, const std::vector<int64_t>& shape) {
   return call("aten::sum_to_size", {Arg::tensor(a), intsArg(shape)});
 }
 
+ValueId GraphBuilder::cast(ValueId a, c10::ScalarType dtype, const std::string& base) {
+  return call("aten::_to_copy",
+              {Arg::tensor(a), dtypeArg(dtype), Arg::none(), Arg::none(), Arg::none(), Arg::ofBool(false), Arg::none()},
+              base);
+}
+
 ValueId GraphBuilder::zerosLike(ValueId a) {
   return call("aten::zeros_like", {Arg::tensor(a), Arg::none(), Arg::none(), Arg::none(), Arg::none(), Arg::none()});
 }

@@ -1,5 +1,6 @@
 #include "spmd/ops/autograd_trace.h"
 
+#include "spmd/ops/autocast_probe.h"
 #include "spmd/ops/meta.h"
 
 #include <ATen/ATen.h>
@@ -25,6 +26,7 @@ bool noKernelFor(const c10::Error& e) {
 }
 
 void recordAndRun(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  if (handledByAutocastProbe(op, stack)) return;  // the key serves ops/autocast_probe.h too
   const size_t argc = op.schema().arguments().size();
   const size_t base = stack->size() - argc;
   std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());

@@ -60,4 +60,8 @@ std::vector<at::Tensor> callOperator(const c10::OperatorHandle& op, std::vector<
   return results;
 }
 
+std::string qualifiedOpName(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
 }  // namespace spmd

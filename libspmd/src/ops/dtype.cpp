@@ -28,12 +28,15 @@ const std::vector<DtypeNames>& table() {
   return names;
 }
 
-// torch's other spellings of the same dtypes.
+// torch's other spellings of the same dtypes, and the fp16/fp32/fp64 of
+// mixed-precision flags (--autocast cuda:fp16).
 const std::vector<std::pair<const char*, c10::ScalarType>>& aliases() {
   static const std::vector<std::pair<const char*, c10::ScalarType>> names = {
       {"float", c10::ScalarType::Float},  {"double", c10::ScalarType::Double},
       {"half", c10::ScalarType::Half},    {"long", c10::ScalarType::Long},
       {"int", c10::ScalarType::Int},      {"short", c10::ScalarType::Short},
+      {"fp16", c10::ScalarType::Half},    {"fp32", c10::ScalarType::Float},
+      {"fp64", c10::ScalarType::Double},
   };
   return names;
 }

@@ -7,8 +7,9 @@
 // but only if the current one has an output used outside it (by a forward
 // node of another bucket, or as a graph output); otherwise keep extending it.
 // The node then joins the current bucket, and each trainable parameter it
-// uses that no later node used adds its bytes. A leading bucket without
-// parameters merges into the next. Ignored parameters are never bucketed.
+// uses (itself or through a cast: autocast's) that no later node used adds
+// its bytes. A leading bucket without parameters merges into the next.
+// Ignored parameters are never bucketed.
 //
 // The rewrite: per-parameter all-reduces (grad-sync's) are removed; each
 // bucket's gradients are packed into one flat tensor right after the last of
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 namespace spmd {
@@ -79,6 +81,21 @@ bool hasExternalOutput(const Graph& g, const PlanBucket& b, const std::set<size_
   return false;
 }
 
+// The parameter `v` is a cast of (autocast's aten::_to_copy of a weight),
+// else `v`: a parameter counts where the module's op reads it, cast or not.
+ValueId throughCast(const Graph& g, ValueId v) {
+  const Node* n = g.producer(v);
+  if (n && n->op == "aten::_to_copy" && n->args[0].kind == Arg::Kind::Value) {
+    const GraphInput* in = g.inputOf(n->args[0].value);
+    if (in && in->kind == InputKind::Parameter) return n->args[0].value;
+  }
+  return v;
+}
+
+bool isWeightCast(const Graph& g, const Node& n) {
+  return n.outputs.size() == 1 && throughCast(g, n.outputs[0]) != n.outputs[0];
+}
+
 std::vector<PlanBucket> planBuckets(const Graph& g, const BucketOptions& o) {
   const std::vector<size_t> forward = forwardNodes(g);
   const std::set<size_t> forwardSet(forward.begin(), forward.end());
@@ -90,12 +107,15 @@ std::vector<PlanBucket> planBuckets(const Graph& g, const BucketOptions& o) {
   for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
     PlanBucket& current = buckets.front();
     const double held = static_cast<double>(current.bytes);
-    if ((held >= cap || (buckets.size() == 1 && held >= firstCap)) && hasExternalOutput(g, current, forwardSet)) {
+    const Node& node = g.nodes()[*it];
+    // A weight's cast stays with the op that reads it.
+    if (!isWeightCast(g, node) && (held >= cap || (buckets.size() == 1 && held >= firstCap)) && hasExternalOutput(g, current, forwardSet)) {
       buckets.insert(buckets.begin(), PlanBucket{});
     }
     PlanBucket& target = buckets.front();
     target.nodes.insert(*it);
-    forEachTensorArg(g.nodes()[*it], [&](ValueId v) {
+    forEachTensorArg(node, [&](ValueId v) {
+      v = throughCast(g, v);
       if (trainable.count(v) && counted.insert(v).second) {
         target.params.push_back(v);
         target.bytes += bytes(g.value(v));
@@ -109,15 +129,19 @@ std::vector<PlanBucket> planBuckets(const Graph& g, const BucketOptions& o) {
   return buckets;  // forward order
 }
 
-// `params` ordered by first use, and by argument position within a node.
+// `params` ordered by first use, and by argument position within a node
+// (a weight's cast counts as a use of the weight where the cast is read).
 std::vector<ValueId> inForwardOrder(const Graph& g, std::vector<ValueId>& params) {
   std::set<ValueId> wanted(params.begin(), params.end());
   std::vector<ValueId> ordered;
   for (const Node& n : g.nodes()) {
+    if (isWeightCast(g, n)) continue;  // its reader places the weight
     forEachTensorArg(n, [&](ValueId v) {
+      v = throughCast(g, v);
       if (wanted.erase(v)) ordered.push_back(v);
     });
   }
+  ordered.insert(ordered.end(), wanted.begin(), wanted.end());  // read only by casts nothing reads
   params = ordered;  // the packing order follows the table's
   return ordered;
 }
@@ -135,17 +159,54 @@ void stampBuckets(Graph& g, const std::vector<PlanBucket>& plan) {
 
 // ---- the rewrite ---------------------------------------------------------------
 
+// The all-reduce grad-sync put on a gradient, with the casts around it
+// when --reduce-dtype sent the gradient in another dtype:
+// [_to_copy(grad) ->] spmd::all_reduce [-> _to_copy back] = reduced.
+struct PerParameterReduce {
+  std::vector<const Node*> nodes;  // last first: the order to erase them in
+  c10::ScalarType sentAs = c10::ScalarType::Undefined;
+};
+
+std::optional<PerParameterReduce> perParameterReduce(const Graph& g, const Gradient& grad) {
+  auto single = [&](const Node* n, const char* op) { return n && n->op == op && n->outputs.size() == 1; };
+  PerParameterReduce r;
+  const Node* n = g.producer(grad.reduced);
+  if (single(n, "aten::_to_copy") && n->args[0].kind == Arg::Kind::Value) {
+    const Node* allReduce = g.producer(n->args[0].value);
+    if (single(allReduce, "spmd::all_reduce") && allReduce->args[0].kind == Arg::Kind::Value) {
+      const Node* sent = g.producer(allReduce->args[0].value);
+      if (single(sent, "aten::_to_copy") && sent->args[0].kind == Arg::Kind::Value &&
+          sent->args[0].value == grad.value) {
+        r.nodes = {n, allReduce, sent};
+        r.sentAs = g.value(allReduce->outputs[0]).dtype;
+        return r;
+      }
+    }
+  }
+  if (single(n, "spmd::all_reduce")) {
+    r.nodes = {n};
+    return r;
+  }
+  return std::nullopt;
+}
+
 // Drops grad-sync's per-parameter all-reduces; readers of their results read
-// the local gradient again (the bucket's all-reduce replaces them).
-void dropPerParameterReduces(Graph& g) {
+// the local gradient again (the bucket's all-reduce replaces them). Returns
+// the dtype each parameter's gradient was sent in (--reduce-dtype), where
+// it was not its own.
+std::map<ValueId, c10::ScalarType> dropPerParameterReduces(Graph& g) {
+  std::map<ValueId, c10::ScalarType> sentAs;
   for (Gradient& grad : g.gradients()) {
     const ValueId reduced = grad.reduced;
-    grad.reduced = kNoValue;
     if (reduced == kNoValue) continue;
+    const std::optional<PerParameterReduce> r = perParameterReduce(g, grad);
+    grad.reduced = kNoValue;
     g.replaceAllUsesWith(reduced, grad.value);
-    const Node* allReduce = g.producer(reduced);
-    if (allReduce && allReduce->op == "spmd::all_reduce" && allReduce->outputs.size() == 1) g.erase(*allReduce);
+    if (!r) continue;
+    for (const Node* n : r->nodes) g.erase(*n);
+    if (r->sentAs != c10::ScalarType::Undefined) sentAs[grad.parameter] = r->sentAs;
   }
+  return sentAs;
 }
 
 // A bucket's all-reduce: started right after its last gradient is made
@@ -201,7 +262,8 @@ std::vector<CommBucket*> inProgramOrder(std::vector<CommBucket>& comm, size_t Co
   return ordered;
 }
 
-void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
+void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce,
+             const std::map<ValueId, c10::ScalarType>& sentAs) {
   std::vector<CommBucket> comm = placeBuckets(g, plan);
   GraphBuilder builder(g);
   std::map<int, ValueId> inFlight;
@@ -224,6 +286,9 @@ void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
       flats.values.push_back(builder.reshape(grad->value, {numel(g.value(grad->value))}));
     }
     ValueId flat = c->grads.size() == 1 ? flats.values[0] : builder.call("aten::cat", {flats, Arg::ofInt(0)}, "bucket");
+    // --reduce-dtype: the whole bucket is cast, as DDP's compression hooks cast its buffer.
+    auto sent = sentAs.find(c->grads.front()->parameter);
+    if (sent != sentAs.end()) flat = builder.cast(flat, sent->second, "bucket" + std::to_string(c->index) + ".sent");
     inFlight[c->index] = builder.call("spmd::bucket_start", {Arg::tensor(flat), strArg(mode), Arg::ofInt(c->index)},
                                       "bucket" + std::to_string(c->index) + ".inflight");
     if (c->startAfter) lastStartAfter[c->startAfter] = g.producer(inFlight[c->index]);
@@ -237,6 +302,8 @@ void rewrite(Graph& g, const std::vector<PlanBucket>& plan, GradReduce reduce) {
     builder.setMeta(NodeMeta{"", NodeRole::Comm, c->index, -1, IterationTag::Every});
     ValueId flat = builder.call("spmd::bucket_wait", {Arg::tensor(inFlight.at(c->index)), Arg::ofInt(c->index)},
                                 "bucket" + std::to_string(c->index) + ".reduced");
+    const c10::ScalarType own = g.value(c->grads.front()->value).dtype;
+    if (g.value(flat).dtype != own) flat = builder.cast(flat, own, "bucket" + std::to_string(c->index) + ".received");
     std::vector<int64_t> sizes;
     for (Gradient* grad : c->grads) sizes.push_back(numel(g.value(grad->value)));
     std::vector<ValueId> pieces = {flat};
@@ -278,8 +345,8 @@ bool BucketPass::run(Graph& g, DiagnosticEngine&) {
   stampBuckets(g, plan);
   g.setBuckets(std::move(table));
   if (g.gradients().empty()) return true;
-  dropPerParameterReduces(g);
-  rewrite(g, plan, reduce_);
+  const std::map<ValueId, c10::ScalarType> sentAs = dropPerParameterReduces(g);
+  rewrite(g, plan, reduce_, sentAs);
   return true;
 }
 

@@ -120,10 +120,6 @@ std::optional<size_t> writtenArgument(const c10::FunctionSchema& schema) {
   return std::nullopt;
 }
 
-std::string qualifiedName(const c10::OperatorName& name) {
-  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-}
-
 // What one run of a node's op with autograd recorded.
 struct Recording {
   std::vector<std::pair<at::Tensor, ValueId>> leaves;       // one per tensor argument
@@ -289,7 +285,7 @@ class CallWriter {
 
   void writeCall(const RecordedCall& call, const TensorMap<ValueId>& preset) {
     const c10::FunctionSchema& schema = call.op.schema();
-    std::string op = qualifiedName(schema.operator_name());
+    std::string op = qualifiedOpName(schema.operator_name());
     const auto written = writtenArgument(schema);
     if (written) op = functionalForm(schema);
     std::vector<Arg> args;
@@ -327,9 +323,9 @@ class CallWriter {
   // becomes a new value.
   std::string functionalForm(const c10::FunctionSchema& schema) const {
     if (auto functional = outOfPlaceOverload(schema)) {
-      return qualifiedName(c10::OperatorName(functional->first, functional->second));
+      return qualifiedOpName(c10::OperatorName(functional->first, functional->second));
     }
-    throw nodeProblem(node_, "its derivative writes in place with " + qualifiedName(schema.operator_name()) +
+    throw nodeProblem(node_, "its derivative writes in place with " + qualifiedOpName(schema.operator_name()) +
                                  ", which has no functional form");
   }
 
@@ -520,7 +516,7 @@ std::vector<std::string> derivativeSources() {
     const char* source = op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ? "composite"
                          : op->hasKernelForDispatchKey(c10::DispatchKey::Autograd)                 ? "autograd"
                                                                                                    : "none";
-    lines.push_back(qualifiedName(name) + "\t" + source);
+    lines.push_back(qualifiedOpName(name) + "\t" + source);
   }
   std::sort(lines.begin(), lines.end());
   return lines;

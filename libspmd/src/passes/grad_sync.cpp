@@ -33,7 +33,7 @@ void broadcastBuffers(Graph& g) {
 // Each gradient's all-reduce goes right after the node that produces it (or
 // at the end for gradients no node produces), and every reader of the local
 // gradient (an exported step's optimizer) reads the reduced value.
-void reduceGradients(Graph& g, GradReduce reduce) {
+void reduceGradients(Graph& g, GradReduce reduce, c10::ScalarType reduceDtype) {
   GraphBuilder b(g);
   b.setMeta(NodeMeta{"", NodeRole::Comm, -1, -1, IterationTag::Every});
   // By the producer's position, so that gradients made by one node are
@@ -66,11 +66,19 @@ void reduceGradients(Graph& g, GradReduce reduce) {
       b.setInsertionPointAfter(it != lastReduceAfter.end() ? *it->second : *made);
     }
     const ValueId raw = grad->value;
-    grad->reduced = b.call("spmd::all_reduce", {Arg::tensor(raw), strArg(reduce == GradReduce::Mean ? "mean" : "sum")},
-                           g.value(grad->parameter).name + ".grad");
-    const Node* allReduce = g.producer(grad->reduced);
-    if (made) lastReduceAfter[made] = allReduce;
-    g.replaceUsesWith(raw, grad->reduced, [&](const Node& n) { return &n != allReduce; });
+    const std::string name = g.value(grad->parameter).name + ".grad";
+    const c10::ScalarType dtype = g.value(raw).dtype;
+    // --reduce-dtype: cast there and back around the all-reduce, as DDP's
+    // compression hooks do (spmd-split finds the casts and casts the bucket).
+    const bool recast = reduceDtype != c10::ScalarType::Undefined && reduceDtype != dtype;
+    const ValueId sent = recast ? b.cast(raw, reduceDtype, name + ".sent") : raw;
+    grad->reduced = b.call("spmd::all_reduce", {Arg::tensor(sent), strArg(reduce == GradReduce::Mean ? "mean" : "sum")},
+                           recast ? name + ".received" : name);
+    if (recast) grad->reduced = b.cast(grad->reduced, dtype, name);
+    const Node* last = g.producer(grad->reduced);
+    if (made) lastReduceAfter[made] = last;
+    const Node* first = g.producer(recast ? sent : grad->reduced);
+    g.replaceUsesWith(raw, grad->reduced, [&](const Node& n) { return &n != first; });
   }
 }
 
@@ -87,23 +95,24 @@ bool alreadyBroadcast(const Graph& g) {
 
 class GradSyncPass final : public Pass {
  public:
-  explicit GradSyncPass(GradReduce reduce) : reduce_(reduce) {}
+  GradSyncPass(GradReduce reduce, c10::ScalarType reduceDtype) : reduce_(reduce), reduceDtype_(reduceDtype) {}
 
   bool run(Graph& g, DiagnosticEngine&) override {
     const size_t before = g.nodes().size();
     if (!alreadyBroadcast(g)) broadcastBuffers(g);
-    reduceGradients(g, reduce_);
+    reduceGradients(g, reduce_, reduceDtype_);
     return g.nodes().size() != before;  // it only adds nodes
   }
 
  private:
   GradReduce reduce_;
+  c10::ScalarType reduceDtype_;
 };
 
 }  // namespace
 
 std::unique_ptr<Pass> createGradSyncPass(const PipelineOptions& options) {
-  return std::make_unique<GradSyncPass>(options.gradReduce);
+  return std::make_unique<GradSyncPass>(options.gradReduce, options.reduceDtype);
 }
 
 }  // namespace spmd

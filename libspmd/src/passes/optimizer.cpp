@@ -54,8 +54,7 @@ void adam(Graph& g, GraphBuilder& b, const Gradient& grad, const OptimizerOption
   ValueId v = b.call("aten::addcmul", {Arg::tensor(b.mulScalar(expAvgSq, o.beta2)), Arg::tensor(gv), Arg::tensor(gv),
                                        Arg::ofFloat(1.0 - o.beta2)});
   // Bias corrections in float64, as Python computes them from step.item().
-  ValueId stepF64 = b.call("aten::_to_copy", {Arg::tensor(step1), dtypeArg(c10::ScalarType::Double), Arg::none(),
-                                              Arg::none(), Arg::none(), Arg::ofBool(false), Arg::none()});
+  ValueId stepF64 = b.cast(step1, c10::ScalarType::Double);
   auto oneMinusPow = [&](double beta) {
     ValueId pw = b.call("aten::pow.Scalar", {Arg::ofFloat(beta), Arg::tensor(stepF64)});
     return b.call("aten::rsub.Scalar", {Arg::tensor(pw), Arg::ofInt(1), Arg::ofInt(1)}, "bias_correction");

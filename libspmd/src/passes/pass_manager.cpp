@@ -16,6 +16,8 @@ namespace spmd {
 
 const std::vector<PassInfo>& registeredPasses() {
   static const std::vector<PassInfo> passes = {
+      {"autocast", "torch.autocast's policy for one device type as explicit casts (spmd-expand --autocast)",
+       createAutocastPass},
       {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", createAutodiffPass},
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", createGradSyncPass},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", createOptimizerPass},

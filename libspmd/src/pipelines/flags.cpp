@@ -1,5 +1,6 @@
 #include "spmd/pipelines/flags.h"
 
+#include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
 
 #include <iostream>
@@ -56,6 +57,41 @@ void addGradReduceFlag(CLI::App& app, GradReduce& reduce, const std::string& hel
          help)
       ->check(CLI::IsMember({"mean", "sum"}))
       ->default_str("mean");
+}
+
+void addPrecisionFlags(CLI::App& app, PrecisionFlags& flags) {
+  app.add_option("--autocast", flags.autocast,
+                 "DEVICE:DTYPE (cuda:bf16, cpu:bf16): torch.autocast's policy for that device type; "
+                 "parameters, gradients and optimizer state stay fp32");
+  app.add_option("--reduce-dtype", flags.reduceDtype,
+                 "dtype of the gradient all-reduce (bf16, f16; default: the gradient's own, fp32)");
+}
+
+void finishPrecisionFlags(const PrecisionFlags& flags, PipelineOptions& options) {
+  if (!flags.autocast.empty()) {
+    const std::string flag = "--autocast '" + flags.autocast + "'";
+    const size_t colon = flags.autocast.find(':');
+    const std::string device = flags.autocast.substr(0, colon);
+    const c10::ScalarType dtype = colon == std::string::npos
+                                      ? c10::ScalarType::Undefined
+                                      : parseDtype(flags.autocast.substr(colon + 1)).value_or(c10::ScalarType::Undefined);
+    if ((device != "cuda" && device != "cpu") || dtype == c10::ScalarType::Undefined) {
+      throw Diagnostic(flag, "expected DEVICE:DTYPE with DEVICE cuda or cpu (cuda:bf16)");
+    }
+    if (dtype == c10::ScalarType::Half) {
+      throw Diagnostic(flag, "fp16 needs dynamic loss scaling (torch.cuda.amp.GradScaler), which spmd does not do; "
+                             "use bf16");
+    }
+    if (dtype != c10::ScalarType::BFloat16) throw Diagnostic(flag, "autocast's lower precision type must be bf16");
+    options.autocast = AutocastOptions{true, device, dtype};
+  }
+  if (!flags.reduceDtype.empty()) {
+    const c10::ScalarType dtype = parseDtype(flags.reduceDtype).value_or(c10::ScalarType::Undefined);
+    if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 && dtype != c10::ScalarType::Half) {
+      throw Diagnostic("--reduce-dtype '" + flags.reduceDtype + "'", "expected f32, bf16 or f16");
+    }
+    options.reduceDtype = dtype == c10::ScalarType::Float ? c10::ScalarType::Undefined : dtype;
+  }
 }
 
 void addBucketFlags(CLI::App& app, BucketOptions& options) {

@@ -6,7 +6,12 @@
 
 namespace spmd {
 
-std::vector<std::string> expandPipeline(const PipelineOptions&) { return {"autodiff", "grad-sync", "optimizer"}; }
+std::vector<std::string> expandPipeline(const PipelineOptions& options) {
+  std::vector<std::string> names;
+  if (options.autocast.enabled) names.push_back("autocast");
+  for (const char* name : {"autodiff", "grad-sync", "optimizer"}) names.push_back(name);
+  return names;
+}
 
 std::vector<std::string> splitPipeline(const PipelineOptions&) { return {"grad-sync", "bucket"}; }
 

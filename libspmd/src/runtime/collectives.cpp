@@ -55,6 +55,14 @@ class GroupCollectives : public Collectives {
   std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors, bool mayReuseInput) override {
     try {
       return runNode(node, tensors, mayReuseInput);
+    } catch (const c10::Error& e) {
+      // Gloo of LibTorch 1.13 has no bf16 sum: a user's choice, not a failure.
+      const bool bf16 = !tensors.empty() && tensors[0].scalar_type() == c10::ScalarType::BFloat16;
+      if (bf16 && std::string(e.what()).find("Invalid scalar type") != std::string::npos) {
+        throw Diagnostic(node.qualifiedName(), "this LibTorch's Gloo cannot sum bf16 tensors; expand with "
+                                               "--reduce-dtype f16 (or none), or run on CUDA");
+      }
+      rethrowAsCollectiveError();
     } catch (...) {
       rethrowAsCollectiveError();
     }

@@ -56,6 +56,8 @@ class GraphBuilder {
   // Sums `a` down to `shape` (undoing broadcasting); `a` itself if it fits.
   ValueId sumTo(ValueId a, const std::vector<int64_t>& shape);
   ValueId zerosLike(ValueId a);
+  // aten::_to_copy(a, dtype): what tensor.to(dtype) records.
+  ValueId cast(ValueId a, c10::ScalarType dtype, const std::string& base = "");
 
  private:
   at::Tensor metaOf(ValueId v);

@@ -22,6 +22,9 @@ std::optional<c10::OperatorHandle> findOperator(const std::string& op, const std
 // {op, overload}; nullopt when `inPlace` is not named `..._` or has none.
 std::optional<std::pair<std::string, std::string>> outOfPlaceOverload(const c10::FunctionSchema& inPlace);
 
+// "aten::add.Tensor", or "aten::relu" for the default overload.
+std::string qualifiedOpName(const c10::OperatorName& name);
+
 // Calls `op` on boxed arguments and returns the tensors it produced, list
 // results flattened in order.
 std::vector<at::Tensor> callOperator(const c10::OperatorHandle& op, std::vector<c10::IValue> stack);

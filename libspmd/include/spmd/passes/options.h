@@ -3,6 +3,8 @@
 // (see passes/pass.h).
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <string>
 #include <vector>
 
@@ -42,6 +44,13 @@ struct UnrollOptions {
   bool move = true;  // --no-move: unroll without moving work across iterations
 };
 
+// torch.autocast (spmd-expand --autocast DEVICE:DTYPE).
+struct AutocastOptions {
+  bool enabled = false;
+  std::string device = "cuda";                        // "cuda" or "cpu": whose policy
+  c10::ScalarType dtype = c10::ScalarType::BFloat16;  // the lower precision type
+};
+
 // The lowering passes (spmd-lower).
 struct LowerOptions {
   std::string device = "cpu";  // --device
@@ -52,6 +61,10 @@ struct LowerOptions {
 struct PipelineOptions {
   OptimizerOptions optimizer;
   GradReduce gradReduce = GradReduce::Mean;  // DDP averages; _spmd summed
+  // --reduce-dtype: the dtype gradients cross ranks in (cast there and back,
+  // as DDP's bf16/fp16 compression hooks do); Undefined: their own.
+  c10::ScalarType reduceDtype = c10::ScalarType::Undefined;
+  AutocastOptions autocast;
   BucketOptions buckets;
   UnrollOptions unroll;
   LowerOptions lower;

@@ -57,6 +57,7 @@ void runPasses(Graph& graph, const std::vector<std::string>& names, const Pipeli
 std::string listPasses();
 
 // The passes' factories, one file each under src/passes/.
+std::unique_ptr<Pass> createAutocastPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createGradSyncPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createOptimizerPass(const PipelineOptions& options);

@@ -43,6 +43,18 @@ void finishOptimizerFlags(const OptimizerFlags& flags, OptimizerOptions& options
 // --grad-reduce mean|sum (default mean), with the tool's help text.
 void addGradReduceFlag(CLI::App& app, GradReduce& reduce, const std::string& help);
 
+// --autocast DEVICE:DTYPE and --reduce-dtype DTYPE, as given; parsed by
+// finishPrecisionFlags.
+struct PrecisionFlags {
+  std::string autocast;
+  std::string reduceDtype;
+};
+void addPrecisionFlags(CLI::App& app, PrecisionFlags& flags);
+// After parsing: cuda:bf16 and cpu:bf16 (cuda:fp16 is refused: it needs
+// loss scaling, which spmd does not do); --reduce-dtype f32, bf16 or f16.
+// Throws Diagnostic naming the flag.
+void finishPrecisionFlags(const PrecisionFlags& flags, PipelineOptions& options);
+
 // spmd-split's --bucket-cap-mb, --first-bucket-cap-mb, --ignore-param.
 void addBucketFlags(CLI::App& app, BucketOptions& options);
 

@@ -1,0 +1,251 @@
+// autocast (spmd-expand --autocast DEVICE:DTYPE): torch.autocast's policy for
+// one device type, made explicit in the forward graph.
+//
+// Each node runs once under the linked LibTorch's own autocast kernels
+// (ops/autocast_probe.h) on stand-ins of its inputs. The casts autocast makes
+// become aten::_to_copy nodes before the node, which then reads the cast
+// values, with the arguments autocast passes on (softmax gets dtype=float
+// where its policy says so); a node autocast leaves alone keeps its
+// arguments. An op with no autocast kernel of its own that is a composite of
+// ops autocast would cast (eager mode meets those one by one) is replaced by
+// the calls it is made of. Every value's dtype follows.
+//
+// As in eager mode: casts of trainable parameters to the lower precision
+// type are made once per step and shared (autocast's weight cache), other
+// casts once per use, so that their gradients are cast back and summed as
+// PyTorch sums them. Parameters, buffers and optimizer state stay fp32; the
+// backward of a cast, which autodiff gets from LibTorch, casts back. Runs
+// before autodiff, on the forward only.
+#include "spmd/ir/boxing.h"
+#include "spmd/ir/builder.h"
+#include "spmd/ops/autocast_probe.h"
+#include "spmd/ops/dispatch.h"
+#include "spmd/ops/dtype.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace spmd {
+namespace {
+
+bool isCast(const RecordedCall& call) {
+  const std::string& name = call.op.schema().name();
+  return (name == "aten::to" || name == "aten::_to_copy") && call.results.size() == 1 && call.args[0].isTensor();
+}
+
+bool writesInPlace(const RecordedCall& call) {
+  for (const c10::Argument& a : call.op.schema().arguments()) {
+    if (a.alias_info() && a.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+std::string where(const Node& node) {
+  return node.qualifiedName() + (node.meta.source.empty() ? "" : " at " + node.meta.source);
+}
+
+std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+class AutocastPass final : public Pass {
+ public:
+  explicit AutocastPass(AutocastOptions options) : options_(std::move(options)) {}
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override;
+
+ private:
+  at::Tensor metaOf(const Graph& g, ValueId v) {
+    auto it = meta_.find(v);
+    return it != meta_.end() ? it->second : metaTensorOf(g.value(v));
+  }
+  void retype(Graph& g, const Node& node, const std::vector<c10::IValue>& results);
+  ValueId cast(GraphBuilder& b, ValueId source, c10::ScalarType dtype);
+  bool rewriteWithCasts(Graph& g, const Node& node, const AutocastRun& run);
+  bool replaceByCalls(Graph& g, const Node& node, const AutocastRun& run);
+
+  AutocastOptions options_;
+  AutocastPolicy policy_;
+  std::unordered_map<ValueId, at::Tensor> meta_;        // each value as the probes saw it
+  std::map<std::pair<ValueId, int>, ValueId> weightCasts_;  // (parameter, dtype) -> its cast
+  // The graph value of each recorded tensor of the node being rewritten.
+  std::unordered_map<const c10::TensorImpl*, ValueId> valueOf_;
+};
+
+// The node's outputs take the dtypes its probe produced.
+void AutocastPass::retype(Graph& g, const Node& node, const std::vector<c10::IValue>& results) {
+  std::vector<at::Tensor> tensors;
+  for (const c10::IValue& r : results) {
+    if (r.isTensor()) {
+      tensors.push_back(r.toTensor());
+    } else if (r.isTensorList()) {
+      for (const at::Tensor& t : r.toTensorVector()) tensors.push_back(t);
+    } else {
+      tensors.emplace_back();
+    }
+  }
+  for (size_t k = 0; k < node.outputs.size() && k < tensors.size(); ++k) {
+    const ValueId out = node.outputs[k];
+    if (out == kNoValue || !tensors[k].defined()) continue;
+    g.value(out).dtype = tensors[k].scalar_type();
+    meta_[out] = tensors[k];
+  }
+}
+
+ValueId AutocastPass::cast(GraphBuilder& b, ValueId source, c10::ScalarType dtype) {
+  Graph& g = b.graph();
+  const GraphInput* in = g.inputOf(source);
+  const bool cached = in && in->kind == InputKind::Parameter && in->requiresGrad && dtype == policy_.dtype &&
+                      g.value(source).dtype == c10::ScalarType::Float;
+  const auto key = std::make_pair(source, static_cast<int>(dtype));
+  if (cached) {
+    auto it = weightCasts_.find(key);
+    if (it != weightCasts_.end()) return it->second;
+  }
+  const std::string name = g.value(source).name + "." + dtypeShortName(dtype);
+  const ValueId v = b.cast(source, dtype, name);
+  if (cached) weightCasts_[key] = v;
+  return v;
+}
+
+// [casts..., op]: the casts go before the node, which then calls what
+// autocast passed on.
+bool AutocastPass::rewriteWithCasts(Graph& g, const Node& node, const AutocastRun& run) {
+  GraphBuilder b(g);
+  b.setInsertionPoint(node);
+  b.setMeta(node.meta);
+  for (size_t i = 0; i + 1 < run.calls.size(); ++i) {
+    const RecordedCall& c = run.calls[i];
+    auto from = valueOf_.find(c.args[0].toTensor().unsafeGetTensorImpl());
+    if (from == valueOf_.end()) return false;
+    const at::Tensor result = c.results[0].toTensor();
+    const ValueId v = cast(b, from->second, result.scalar_type());
+    valueOf_[result.unsafeGetTensorImpl()] = v;
+  }
+  const RecordedCall& main = run.calls.back();
+  Node replacement;
+  replacement.op = main.op.schema().name();
+  replacement.overload = main.op.schema().overload_name();
+  replacement.outputs = node.outputs;
+  replacement.meta = node.meta;
+  const auto& formals = main.op.schema().arguments();
+  for (size_t i = 0; i < formals.size(); ++i) {
+    replacement.args.push_back(argFromIValue(formals[i], main.args[i], [&](const at::Tensor& t) {
+      auto it = valueOf_.find(t.unsafeGetTensorImpl());
+      if (it == valueOf_.end()) throw std::logic_error("autocast: the op read a tensor that is not in the graph");
+      return it->second;
+    }));
+  }
+  retype(g, g.replaceNode(node, std::move(replacement)), main.results);
+  return true;
+}
+
+// A composite autocast reaches only through its parts: the node becomes
+// those parts, its outputs defined by the calls that make them.
+bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun& run) {
+  std::vector<ValueId> outputs;
+  std::unordered_map<const c10::TensorImpl*, ValueId> outputOf;
+  for (size_t k = 0; k < run.results.size() && k < node.outputs.size(); ++k) {
+    if (!run.results[k].isTensor()) return false;
+    outputOf[run.results[k].toTensor().unsafeGetTensorImpl()] = node.outputs[k];
+  }
+  for (const RecordedCall& c : run.calls) {
+    if (writesInPlace(c)) return false;
+  }
+  retype(g, node, run.results);  // the calls that make them must find them typed
+  const size_t at = g.indexOf(node);
+  const Node* next = at + 1 < g.nodes().size() ? &g.nodes()[at + 1] : nullptr;
+  const NodeMeta meta = node.meta;
+  g.extract(node);
+  GraphBuilder b(g);
+  if (next) b.setInsertionPoint(*next);
+  b.setMeta(meta);
+  auto valueOf = [&](const at::Tensor& t) {
+    auto it = valueOf_.find(t.unsafeGetTensorImpl());
+    if (it == valueOf_.end()) throw std::logic_error("autocast: a composite read a tensor none of its calls made");
+    return it->second;
+  };
+  for (const RecordedCall& c : run.calls) {
+    if (isCast(c)) {
+      const at::Tensor result = c.results[0].toTensor();
+      valueOf_[result.unsafeGetTensorImpl()] = cast(b, valueOf(c.args[0].toTensor()), result.scalar_type());
+      continue;
+    }
+    std::vector<Arg> args;
+    const auto& formals = c.op.schema().arguments();
+    for (size_t i = 0; i < formals.size(); ++i) args.push_back(argFromIValue(formals[i], c.args[i], valueOf));
+    std::vector<at::Tensor> made;
+    std::vector<ValueId> preset;
+    for (const c10::IValue& r : c.results) {
+      if (!r.isTensor()) break;  // presets cover the leading tensor results only
+      made.push_back(r.toTensor());
+      auto it = outputOf.find(made.back().unsafeGetTensorImpl());
+      preset.push_back(it != outputOf.end() ? it->second : kNoValue);
+      if (it != outputOf.end()) outputOf.erase(it);
+    }
+    const std::vector<ValueId> values = b.callMulti(qualifiedOpName(c.op.operator_name()), std::move(args), "", preset);
+    for (size_t k = 0; k < made.size() && k < values.size(); ++k) {
+      if (values[k] != kNoValue) valueOf_[made[k].unsafeGetTensorImpl()] = values[k];
+    }
+  }
+  if (!outputOf.empty()) throw std::logic_error("autocast: a composite's calls did not make all its results");
+  return true;
+}
+
+bool AutocastPass::run(Graph& g, DiagnosticEngine& diagnostics) {
+  if (!options_.enabled) return false;
+  policy_ = AutocastPolicy{options_.device == "cpu" ? c10::DeviceType::CPU : c10::DeviceType::CUDA, options_.dtype};
+  bool changed = false;
+  for (const Node* node : snapshot(g.nodes())) {
+    const std::optional<c10::OperatorHandle> op = findOperator(*node);
+    if (!op) continue;  // the verifier has reported it
+    const std::vector<c10::IValue> args =
+        boxArguments(*node, op->schema(), [&](ValueId v) { return metaOf(g, v); });
+    const AutocastEntry entry = autocastEntry(*op, policy_.device);
+    AutocastRun run;
+    try {
+      run = runUnderAutocast(*op, args, policy_, entry == AutocastEntry::Composite);
+    } catch (const c10::Error& e) {
+      throw Diagnostic(where(*node), "autocast: " + firstLine(e.what_without_backtrace()));
+    }
+    size_t casts = 0;
+    for (const RecordedCall& c : run.calls) casts += isCast(c) ? 1 : 0;
+    // A kernel of autocast's may change arguments without a cast (softmax's
+    // dtype=float); ops autocast does not take, and composites none of whose
+    // parts it casts, only see their results' dtypes follow.
+    const bool oneCall = entry == AutocastEntry::Kernel && casts + 1 == run.calls.size() && !isCast(run.calls.back());
+    if (entry == AutocastEntry::Untouched || (entry == AutocastEntry::Composite && casts == 0)) {
+      retype(g, *node, run.results);
+      continue;
+    }
+    valueOf_.clear();
+    // The stand-ins of the node's tensor arguments are its meta inputs.
+    for (size_t i = 0; i < args.size(); ++i) {
+      const Arg& a = node->args[i];
+      if (a.kind == Arg::Kind::Value) valueOf_[args[i].toTensor().unsafeGetTensorImpl()] = a.value;
+      if (a.kind == Arg::Kind::Values) {
+        const auto items = args[i].toListRef();
+        for (size_t k = 0; k < a.values.size() && k < items.size(); ++k) {
+          if (a.values[k] != kNoValue) valueOf_[items[k].toTensor().unsafeGetTensorImpl()] = a.values[k];
+        }
+      }
+    }
+    const bool done = oneCall ? rewriteWithCasts(g, *node, run) : replaceByCalls(g, *node, run);
+    if (!done) {
+      diagnostics.note(where(*node), "autocast: left in its own precision (its parts update in place)");
+      continue;
+    }
+    changed = true;
+  }
+  return changed;
+}
+
+}  // namespace
+
+std::unique_ptr<Pass> createAutocastPass(const PipelineOptions& options) {
+  return std::make_unique<AutocastPass>(options.autocast);
+}
+
+}  // namespace spmd
