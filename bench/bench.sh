@@ -1,47 +1,67 @@
 #!/usr/bin/env bash
-# The benchmark of issue #6, on the GPU machine, from the repository root:
+# The benchmark of issues #6 and #14, on the GPU machine, from the repository root:
 #   OUT=/some/dir bash bench/bench.sh
+#   OUT=/some/dir MODELS="gpt resnet50" PRECISIONS="fp32 bf16" NPROCS=1 bash bench/bench.sh
 # Builds spmd against python3's torch (build-gpu, as README's "Building against
-# another LibTorch"), writes the models of bench/models.py (mlp, mlp4096, gpt),
-# compiles each with spmd's pipeline, times spmd-run beside DDP eager and
-# torch.compile(DDP) (bench/torch_step.py) on 1 and 2 GPUs, times the pipeline for
-# gpt, and writes to $OUT: results.jsonl (one JSON object per line), RESULTS-section.md
-# (bench/report.py's markdown, to append to bench/RESULTS.md), bench.log (progress)
-# and logs.tar.gz (every command's log). Models, data and artifacts (GBs) go to
-# $WORK (default build-gpu/bench), so that $OUT holds few, small files.
-# A system that fails is recorded as an error line (with its log's tail) and the
-# run goes on; the exit status is 1 if anything failed.
+# another LibTorch"), writes the models of bench/models.py (mlp, mlp4096, gpt,
+# resnet50), compiles each with spmd's pipeline once per precision, times spmd-run
+# beside DDP eager and torch.compile(DDP) (bench/torch_step.py) on 1 and 2 GPUs,
+# times the pipeline, and writes to $OUT: results.jsonl (one JSON object per line),
+# RESULTS-section.md (bench/report.py's markdown, to append to bench/RESULTS.md),
+# bench.log (progress) and logs.tar.gz (every command's log). Models, data and
+# artifacts (GBs) go to $WORK (default build-gpu/bench), so that $OUT holds few,
+# small files. A system that fails is recorded as an error line (with its log's
+# tail) and the run goes on; the exit status is 1 if anything failed.
 #
-# Knobs (environment): MODELS="mlp mlp4096 gpt", NPROCS="1 2", SYSTEMS="spmd ddp
-# compile", DEVICE=cuda, PYTHON=python3, B=build-gpu (BUILD=0: use it as it is;
-# BUILD_ONLY=1: build and stop, e.g. as a device call of its own), TIMEOUT=300
-# (seconds per command), QUICK=1 (5 steps + 2 warm-up), TINY=1 (the small models;
-# with DEVICE=cpu BUILD=0 B=build PYTHON=/usr/bin/python3 a smoke test on CPU), WORK,
-# and spmd's flags below.
+# Precisions (PRECISIONS="fp32 bf16"; default fp32): fp32 is fp32 with TF32 matmuls
+# (spmd-run --tf32, torch_step.py's default); bf16 adds BF16_EXPAND_FLAGS
+# (--autocast DEVICE:bf16) to spmd-expand's flags and runs torch_step.py
+# --precision bf16 (torch.autocast around the forward, gpt's attention through
+# F.scaled_dot_product_attention, the fused optimizer). Every result line carries
+# its "precision".
+#
+# Knobs (environment): MODELS="mlp mlp4096 gpt" (resnet50 too, by name),
+# PRECISIONS="fp32", NPROCS="1 2", SYSTEMS="spmd ddp compile", DEVICE=cuda,
+# PYTHON=python3, B=build-gpu (BUILD=0: use it as it is; BUILD_ONLY=1: build and stop,
+# e.g. as a device call of its own), TIMEOUT=300 (seconds per command), QUICK=1 (5
+# steps + 2 warm-up), TINY=1 (the small models; with DEVICE=cpu BUILD=0 B=build
+# PYTHON=/usr/bin/python3 a smoke test on CPU), WORK, and the flags below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DEVICE=${DEVICE:-cuda}
 
 # ---- spmd's flags, in one place ---------------------------------------------
 EXPAND_FLAGS=${EXPAND_FLAGS-}              # beside each model's --input and --optimizer flags
+BF16_EXPAND_FLAGS=${BF16_EXPAND_FLAGS---autocast $DEVICE:bf16}  # beside them, for precision bf16
 SPLIT_FLAGS=${SPLIT_FLAGS-}                # e.g. --bucket-cap-mb 25
 UNROLL=${UNROLL-spmd-unroll}               # empty: leave the stage out; run with --iters STEPS+WARMUP
 UNROLL_FLAGS=${UNROLL_FLAGS-}              # beside --iters
 LOWER_FLAGS=${LOWER_FLAGS---cudagraphs}    # beside --device $DEVICE
 RUN_FLAGS=${RUN_FLAGS---tf32}              # beside --nproc, --device, --steps, --warmup, --data, --json
 PIPELINE_RUNS=${PIPELINE_RUNS:-3}          # timed pipeline runs for gpt (median)
+# ---- PyTorch's ------------------------------------------------------------------
+TORCH_FLAGS=${TORCH_FLAGS-}                # beside torch_step.py's, e.g. --cudnn-benchmark
 
 # ---- what runs ----------------------------------------------------------------
 MODELS=${MODELS:-mlp mlp4096 gpt}
+PRECISIONS=${PRECISIONS:-fp32}
 NPROCS=${NPROCS:-1 2}
 SYSTEMS=${SYSTEMS:-spmd ddp compile}
-DEVICE=${DEVICE:-cuda}
 PY=${PYTHON:-python3}
 B=${B:-build-gpu}
 BUILD=${BUILD:-1}
 TIMEOUT=${TIMEOUT:-300}
 TINY=${TINY:-0}
-declare -A STEPS=([mlp]=300 [mlp4096]=50 [gpt]=30) WARMUP=([mlp]=30 [mlp4096]=10 [gpt]=5)
-if [ "${QUICK:-0}" = 1 ]; then STEPS=([mlp]=5 [mlp4096]=5 [gpt]=5) WARMUP=([mlp]=2 [mlp4096]=2 [gpt]=2); fi
+declare -A STEPS=([mlp]=300 [mlp4096]=50 [gpt]=30 [resnet50]=30) WARMUP=([mlp]=30 [mlp4096]=10 [gpt]=5 [resnet50]=5)
+if [ "${QUICK:-0}" = 1 ]; then
+  STEPS=([mlp]=5 [mlp4096]=5 [gpt]=5 [resnet50]=5) WARMUP=([mlp]=2 [mlp4096]=2 [gpt]=2 [resnet50]=2)
+fi
+for m in $MODELS; do
+  if [ -z "${STEPS[$m]:-}" ]; then echo "bench.sh: unknown model $m (STEPS has ${!STEPS[*]})" >&2; exit 2; fi
+done
+for p in $PRECISIONS; do
+  case $p in fp32 | bf16) ;; *) echo "bench.sh: unknown precision $p (fp32, bf16)" >&2; exit 2 ;; esac
+done
 TINY_FLAG=()
 if [ "$TINY" = 1 ]; then TINY_FLAG=(--tiny); fi
 
@@ -60,12 +80,14 @@ FAILED=0
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" | tee -a "$OUT/bench.log" >&2; }
 record() { "$PY" bench/record.py "$@" >> "$RESULTS"; }
-# fail SYSTEM MODEL RANKS LOG WHAT: an error line, a progress line, and a failed run.
+# fail SYSTEM MODEL RANKS LOG WHAT [PRECISION]: an error line, a progress line, and a failed run.
 fail() {
   FAILED=1
   log "FAILED: $5 (log: ${4#"$WORK"/})"
-  record error --system "$1" --model "$2" ${3:+--ranks "$3"} --log "$4" --what "$5" || true
+  record error --system "$1" --model "$2" ${3:+--ranks "$3"} ${6:+--precision "$6"} --log "$4" --what "$5" || true
 }
+# expand_flags PRECISION: what the precision adds to spmd-expand's flags.
+expand_flags() { if [ "$1" = bf16 ]; then echo "$BF16_EXPAND_FLAGS"; fi; }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 
@@ -81,93 +103,107 @@ build() {
   ninja -C "$B" "${targets[@]}" > "$WORK/logs/build.log" 2>&1
 }
 
-# pipeline MODEL ITERS ARTIFACT: spmd-expand | spmd-split | [spmd-unroll] | spmd-lower
-# (exported, for timeout to run it in a fresh bash).
+# pipeline MODEL ITERS ARTIFACT [FLAGS]: spmd-expand | spmd-split | [spmd-unroll] |
+# spmd-lower, FLAGS (the precision's) beside EXPAND_FLAGS (exported, for timeout to
+# run it in a fresh bash).
 # shellcheck disable=SC2317  # reached through bash -c
 pipeline() {
   set -o pipefail
-  local m=$1 iters=$2 art=$3 d=$WORK/models
+  local m=$1 iters=$2 art=$3 extra=${4-} d=$WORK/models
   # shellcheck disable=SC2046,SC2086  # the flag files and variables hold several words
-  $B/spmd-expand "$d/$m.pt" $(cat "$d/$m.inputs") $(cat "$d/$m.optim") $EXPAND_FLAGS \
+  $B/spmd-expand "$d/$m.pt" $(cat "$d/$m.inputs") $(cat "$d/$m.optim") $EXPAND_FLAGS $extra \
     | $B/spmd-split $SPLIT_FLAGS \
     | if [ -n "$UNROLL" ]; then $B/$UNROLL --iters "$iters" $UNROLL_FLAGS; else cat; fi \
     | $B/spmd-lower --device "$DEVICE" $LOWER_FLAGS -o "$art"
 }
 
-# compile_model MODEL: the artifact for the timed runs, its wall time recorded
-# (for gpt, the median of PIPELINE_RUNS runs).
+# art MODEL PRECISION: the artifact's path.
+art() { echo "$WORK/art/$1.$2.spmd"; }
+
+# compile_model MODEL PRECISION: the artifact for the timed runs, its wall time
+# recorded (for gpt, the median of PIPELINE_RUNS runs).
 compile_model() {
-  local m=$1 iters=$((STEPS[$1] + WARMUP[$1])) runs=() i t0 t1 n=1 lg=$WORK/logs/$1.pipeline.log
+  local m=$1 p=$2 iters=$((STEPS[$1] + WARMUP[$1])) runs=() i t0 t1 n=1 lg=$WORK/logs/$1.$2.pipeline.log
   if [ "$m" = gpt ]; then n=$PIPELINE_RUNS; fi
   for ((i = 0; i < n; i++)); do
     t0=$(now)
-    if ! timeout -k 10 "$TIMEOUT" bash -c 'pipeline "$@"' pipeline "$m" "$iters" "$WORK/art/$m.spmd" 2> "$lg"; then
-      fail spmd "$m" "" "$lg" "spmd pipeline for $m"
+    if ! timeout -k 10 "$TIMEOUT" bash -c 'pipeline "$@"' pipeline "$m" "$iters" "$(art "$m" "$p")" \
+        "$(expand_flags "$p")" 2> "$lg"; then
+      fail spmd "$m" "" "$lg" "spmd pipeline for $m ($p)" "$p"
       return 1
     fi
     t1=$(now)
     runs+=("$(elapsed "$t0" "$t1")")
   done
-  log "$m: pipeline ${runs[*]} s ($(du -h "$WORK/art/$m.spmd" | cut -f1) artifact)"
-  record pipeline --model "$m" --seconds "${runs[@]}"
+  log "$m ($p): pipeline ${runs[*]} s ($(du -h "$(art "$m" "$p")" | cut -f1) artifact)"
+  record pipeline --model "$m" --precision "$p" --seconds "${runs[@]}"
 }
 
 SPMD_WARMUP=0
-# run_spmd MODEL N: STEPS+WARMUP steps, the first WARMUP left out of the timings.
+# run_spmd MODEL N PRECISION: STEPS+WARMUP steps, the first WARMUP left out of the timings.
 run_spmd() {
-  local m=$1 n=$2 s=${STEPS[$1]} w=${WARMUP[$1]} tag=$1.spmd.$2 warm=() excluded=()
+  local m=$1 n=$2 p=$3 s=${STEPS[$1]} w=${WARMUP[$1]} tag=$1.$3.spmd.$2 warm=() excluded=()
   if [ "$SPMD_WARMUP" = 1 ]; then warm=(--warmup "$w"); excluded=(--warmup-excluded); fi
   # shellcheck disable=SC2086
-  if timeout -k 10 "$TIMEOUT" $B/spmd-run "$WORK/art/$m.spmd" --nproc "$n" --device "$DEVICE" $RUN_FLAGS \
+  if timeout -k 10 "$TIMEOUT" $B/spmd-run "$(art "$m" "$p")" --nproc "$n" --device "$DEVICE" $RUN_FLAGS \
       --steps $((s + w)) "${warm[@]}" --data "$WORK/models/$m.data$n.pt" --json \
       > "$WORK/logs/$tag.json" 2> "$WORK/logs/$tag.log" \
-    && record spmd --model "$m" --ranks "$n" --steps "$s" --warmup "$w" "${excluded[@]}" < "$WORK/logs/$tag.json"; then
-    log "$m: spmd-run, $n GPU(s): $(tail -n 1 "$RESULTS" | cut -c1-160)"
+    && record spmd --model "$m" --ranks "$n" --steps "$s" --warmup "$w" "${excluded[@]}" --precision "$p" \
+      --expand-flags="$(expand_flags "$p")" < "$WORK/logs/$tag.json"; then
+    log "$m ($p): spmd-run, $n GPU(s): $(tail -n 1 "$RESULTS" | cut -c1-160)"
   else
     cat "$WORK/logs/$tag.json" >> "$WORK/logs/$tag.log" 2> /dev/null || true
-    fail spmd "$m" "$n" "$WORK/logs/$tag.log" "spmd-run $m --nproc $n"
+    fail spmd "$m" "$n" "$WORK/logs/$tag.log" "spmd-run $m --nproc $n ($p)" "$p"
   fi
 }
 
-# profile MODEL: per-op device times of spmd-run (eager) and of DDP eager, 1 GPU.
+# profile MODEL PRECISION: per-op device times of spmd-run (eager) and of DDP eager, 1 GPU.
 profile() {
-  local m=$1 lg=$WORK/logs/$1.profile.log
+  local m=$1 p=$2 lg=$WORK/logs/$1.$2.profile.log pre=$WORK/logs/$1.$2
   # shellcheck disable=SC2086
-  timeout -k 10 "$TIMEOUT" $B/spmd-run "$WORK/art/$m.spmd" --device "$DEVICE" $RUN_FLAGS --steps 7 --warmup 2 \
-    --data "$WORK/models/$m.data1.pt" --profile "$WORK/logs/$m.spmd.profile.txt" > "$lg" 2>&1 \
-    || fail spmd "$m" 1 "$lg" "spmd-run --profile $m"
+  timeout -k 10 "$TIMEOUT" $B/spmd-run "$(art "$m" "$p")" --device "$DEVICE" $RUN_FLAGS --steps 7 --warmup 2 \
+    --data "$WORK/models/$m.data1.pt" --profile "$pre.spmd.profile.txt" > "$lg" 2>&1 \
+    || fail spmd "$m" 1 "$lg" "spmd-run --profile $m ($p)" "$p"
+  # shellcheck disable=SC2086
   timeout -k 10 "$TIMEOUT" "$PY" bench/torch_step.py --model "$m" --system ddp --nproc 1 --steps 3 --warmup 2 \
-    --device "$DEVICE" "${TINY_FLAG[@]}" --profile "$WORK/logs/$m.ddp.profile.txt" >> "$lg" 2>&1 \
-    || fail ddp "$m" 1 "$lg" "torch_step.py --profile $m"
-  log "$m: profiles in logs/$m.spmd.profile.txt, logs/$m.ddp.profile.txt"
+    --device "$DEVICE" --precision "$p" "${TINY_FLAG[@]}" $TORCH_FLAGS --profile "$pre.ddp.profile.txt" >> "$lg" 2>&1 \
+    || fail ddp "$m" 1 "$lg" "torch_step.py --profile $m ($p)" "$p"
+  log "$m ($p): profiles in ${pre#"$WORK"/}.spmd.profile.txt, ${pre#"$WORK"/}.ddp.profile.txt"
 }
 
-# run_torch SYSTEM MODEL N (a fresh compile cache for each run: compile_s is a cold compile)
+# run_torch SYSTEM MODEL N PRECISION (a fresh compile cache for each run: compile_s is a cold compile)
 run_torch() {
-  local sys=$1 m=$2 n=$3 tag=$2.$1.$3
+  local sys=$1 m=$2 n=$3 p=$4 tag=$2.$4.$1.$3
+  # shellcheck disable=SC2086
   if TORCHINDUCTOR_CACHE_DIR=$WORK/cache/$tag TRITON_CACHE_DIR=$WORK/cache/$tag/triton \
       timeout -k 10 "$TIMEOUT" "$PY" bench/torch_step.py --model "$m" --system "$sys" --nproc "$n" \
-      --steps "${STEPS[$m]}" --warmup "${WARMUP[$m]}" --device "$DEVICE" "${TINY_FLAG[@]}" \
-      > "$WORK/logs/$tag.json" 2> "$WORK/logs/$tag.log" \
+      --steps "${STEPS[$m]}" --warmup "${WARMUP[$m]}" --device "$DEVICE" --precision "$p" "${TINY_FLAG[@]}" \
+      $TORCH_FLAGS > "$WORK/logs/$tag.json" 2> "$WORK/logs/$tag.log" \
     && tail -n 1 "$WORK/logs/$tag.json" | grep -q '"kind": "result"'; then
     tail -n 1 "$WORK/logs/$tag.json" >> "$RESULTS"
-    log "$m: $sys, $n GPU(s): $(tail -n 1 "$RESULTS" | cut -c1-160)"
+    log "$m ($p): $sys, $n GPU(s): $(tail -n 1 "$RESULTS" | cut -c1-160)"
   else
-    fail "$sys" "$m" "$n" "$WORK/logs/$tag.log" "torch_step.py --system $sys --model $m --nproc $n"
+    fail "$sys" "$m" "$n" "$WORK/logs/$tag.log" "torch_step.py --system $sys --model $m --nproc $n --precision $p" "$p"
   fi
 }
 
 # record_machine: the results' first line (date, GPUs, versions, how each system ran).
 record_machine() {
   local pipe comm=Gloo warmup_flag="" notes=()
-  pipe="spmd-expand M.pt INPUTS --optimizer adam --lr LR $EXPAND_FLAGS | spmd-split $SPLIT_FLAGS"
+  pipe="spmd-expand M.pt INPUTS OPTIMIZER $EXPAND_FLAGS | spmd-split $SPLIT_FLAGS"
   pipe+="${UNROLL:+ | $UNROLL --iters STEPS+WARMUP $UNROLL_FLAGS} | spmd-lower --device $DEVICE $LOWER_FLAGS"
   if [ "$DEVICE" = cuda ]; then comm=NCCL; fi
   if [ "$SPMD_WARMUP" = 1 ]; then warmup_flag=" --warmup WARMUP"; fi
   notes=(--note "spmd: \`$(tr -s ' ' <<< "$pipe")\`, then \`spmd-run --nproc N --device $DEVICE $RUN_FLAGS
 --steps STEPS+WARMUP$warmup_flag --data\` (one batch of random inputs, drawn as torch_step.py draws its own)"
          --note "PyTorch: \`bench/torch_step.py\` (DDP over $comm, also for 1 GPU; inputs drawn once per rank;
-each step timed between two synchronizations; torch.compile in its default mode)")
+each step timed between two synchronizations; torch.compile in its default mode${TORCH_FLAGS:+; $TORCH_FLAGS})"
+         --note "OPTIMIZER: each model's, the same for every system (M.optim: Adam, or SGD with momentum for resnet50)")
+  if [[ " $PRECISIONS " == *" bf16 "* ]]; then
+    notes+=(--note "bf16 rows: spmd-expand also gets \`$BF16_EXPAND_FLAGS\`; PyTorch runs the forward under
+torch.autocast(\"$DEVICE\", dtype=torch.bfloat16), gpt's attention as F.scaled_dot_product_attention(is_causal=True),
+and the fused optimizer (torch_step.py --precision bf16); parameters, gradients and optimizer state stay fp32")
+  fi
   if [ "${QUICK:-0}" = 1 ]; then notes+=(--note "QUICK=1: 5 steps after 2 warm-up"); fi
   if [ "$TINY" = 1 ]; then notes+=(--note "TINY=1: the small models of smoke tests, not a benchmark"); fi
   record machine "${notes[@]}" 2> "$WORK/logs/machine.log" \
@@ -184,7 +220,7 @@ finish() {
   exit "$FAILED"
 }
 
-log "bench: models [$MODELS] on [$NPROCS] $DEVICE rank(s), systems [$SYSTEMS]; out $OUT, work $WORK"
+log "bench: models [$MODELS] in [$PRECISIONS] on [$NPROCS] $DEVICE rank(s), systems [$SYSTEMS]; out $OUT, work $WORK"
 
 if [ "$BUILD" = 1 ]; then
   log "build ($B)"
@@ -203,12 +239,17 @@ export -f pipeline
 export WORK B DEVICE UNROLL EXPAND_FLAGS SPLIT_FLAGS UNROLL_FLAGS LOWER_FLAGS
 
 log "models"
-# shellcheck disable=SC2046,SC2086
-if ! "$PY" bench/models.py "$WORK/models" $(printf -- '--model %s ' $MODELS) "${TINY_FLAG[@]}" \
-    --data-ranks "$(echo $NPROCS | tr ' ' ,)" >> "$RESULTS" 2> "$WORK/logs/models.log"; then
-  fail models "" "" "$WORK/logs/models.log" "bench/models.py"
-  finish
-fi
+WRITTEN=()   # the models that models.py wrote (one that fails is left out, the others go on)
+for m in $MODELS; do
+  # shellcheck disable=SC2086
+  if "$PY" bench/models.py "$WORK/models" --model "$m" "${TINY_FLAG[@]}" \
+      --data-ranks "$(echo $NPROCS | tr ' ' ,)" >> "$RESULTS" 2> "$WORK/logs/$m.models.log"; then
+    WRITTEN+=("$m")
+  else
+    fail models "$m" "" "$WORK/logs/$m.models.log" "bench/models.py --model $m"
+  fi
+done
+if [ "${#WRITTEN[@]}" = 0 ]; then finish; fi
 
 if [ "${ALLREDUCE:-1}" = 1 ]; then
   for n in $NPROCS; do
@@ -224,19 +265,21 @@ if [ "${ALLREDUCE:-1}" = 1 ]; then
   done
 fi
 
-for m in $MODELS; do
-  spmd_ok=0
-  if [[ " $SYSTEMS " == *" spmd "* ]]; then
-    log "$m: spmd pipeline"
-    if compile_model "$m"; then spmd_ok=1; fi
-  fi
-  for n in $NPROCS; do
-    if [ "$spmd_ok" = 1 ]; then run_spmd "$m" "$n"; fi
-    if [ "$spmd_ok" = 1 ] && [ "$n" = 1 ] && [ "${PROFILE:-0}" = 1 ]; then profile "$m"; fi
-    for sys in ddp compile; do
-      if [[ " $SYSTEMS " == *" $sys "* ]]; then run_torch "$sys" "$m" "$n"; fi
+for m in "${WRITTEN[@]}"; do
+  for p in $PRECISIONS; do
+    spmd_ok=0
+    if [[ " $SYSTEMS " == *" spmd "* ]]; then
+      log "$m ($p): spmd pipeline"
+      if compile_model "$m" "$p"; then spmd_ok=1; fi
+    fi
+    for n in $NPROCS; do
+      if [ "$spmd_ok" = 1 ]; then run_spmd "$m" "$n" "$p"; fi
+      if [ "$spmd_ok" = 1 ] && [ "$n" = 1 ] && [ "${PROFILE:-0}" = 1 ]; then profile "$m" "$p"; fi
+      for sys in ddp compile; do
+        if [[ " $SYSTEMS " == *" $sys "* ]]; then run_torch "$sys" "$m" "$n" "$p"; fi
+      done
     done
+    rm -f "$(art "$m" "$p")"   # GBs for mlp4096
   done
-  rm -f "$WORK/art/$m.spmd"   # GBs for mlp4096
 done
 finish

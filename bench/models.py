@@ -1,15 +1,19 @@
-"""The benchmark models of issue #6, written as TorchScript for spmd's pipeline.
+"""The benchmark models of issues #6 and #14, written as TorchScript for spmd's pipeline.
 
   python3 bench/models.py OUTDIR [--tiny] [--model NAME]... [--data-ranks 1,2]
 
-For each model (mlp, mlp4096, gpt; all by default) writes OUTDIR/NAME.pt (scripted
-with torch.jit.script, weights seeded with torch.manual_seed(0), as
-samples/generate.py makes the samples), NAME.inputs (the --input flags),
-NAME.optim (spmd-expand's optimizer flags) and, for each N in --data-ranks,
-NAME.dataN.pt: one batch for N ranks in spmd-run's data contract ({input: [1, N*B,
-...]}, token ids uniform in [0, vocab) as torch_step.py draws them). Prints one JSON
-line per model ({"kind": "model", ...}) on stdout for results.jsonl. --tiny shrinks
-the models for smoke tests on CPU. torch_step.py builds the same modules from here.
+For each model (mlp, mlp4096, gpt, resnet50; all by default) writes OUTDIR/NAME.pt
+(scripted with torch.jit.script, or traced with example inputs where scripting
+fails; weights seeded with torch.manual_seed(0), as samples/generate.py makes the
+samples), NAME.inputs (the --input flags), NAME.optim (spmd-expand's optimizer
+flags: Adam for mlp, mlp4096 and gpt, SGD with momentum for resnet50) and, for each
+N in --data-ranks, NAME.dataN.pt: one batch for N ranks in spmd-run's data contract
+({input: [1, N*B, ...]}, floats normal, integers (token ids, class labels) uniform
+in [0, high) as torch_step.py draws them). Prints one JSON line per model ({"kind":
+"model", ...}) on stdout for results.jsonl. --tiny shrinks the models for smoke
+tests on CPU (resnet50: torchvision's resnet18, 10 classes, 32x32 images, batch 2).
+resnet50 needs torchvision. torch_step.py builds the same modules, and the same
+optimizers, from here.
 """
 import argparse
 import importlib.util
@@ -19,6 +23,8 @@ import sys
 from collections import namedtuple
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,14 +39,26 @@ def _samples():
 
 
 _SAMPLES = _samples()
-MLP, TinyLM = _SAMPLES.MLP, _SAMPLES.TinyLM
+MLP, TinyLM, Attention = _SAMPLES.MLP, _SAMPLES.TinyLM, _SAMPLES.Attention
 
 # One forward argument: dtype is a torch dtype; high bounds integer values (exclusive).
 Input = namedtuple("Input", "name dtype shape high")
-# make(): the module; inputs: per-rank arguments of forward; lr: Adam's learning rate.
-Bench = namedtuple("Bench", "name about make inputs lr")
+# make(): the module; inputs: per-rank arguments of forward; optimizer: "adam" or
+# "sgd", at learning rate lr (and, for sgd, momentum).
+Bench = namedtuple("Bench", "name about make inputs lr optimizer momentum", defaults=("adam", 0.0))
 
 SHORT = {torch.float32: "f32", torch.int64: "i64"}
+
+
+class Classifier(nn.Module):
+    """An image classifier's training loss: cross-entropy of net(x) against targets."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x, targets):
+        return F.cross_entropy(self.net(x), targets)
 
 
 def mlp_bench(name, layers, dim, lr, about):
@@ -52,6 +70,15 @@ def gpt_bench(name, vocab, dim, heads, layers, seq, batch, about):
     return Bench(name, about, lambda: TinyLM(vocab=vocab, dim=dim, heads=heads, layers=layers, seq=seq), tokens, 1e-3)
 
 
+def resnet_bench(name, arch, classes, size, batch, about):
+    """torchvision.models.ARCH(num_classes=classes) on batch x 3 x size x size images, SGD lr 0.1 momentum 0.9."""
+    def make():
+        import torchvision  # only this model needs it
+        return Classifier(getattr(torchvision.models, arch)(num_classes=classes))
+    inputs = [Input("x", torch.float32, [batch, 3, size, size], None), Input("targets", torch.int64, [batch], classes)]
+    return Bench(name, about, make, inputs, 0.1, "sgd", 0.9)
+
+
 def benches(tiny=False):
     """name -> Bench; tiny: sizes small enough for a CPU smoke test."""
     if tiny:
@@ -59,12 +86,16 @@ def benches(tiny=False):
             "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP (tiny: unchanged)"),
             "mlp4096": mlp_bench("mlp4096", 16, 64, 1e-3, "MLP 16 x Linear(64,64)+ReLU (tiny)"),
             "gpt": gpt_bench("gpt", 64, 32, 2, 2, 16, 8, "GPT vocab 64, dim 32, 2 heads, 2 layers, seq 16 (tiny)"),
+            "resnet50": resnet_bench("resnet50", "resnet18", 10, 32, 2,
+                                     "torchvision resnet18, 10 classes, 3x32x32 images (tiny), loss = cross-entropy"),
         }
     return {
         "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP: 10 x Linear(100,100)+ReLU, loss = sum"),
         "mlp4096": mlp_bench("mlp4096", 16, 4096, 1e-3, "MLP 16 x Linear(4096,4096)+ReLU, loss = sum"),
         "gpt": gpt_bench("gpt", 50304, 768, 12, 12, 1024, 8,
                          "GPT-2 small shape: vocab 50304, dim 768, 12 heads, 12 layers, seq 1024"),
+        "resnet50": resnet_bench("resnet50", "resnet50", 1000, 224, 32,
+                                 "torchvision resnet50, 1000 classes, 3x224x224 images, loss = cross-entropy"),
     }
 
 
@@ -87,14 +118,41 @@ def random_input(inp, rows_scale=1, generator=None):
     return torch.randint(0, inp.high, shape, generator=generator, dtype=inp.dtype)
 
 
+def optimizer_flags(bench):
+    """spmd-expand's optimizer flags: --optimizer adam --lr 0.001."""
+    flags = "--optimizer %s --lr %g" % (bench.optimizer, bench.lr)
+    return flags + (" --momentum %g" % bench.momentum if bench.optimizer == "sgd" else "")
+
+
+def optimizer(bench, params, **impl):
+    """torch.optim's optimizer of bench over params; impl: e.g. fused=True or foreach=True."""
+    if bench.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=bench.lr, momentum=bench.momentum, **impl)
+    return torch.optim.Adam(params, lr=bench.lr, **impl)
+
+
+def to_torchscript(bench):
+    """(scripted module, how): torch.jit.script, or torch.jit.trace on example inputs if scripting fails."""
+    module = build(bench)
+    try:
+        return torch.jit.script(module), "script"
+    except Exception as e:  # noqa: BLE001  (TorchScript raises many kinds)
+        print("models.py: torch.jit.script(%s) failed (%s: %s); tracing instead"
+              % (bench.name, type(e).__name__, str(e).splitlines()[0] if str(e) else ""), file=sys.stderr)
+    g = torch.Generator().manual_seed(0)
+    example = tuple(random_input(i, 1, g) for i in bench.inputs)
+    return torch.jit.trace(module, example, check_trace=False), "trace"
+
+
 def write_model(bench, out):
-    module = torch.jit.script(build(bench))
+    """Writes NAME.pt, NAME.inputs, NAME.optim; returns (parameter count, script or trace)."""
+    module, how = to_torchscript(bench)
     module.save(os.path.join(out, bench.name + ".pt"))
     with open(os.path.join(out, bench.name + ".inputs"), "w") as f:
         f.write(" ".join("--input " + spec(i) for i in bench.inputs) + "\n")
     with open(os.path.join(out, bench.name + ".optim"), "w") as f:
-        f.write("--optimizer adam --lr %g\n" % bench.lr)
-    return sum(p.numel() for p in module.parameters())
+        f.write(optimizer_flags(bench) + "\n")
+    return sum(p.numel() for p in module.parameters()), how
 
 
 def write_data(bench, out, nproc):
@@ -119,12 +177,15 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     for name in names:
         bench = table[name]
-        params = write_model(bench, args.out)
+        params, how = write_model(bench, args.out)
         for n in [int(r) for r in args.data_ranks.split(",") if r]:
             write_data(bench, args.out, n)
-        print(json.dumps({"kind": "model", "model": name, "about": bench.about, "params": params,
-                          "inputs": [spec(i) for i in bench.inputs], "optimizer": "adam", "lr": bench.lr,
-                          "tiny": args.tiny}), flush=True)
+        row = {"kind": "model", "model": name, "about": bench.about, "params": params,
+               "inputs": [spec(i) for i in bench.inputs], "optimizer": bench.optimizer, "lr": bench.lr,
+               "tiny": args.tiny, "torchscript": how}
+        if bench.optimizer == "sgd":
+            row["momentum"] = bench.momentum
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

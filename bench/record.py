@@ -1,13 +1,16 @@
 """Writes bench.sh's results.jsonl lines (one JSON object per line, on stdout).
 
   record.py machine [--note TEXT]...                   # date, GPUs, driver, torch, NCCL
-  record.py spmd --model M --ranks N --steps S --warmup W [--warmup-excluded] < RUN.json
-  record.py pipeline --model M --seconds T...          # wall times of expand|...|lower
-  record.py error --system S --model M [--ranks N] [--log FILE] --what TEXT
+  record.py spmd --model M --ranks N --steps S --warmup W [--warmup-excluded]
+                 [--precision fp32|bf16] [--expand-flags TEXT] < RUN.json
+  record.py pipeline --model M [--precision P] --seconds T...   # wall times of expand|...|lower
+  record.py error --system S --model M [--ranks N] [--precision P] [--log FILE] --what TEXT
 
 `spmd` turns spmd-run's --json object ({"ranks", "ms_per_step": {...}, "peak_bytes",
 "losses", ...}) into the line torch_step.py prints for PyTorch; `error` keeps the
-last lines of the failed command's log so that report.py can show why.
+last lines of the failed command's log so that report.py can show why. --precision
+(default fp32 for spmd and pipeline, none for error) is the row's precision, as
+torch_step.py --precision records it: bf16 for an artifact expanded with --autocast.
 """
 import argparse
 import datetime
@@ -65,16 +68,19 @@ def spmd(args):
     ms = run["ms_per_step"]
     losses = run.get("losses") or []
     row = {"kind": "result", "system": "spmd", "model": args.model, "ranks": run.get("ranks", args.ranks),
-           "device": run.get("device"), "steps": args.steps, "warmup": args.warmup,
+           "device": run.get("device"), "steps": args.steps, "warmup": args.warmup, "precision": args.precision,
            "warmup_excluded": args.warmup_excluded, "median_ms": ms["median"], "min_ms": ms["min"],
            "max_ms": ms["max"], "peak_bytes": run.get("peak_bytes"), "loss_last": losses[-1] if losses else None}
+    if args.expand_flags:
+        row["expand_flags"] = args.expand_flags
     # Whatever else spmd-run reports (notes on partial lowering, say) travels along.
     row.update({k: v for k, v in run.items() if k not in row and k not in ("losses", "ms_per_step")})
     emit(row)
 
 
 def pipeline(args):
-    emit({"kind": "pipeline", "model": args.model, "runs_s": args.seconds, "median_s": statistics.median(args.seconds)})
+    emit({"kind": "pipeline", "model": args.model, "precision": args.precision, "runs_s": args.seconds,
+          "median_s": statistics.median(args.seconds)})
 
 
 def tail(path, lines=12):
@@ -86,8 +92,11 @@ def tail(path, lines=12):
 
 
 def error(args):
-    emit({"kind": "error", "system": args.system, "model": args.model, "ranks": args.ranks, "what": args.what,
-          "log_tail": tail(args.log) if args.log else []})
+    row = {"kind": "error", "system": args.system, "model": args.model, "ranks": args.ranks, "what": args.what,
+           "log_tail": tail(args.log) if args.log else []}
+    if args.precision:
+        row["precision"] = args.precision
+    emit(row)
 
 
 def main():
@@ -101,13 +110,17 @@ def main():
     s.add_argument("--steps", type=int)
     s.add_argument("--warmup", type=int)
     s.add_argument("--warmup-excluded", action="store_true")
+    s.add_argument("--precision", default="fp32")
+    s.add_argument("--expand-flags", help="the spmd-expand flags that set the precision (e.g. --autocast cuda:bf16)")
     c = sub.add_parser("pipeline")
     c.add_argument("--model", required=True)
+    c.add_argument("--precision", default="fp32")
     c.add_argument("--seconds", type=float, nargs="+", required=True)
     e = sub.add_parser("error")
     e.add_argument("--system", required=True)
     e.add_argument("--model")
     e.add_argument("--ranks", type=int)
+    e.add_argument("--precision")
     e.add_argument("--log")
     e.add_argument("--what", required=True)
     args = p.parse_args()

@@ -3,13 +3,15 @@
   python3 bench/report.py RESULTS.jsonl [--append bench/RESULTS.md] [--ranks 2]
 
 Prints (or appends) a heading with the date and machine, one table per model (rows:
-GPU count x system; columns: median, min, max ms per step, peak memory, speed-up
-over DDP eager at the same GPU count), the scaling efficiency of each system
-(1-GPU step / N-GPU step) and all_reduce's bus bandwidth (bench/allreduce.py) where
-the run has several GPU counts, the issue's targets marked met or MISSED with
-their numbers (at --ranks GPUs), and every error the run recorded.
-Needs no torch: it only reads the JSON lines that bench.sh, record.py,
-models.py and torch_step.py wrote.
+GPU count x precision x system; columns: precision, median, min, max ms per step,
+peak memory, speed-up over DDP eager and over torch.compile(DDP) at the same GPU
+count and precision), the scaling efficiency of each system (1-GPU step / N-GPU
+step) and all_reduce's bus bandwidth (bench/allreduce.py) where the run has several
+GPU counts, the targets of issues #6 and #14 marked met or MISSED with their
+numbers (at --ranks GPUs, default the run's largest GPU count; only for the models
+and precisions the run has), and every error the run recorded. A line without a
+"precision" (older runs) is fp32. Needs no torch: it only reads the JSON lines that
+bench.sh, record.py, models.py and torch_step.py wrote.
 """
 import argparse
 import datetime
@@ -18,13 +20,23 @@ import re
 
 SYSTEMS = [("spmd", "spmd-run"), ("ddp", "DDP eager"), ("compile", "torch.compile(DDP)")]
 LABEL = dict(SYSTEMS)
+PRECISIONS = ["fp32", "bf16"]  # the order of the tables' rows; others follow
 MIB = 1024.0 * 1024.0
 # Log lines that say why a command failed (the last line is often only a hint).
 CAUSE = re.compile(r"\berror:|Error\b|No such file|not found|Killed|[Tt]imed? ?out|Aborted|Segmentation")
 
 
+def precision_of(row):
+    return row.get("precision") or "fp32"
+
+
+def precision_order(names):
+    return sorted(set(names), key=lambda p: (PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS), p))
+
+
 class Results:
-    """The lines of one results.jsonl, by kind."""
+    """The lines of one results.jsonl, by kind; runs keyed (model, system, ranks, precision),
+    pipelines (model, precision)."""
 
     def __init__(self, lines):
         self.machine, self.models, self.runs, self.pipelines, self.errors = {}, {}, {}, {}, []
@@ -46,27 +58,45 @@ class Results:
         elif kind == "model":
             self.models[row["model"]] = row
         elif kind == "result":
-            self.runs[(row["model"], row["system"], row["ranks"])] = row
+            self.runs[(row["model"], row["system"], row["ranks"], precision_of(row))] = row
         elif kind == "pipeline":
-            self.pipelines[row["model"]] = row
+            self.pipelines[(row["model"], precision_of(row))] = row
         elif kind == "allreduce":
             self.allreduces.append(row)
         elif kind == "error":
             self.errors.append(row)
 
-    def run(self, model, system, ranks):
-        return self.runs.get((model, system, ranks))
+    def run(self, model, system, ranks, precision="fp32"):
+        return self.runs.get((model, system, ranks, precision))
+
+    def pipeline(self, model, precision="fp32"):
+        return self.pipelines.get((model, precision))
 
     def model_names(self):
         names = list(self.models)
-        return names + sorted({m for m, _, _ in self.runs} - set(names))
+        return names + sorted({m for m, _, _, _ in self.runs} - set(names))
 
-    def rank_counts(self, model):
-        return sorted({r for m, _, r in self.runs if m == model})
+    def rank_counts(self, model=None):
+        return sorted({r for m, _, r, _ in self.runs if model is None or m == model})
 
-    def failure(self, model, system, ranks):
+    def precisions(self, model):
+        """The precisions the run has for model (runs, pipelines or errors), fp32 first."""
+        found = [p for m, _, _, p in self.runs if m == model] + [p for m, p in self.pipelines if m == model]
+        found += [e["precision"] for e in self.errors if e.get("model") == model and e.get("precision")]
+        return precision_order(found)
+
+    def has(self, model, precision="fp32"):
+        """Whether the run has model at precision (a run, a pipeline or an error of it), or has
+        model with no precision at all (a model line, or an error of models.py) and precision is fp32."""
+        found = self.precisions(model)
+        if found:
+            return precision in found
+        return precision == "fp32" and (model in self.models or any(e.get("model") == model for e in self.errors))
+
+    def failure(self, model, system, ranks, precision="fp32"):
         for e in self.errors:
-            if e.get("model") == model and e.get("system") == system and e.get("ranks") in (ranks, None):
+            if (e.get("model") == model and e.get("system") == system and e.get("ranks") in (ranks, None)
+                    and e.get("precision") in (precision, None)):
                 return e
         return None
 
@@ -90,14 +120,16 @@ def times(value):
 def heading(res):
     m = res.machine
     date = (m.get("date") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    lines = ["## %s — issue #6 benchmark: spmd-run beside DDP eager and torch.compile(DDP)" % date.split(" ")[0], ""]
+    lines = ["## %s — issue #6/#14 benchmark: spmd-run beside DDP eager and torch.compile(DDP)" % date.split(" ")[0],
+             ""]
     if m.get("gpus"):
         what = "%d x %s (driver %s), CUDA %s, NCCL %s" % (
             m["gpus"], m.get("gpu"), m.get("driver"), m.get("cuda"), m.get("nccl"))
     else:
         what = "CPU only (%s cores)" % m.get("host_cpus", "?")
     env = ", ".join("`%s=%s`" % kv for kv in sorted(m.get("env", {}).items()))
-    lines.append("Machine: %s, torch %s%s; spmd at %s, run %s. Every system: fp32 parameters, TF32 matmuls on, Adam."
+    lines.append("Machine: %s, torch %s%s; spmd at %s, run %s. Every system: fp32 parameters, TF32 matmuls on, "
+                 "each model's optimizer; precision bf16: the forward under bf16 autocast."
                  % (what, m.get("torch", "?"), ", " + env if env else "", m.get("commit") or "?", date))
     lines += [""] + ["- %s" % n for n in m.get("notes", [])]
     return lines
@@ -105,7 +137,7 @@ def heading(res):
 
 def model_title(res, name):
     meta = res.models.get(name, {})
-    any_run = next((r for (m, _, _), r in sorted(res.runs.items()) if m == name), {})
+    any_run = next((r for (m, _, _, _), r in sorted(res.runs.items()) if m == name), {})
     parts = [meta.get("about", name)]
     if meta.get("params"):
         n = meta["params"]
@@ -113,48 +145,74 @@ def model_title(res, name):
     if meta.get("inputs"):
         parts.append("per rank " + ", ".join("`%s`" % i for i in meta["inputs"]))
     if meta.get("lr"):
-        parts.append("Adam lr %g" % meta["lr"])
+        opt = meta.get("optimizer", "adam")
+        parts.append("%s lr %g" % ({"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}.get(opt, opt), meta["lr"])
+                     + (" momentum %g" % meta["momentum"] if meta.get("momentum") else ""))
+    if meta.get("torchscript") == "trace":
+        parts.append("TorchScript traced (torch.jit.script failed)")
     if any_run:
         parts.append("%s timed steps after %s warm-up" % (any_run.get("steps"), any_run.get("warmup")))
     return "### %s — %s" % (name, "; ".join(parts))
 
 
-def compile_warmups(res, name, rank_counts):
+def compile_warmups(res, name, rank_counts, precision="fp32"):
     """torch.compile's first steps (which compile), e.g. '26.9 s at 1 GPU, 24.3 s at 2 GPUs'."""
-    rows = [res.run(name, "compile", r) for r in rank_counts]
+    rows = [res.run(name, "compile", r, precision) for r in rank_counts]
     done = [w for w in rows if w and w.get("compile_s")]
     return ", ".join("%.1f s at %s" % (w["compile_s"], gpus(w["ranks"])) for w in done) or "—"
 
 
 def table(res, name):
-    lines = ["| GPUs | system | median ms | min ms | max ms | peak MiB | vs DDP eager |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| GPUs | system | precision | median ms | min ms | max ms | peak MiB | vs DDP eager | vs torch.compile |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     warm_included = False
+    precisions = res.precisions(name) or ["fp32"]
     for ranks in res.rank_counts(name) or [1, 2]:
-        ddp = res.run(name, "ddp", ranks)
-        for system, label in SYSTEMS:
-            row = res.run(name, system, ranks)
-            if row is None:
-                status = "failed" if res.failure(name, system, ranks) else "not run"
-                lines.append("| %d | %s | %s | — | — | — | — |" % (ranks, label, status))
-                continue
-            if row.get("warmup_excluded") is False:
-                label, warm_included = label + " *", True
-            speedup = ratio(ddp and ddp["median_ms"], row["median_ms"])
-            lines.append("| %d | %s | %s | %s | %s | %s | %s |" % (
-                ranks, label, ms(row["median_ms"]), ms(row["min_ms"]), ms(row["max_ms"]), mib(row.get("peak_bytes")),
-                times(speedup)))
+        for precision in precisions:
+            ddp, comp = res.run(name, "ddp", ranks, precision), res.run(name, "compile", ranks, precision)
+            for system, label in SYSTEMS:
+                row = res.run(name, system, ranks, precision)
+                if row is None:
+                    status = "failed" if res.failure(name, system, ranks, precision) else "not run"
+                    lines.append("| %d | %s | %s | %s | — | — | — | — | — |" % (ranks, label, precision, status))
+                    continue
+                if row.get("warmup_excluded") is False:
+                    label, warm_included = label + " *", True
+                lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                    ranks, label, precision, ms(row["median_ms"]), ms(row["min_ms"]), ms(row["max_ms"]),
+                    mib(row.get("peak_bytes")), times(ratio(ddp and ddp["median_ms"], row["median_ms"])),
+                    times(ratio(comp and comp["median_ms"], row["median_ms"]))))
     if warm_included:
         lines += ["", "\\* spmd-run's timings include the warm-up steps (this spmd-run has no `--warmup`)."]
-    warmups = compile_warmups(res, name, res.rank_counts(name))
-    pipe = res.pipelines.get(name)
     notes = []
-    if pipe:
-        notes.append("spmd pipeline (spmd-expand to spmd-lower, wall) %.2f s" % pipe["median_s"]
-                     + (" (median of %d)" % len(pipe["runs_s"]) if len(pipe["runs_s"]) > 1 else ""))
-    if warmups != "—":
-        notes.append("torch.compile warm-up (first step, cold cache): " + warmups)
-    return lines + ([""] + ["Compile time: " + "; ".join(notes) + "."] if notes else [])
+    for precision in precisions:
+        at = "%s: " % precision if precisions != ["fp32"] else ""
+        pipe = res.pipeline(name, precision)
+        if pipe:
+            notes.append("%sspmd pipeline (spmd-expand to spmd-lower, wall) %.2f s" % (at, pipe["median_s"])
+                         + (" (median of %d)" % len(pipe["runs_s"]) if len(pipe["runs_s"]) > 1 else ""))
+        warmups = compile_warmups(res, name, res.rank_counts(name), precision)
+        if warmups != "—":
+            notes.append("%storch.compile warm-up (first step, cold cache): %s" % (at, warmups))
+    lines += [""] + ["Compile time: " + "; ".join(notes) + "."] if notes else []
+    ran = torch_settings(res, name, precisions)
+    return lines + ([""] + ["PyTorch ran with: " + "; ".join(ran) + "."] if ran else [])
+
+
+def torch_settings(res, name, precisions):
+    """What torch_step.py's rows of model name ran with, by precision: attention (gpt), optimizer implementation."""
+    out = []
+    for precision in precisions:
+        rows = [r for (m, sys, _, p), r in sorted(res.runs.items()) if m == name and p == precision and sys != "spmd"]
+        parts = []
+        for key, what in (("attention", "attention"), ("optimizer_impl", "optimizer implementation"),
+                          ("autocast", "autocast")):
+            seen = sorted({str(r[key]) for r in rows if r.get(key)})
+            if seen:
+                parts.append("%s %s" % (what, " / ".join(seen)))
+        if parts:
+            out.append("%s: %s" % (precision, ", ".join(parts)))
+    return out
 
 
 class Target:
@@ -169,17 +227,27 @@ class Target:
         return "- %s — %s: %s" % ("met" if met else "**MISSED**", self.text, numbers)
 
 
-def median_ms(res, model, system, ranks):
-    row = res.run(model, system, ranks)
+def median_ms(res, model, system, ranks, precision="fp32"):
+    row = res.run(model, system, ranks, precision)
     return row["median_ms"] if row else None
 
 
-def speed_target(res, model, ranks, least, text, aim=None):
-    spmd, ddp = median_ms(res, model, "spmd", ranks), median_ms(res, model, "ddp", ranks)
-    r = ratio(ddp, spmd)
-    numbers = "DDP eager %s ms / spmd-run %s ms = %s (need >= %gx%s)" % (
-        ms(ddp), ms(spmd), times(r), least, ", aim %gx" % aim if aim else "")
+def speed_target(res, model, ranks, least, text, aim=None, other="ddp", precision="fp32"):
+    """Met when OTHER's step / spmd-run's step >= least (spmd-run least times faster)."""
+    spmd, them = median_ms(res, model, "spmd", ranks, precision), median_ms(res, model, other, ranks, precision)
+    r = ratio(them, spmd)
+    numbers = "%s %s ms / spmd-run %s ms = %s (need >= %gx%s)" % (
+        LABEL[other], ms(them), ms(spmd), times(r), least, ", aim %gx" % aim if aim else "")
     return Target(text).line(None if r is None else r >= least, numbers)
+
+
+def within_target(res, model, ranks, most, text, aim=None, other="compile", precision="fp32"):
+    """Met when spmd-run's step / OTHER's step <= most (spmd-run at most most times OTHER's time)."""
+    spmd, them = median_ms(res, model, "spmd", ranks, precision), median_ms(res, model, other, ranks, precision)
+    r = ratio(spmd, them)
+    numbers = "spmd-run %s ms / %s %s ms = %s (need <= %gx%s)" % (
+        ms(spmd), LABEL[other], ms(them), times(r), most, ", aim %gx" % aim if aim else "")
+    return Target(text).line(None if r is None else r <= most, numbers)
 
 
 def scaling_target(res, model, ranks):
@@ -191,7 +259,7 @@ def scaling_target(res, model, ranks):
 
 
 def compile_target(res, model, ranks, limit=2.0):
-    pipe = res.pipelines.get(model)
+    pipe = res.pipeline(model)
     warm = compile_warmups(res, model, sorted({1, ranks}))
     got = pipe["median_s"] if pipe else None
     numbers = "spmd pipeline %s s (need < %g s); torch.compile warm-up %s" % (
@@ -199,23 +267,53 @@ def compile_target(res, model, ranks, limit=2.0):
     return Target("%s compile pipeline under %g s" % (model, limit)).line(None if got is None else got < limit, numbers)
 
 
-def memory_target(res, model, ranks):
-    spmd, ddp = res.run(model, "spmd", ranks), res.run(model, "ddp", ranks)
+def memory_target(res, model, ranks, precision="fp32"):
+    spmd, ddp = res.run(model, "spmd", ranks, precision), res.run(model, "ddp", ranks, precision)
     a, b = spmd and spmd.get("peak_bytes"), ddp and ddp.get("peak_bytes")
     numbers = "spmd-run %s MiB, DDP eager %s MiB" % (mib(a), mib(b))
-    return Target("%s peak memory at %d GPUs no more than DDP eager's" % (model, ranks)).line(
+    what = model if precision == "fp32" else "%s %s" % (model, precision)
+    return Target("%s peak memory at %s no more than DDP eager's" % (what, gpus(ranks))).line(
         None if not a or not b else a <= b, numbers)
 
 
 def targets(res, ranks):
+    """Issue #6's targets, then issue #14's, for the models (and precisions) the run has;
+    the others are named in one line at the end."""
     at = "at %s" % gpus(ranks)
-    lines = ["### Targets", "",
-             speed_target(res, "mlp", ranks, 5, "seeds' MLP %s: spmd-run at least 5x faster than DDP eager" % at, 10),
-             speed_target(res, "mlp4096", ranks, 0.97, "mlp4096 %s: spmd-run no slower than 0.97x DDP eager" % at),
-             scaling_target(res, "mlp4096", ranks),
-             speed_target(res, "gpt", ranks, 1.0, "gpt %s: spmd-run no slower than DDP eager" % at),
-             compile_target(res, "gpt", ranks)]
-    lines += [memory_target(res, m, ranks) for m in ("mlp", "mlp4096", "gpt")]
+    # (model, precision, make the line)
+    wanted = [
+        ("mlp", "fp32", lambda: speed_target(
+            res, "mlp", ranks, 5, "seeds' MLP %s: spmd-run at least 5x faster than DDP eager" % at, 10)),
+        ("mlp4096", "fp32", lambda: speed_target(
+            res, "mlp4096", ranks, 0.97, "mlp4096 %s: spmd-run no slower than 0.97x DDP eager" % at)),
+        ("mlp4096", "fp32", lambda: scaling_target(res, "mlp4096", ranks) if ranks > 1 else None),
+        ("gpt", "fp32", lambda: speed_target(res, "gpt", ranks, 1.0, "gpt %s: spmd-run no slower than DDP eager" % at)),
+        ("gpt", "fp32", lambda: compile_target(res, "gpt", ranks)),
+        # issue #14
+        ("gpt", "fp32", lambda: within_target(
+            res, "gpt", ranks, 1.0, "gpt fp32/TF32 %s: spmd-run no slower than torch.compile(DDP)" % at, 0.9)),
+        ("gpt", "bf16", lambda: within_target(
+            res, "gpt", ranks, 1.3, "gpt bf16 %s: spmd-run within 1.3x torch.compile(DDP) with autocast and SDPA" % at,
+            precision="bf16")),
+    ]
+    for precision, label in (("fp32", "fp32/TF32"), ("bf16", "bf16")):
+        for other in ("ddp", "compile"):
+            wanted.append(("resnet50", precision, lambda p=precision, lb=label, o=other: speed_target(
+                res, "resnet50", ranks, 1.05, "resnet50 %s %s: spmd-run at least 1.05x faster than %s"
+                % (lb, at, LABEL[o]), other=o, precision=p)))
+    for model in ("mlp", "mlp4096", "gpt", "resnet50"):
+        for precision in res.precisions(model) or ["fp32"]:
+            wanted.append((model, precision, lambda m=model, p=precision: memory_target(res, m, ranks, p)))
+    lines, left_out = ["### Targets", ""], []
+    for model, precision, make in wanted:
+        if not res.has(model, precision):
+            left_out.append("%s %s" % (model, precision))
+            continue
+        line = make()
+        if line:
+            lines.append(line)
+    if left_out:
+        lines += ["", "Not in this run, so not judged: targets for %s." % ", ".join(sorted(set(left_out)))]
     return lines
 
 
@@ -236,7 +334,7 @@ def errors(res):
     lines = ["### Errors", ""]
     for e in res.errors:
         where = ", ".join(str(x) for x in (LABEL.get(e.get("system"), e.get("system")), e.get("model"),
-                                           e.get("ranks") and gpus(e["ranks"])) if x)
+                                           e.get("precision"), e.get("ranks") and gpus(e["ranks"])) if x)
         why = " / ".join("`%s`" % t.replace("`", "'") for t in cause(e.get("log_tail", [])))
         lines.append("- %s: %s%s" % (where, e.get("what"), " — " + why if why else ""))
     return lines
@@ -244,19 +342,21 @@ def errors(res):
 
 def scaling(res):
     """Per model and system: 1-GPU step / N-GPU step (1.0 is perfect weak scaling)."""
-    counts = sorted({r for _, _, r in res.runs if r > 1})
+    counts = sorted({r for _, _, r, _ in res.runs if r > 1})
     if not counts:
         return []
     lines = ["### Scaling efficiency (1-GPU step / N-GPU step, batch per GPU fixed)", "",
-             "| model | system | " + " | ".join(gpus(n) for n in counts) + " |",
-             "| --- | --- |" + " ---: |" * len(counts)]
+             "| model | system | precision | " + " | ".join(gpus(n) for n in counts) + " |",
+             "| --- | --- | --- |" + " ---: |" * len(counts)]
     for name in res.model_names():
-        for system, label in SYSTEMS:
-            one = median_ms(res, name, system, 1)
-            cells = [ratio(one, median_ms(res, name, system, n)) for n in counts]
-            if all(c is None for c in cells):
-                continue
-            lines.append("| %s | %s | %s |" % (name, label, " | ".join("—" if c is None else "%.3f" % c for c in cells)))
+        for precision in res.precisions(name):
+            for system, label in SYSTEMS:
+                one = median_ms(res, name, system, 1, precision)
+                cells = [ratio(one, median_ms(res, name, system, n, precision)) for n in counts]
+                if all(c is None for c in cells):
+                    continue
+                lines.append("| %s | %s | %s | %s |" % (name, label, precision,
+                                                        " | ".join("—" if c is None else "%.3f" % c for c in cells)))
     return lines + [""]
 
 
@@ -284,10 +384,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("results")
     p.add_argument("--append", metavar="FILE", help="append the section to FILE instead of printing it")
-    p.add_argument("--ranks", type=int, default=2, help="GPU count the targets are judged at")
+    p.add_argument("--ranks", type=int, help="GPU count the targets are judged at (default: the run's largest, else 2)")
     args = p.parse_args()
     with open(args.results) as f:
-        text = section(Results(f.readlines()), args.ranks)
+        res = Results(f.readlines())
+    text = section(res, args.ranks or max(res.rank_counts() or [2]))
     if args.append:
         with open(args.append, "a") as f:
             f.write("\n" + text)

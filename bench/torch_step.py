@@ -1,17 +1,27 @@
 """Times PyTorch's data-parallel training step on one benchmark model.
 
-  python3 bench/torch_step.py --model mlp|mlp4096|gpt --system ddp|compile --nproc N
+  python3 bench/torch_step.py --model mlp|mlp4096|gpt|resnet50 --system ddp|compile --nproc N
                               [--steps S=100] [--warmup W=10] [--device cuda|cpu] [--tiny]
+                              [--precision fp32|bf16] [--attention math|sdpa]
+                              [--optimizer-impl default|foreach|fused] [--cudnn-benchmark]
 
 Spawns N ranks (NCCL on cuda, one GPU each; Gloo on cpu). Each rank wraps the model
 of bench/models.py (same seeded weights as the TorchScript spmd compiles) in
-DistributedDataParallel (also for N=1), with Adam at the model's learning rate and
-TF32 matmuls on; ddp runs it eagerly, compile through torch.compile (default mode).
+DistributedDataParallel (also for N=1), with the model's optimizer (Adam, or SGD
+with momentum for resnet50; models.optimizer) and TF32 matmuls on; ddp runs it
+eagerly, compile through torch.compile (default mode). --precision bf16 runs the
+forward under torch.autocast(device, torch.bfloat16) (parameters, gradients and
+optimizer state stay fp32), and by default then also swaps gpt's math attention
+for F.scaled_dot_product_attention(q, k, v, is_causal=True) (--attention sdpa: the
+same modules and parameter names, only Attention.forward differs) and uses the
+fused optimizer (--optimizer-impl fused; foreach where this torch has no fused
+kernel for the device). fp32 keeps math attention and torch.optim's default.
 Inputs are drawn once per rank on the device. Each step (zero_grad(set_to_none=True),
 forward, backward, opt.step()) is timed between two device synchronizations, as
 spmd-run times its steps; the first W steps are left out. Rank 0 prints one JSON
-line: {"kind": "result", "system", "model", "ranks", "median_ms", "min_ms", "max_ms",
-"peak_bytes", "compile_s" (compile only: the first step, which compiles), ...}.
+line: {"kind": "result", "system", "model", "ranks", "precision", "median_ms",
+"min_ms", "max_ms", "peak_bytes", "compile_s" (compile only: the first step, which
+compiles), "attention", "optimizer", "optimizer_impl", ...}.
 """
 import argparse
 import json
@@ -23,6 +33,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -39,6 +50,15 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--tiny", action="store_true", help="the small models of smoke tests")
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                   help="bf16: the forward under torch.autocast(device, torch.bfloat16)")
+    p.add_argument("--attention", choices=["math", "sdpa"],
+                   help="gpt's attention: math (samples' Attention) or F.scaled_dot_product_attention "
+                        "(default: sdpa for bf16, math for fp32)")
+    p.add_argument("--optimizer-impl", choices=["default", "foreach", "fused"],
+                   help="torch.optim's implementation (default: fused for bf16, torch's default for fp32; "
+                        "fused falls back to foreach where torch has no fused kernel)")
+    p.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     p.add_argument("--profile", metavar="FILE",
                    help="after the timed steps, profile 3 more with torch.profiler; rank 0 writes the "
                         "table of ops by device time to FILE")
@@ -51,6 +71,10 @@ def parse_args(argv=None):
         p.error("--nproc %d needs as many GPUs; %d visible" % (args.nproc, torch.cuda.device_count()))
     if args.system == "compile" and not hasattr(torch, "compile"):
         p.error("--system compile needs PyTorch 2 (this is %s)" % torch.__version__)
+    if args.attention is None:
+        args.attention = "sdpa" if args.precision == "bf16" else "math"
+    if args.optimizer_impl is None:
+        args.optimizer_impl = "fused" if args.precision == "bf16" else "default"
     return args
 
 
@@ -60,9 +84,51 @@ def free_port():
         return s.getsockname()[1]
 
 
-def enable_tf32():
+def enable_tf32(cudnn_benchmark=False):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+
+
+class SdpaAttention(bench_models.Attention):
+    """samples' Attention (same parameters) with F.scaled_dot_product_attention for the math."""
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+def set_attention(model, want):
+    """Makes every samples Attention of model run as want (math or sdpa; sdpa swaps its class for
+    SdpaAttention in place); returns what runs: None where model has no attention, math where
+    this torch lacks SDPA."""
+    blocks = [m for m in model.modules() if type(m) is bench_models.Attention]
+    if not blocks:
+        return None
+    if want == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
+        return "math (no F.scaled_dot_product_attention in torch %s)" % torch.__version__
+    if want == "sdpa":
+        for module in blocks:
+            module.__class__ = SdpaAttention
+    return want
+
+
+def make_optimizer(bench, params, impl):
+    """(optimizer, implementation used): fused falls back to foreach where torch has no fused kernel."""
+    params = list(params)
+    if impl == "fused":
+        try:
+            return bench_models.optimizer(bench, params, fused=True), "fused"
+        except (RuntimeError, TypeError, ValueError):
+            impl = "foreach"
+    if impl == "foreach":
+        return bench_models.optimizer(bench, params, foreach=True), "foreach"
+    return bench_models.optimizer(bench, params), "default"
 
 
 def synchronize(device):
@@ -94,14 +160,26 @@ def spawn(worker, args):
 
 
 def make_step(bench, args, device, rank):
-    """(step function, optimizer, inputs): the wrapped model and its data on device."""
-    model = bench_models.build(bench).to(device)
+    """(forward function, optimizer, inputs, notes): the wrapped model and its data on device;
+    notes: what ran ({"attention", "optimizer_impl"})."""
+    model = bench_models.build(bench)
+    attention = set_attention(model, args.attention)
+    model = model.to(device)
     ddp = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
     fn = torch.compile(ddp) if args.system == "compile" else ddp
-    opt = torch.optim.Adam(ddp.parameters(), lr=bench.lr)
+    opt, impl = make_optimizer(bench, ddp.parameters(), args.optimizer_impl)
     g = torch.Generator().manual_seed(rank)
     inputs = [bench_models.random_input(i, 1, g).to(device) for i in bench.inputs]
-    return fn, opt, inputs
+    if args.precision == "bf16":
+        def forward(*a):
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                return fn(*a)
+    else:
+        forward = fn
+    notes = {"optimizer_impl": impl}
+    if attention is not None:
+        notes["attention"] = attention
+    return forward, opt, inputs, notes
 
 
 def time_steps(fn, opt, inputs, device, count):
@@ -137,28 +215,32 @@ def profile_steps(fn, opt, inputs, device, path):
         f.write("# torch_step.py --profile: 3 steps, rank 0 (totals over the 3 steps)\n" + table + "\n")
 
 
-def summary(args, ms, loss, device):
+def summary(args, bench, ms, loss, device, notes):
     timed = ms[args.warmup:]
     row = {"kind": "result", "system": args.system, "model": args.model, "ranks": args.nproc,
-           "device": args.device, "steps": args.steps, "warmup": args.warmup,
+           "device": args.device, "steps": args.steps, "warmup": args.warmup, "precision": args.precision,
            "median_ms": statistics.median(timed), "min_ms": min(timed), "max_ms": max(timed),
            "peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
-           "first_step_ms": ms[0], "loss_last": loss, "torch": torch.__version__}
+           "first_step_ms": ms[0], "loss_last": loss, "torch": torch.__version__,
+           "optimizer": bench.optimizer, "cudnn_benchmark": args.cudnn_benchmark}
+    if args.precision == "bf16":
+        row["autocast"] = "%s:bf16" % args.device
+    row.update(notes)
     if args.system == "compile":
         row["compile_s"] = ms[0] / 1000.0
     return row
 
 
 def worker(rank, args, port):
-    enable_tf32()
+    enable_tf32(args.cudnn_benchmark)
     device = setup(rank, args, port)
     bench = bench_models.benches(args.tiny)[args.model]
-    fn, opt, inputs = make_step(bench, args, device, rank)
+    fn, opt, inputs, notes = make_step(bench, args, device, rank)
     ms, loss = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
     if args.profile and rank == 0:
         profile_steps(fn, opt, inputs, device, args.profile)
     if rank == 0:
-        print(json.dumps(summary(args, ms, loss, device)), flush=True)
+        print(json.dumps(summary(args, bench, ms, loss, device, notes)), flush=True)
     teardown(rank, device)
 
 

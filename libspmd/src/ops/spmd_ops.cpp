@@ -43,7 +43,7 @@ at::Tensor broadcastOneRank(const at::Tensor& self, int64_t src) {
 
 }  // namespace
 
-void ensureSpmdOpsRegistered() {}
+void ensureSpmdOpsRegistered() { ensureAttentionOpsRegistered(); }
 
 }  // namespace spmd
 

@@ -65,6 +65,7 @@ class AutocastPass final : public Pass {
   ValueId cast(GraphBuilder& b, ValueId source, c10::ScalarType dtype);
   bool rewriteWithCasts(Graph& g, const Node& node, const AutocastRun& run);
   bool replaceByCalls(Graph& g, const Node& node, const AutocastRun& run);
+  bool castAttentionInputs(Graph& g, const Node& node);
 
   AutocastOptions options_;
   AutocastPolicy policy_;
@@ -194,6 +195,28 @@ bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun&
   return true;
 }
 
+// spmd::attention (passes/attention.cpp) stands for matmuls and a softmax;
+// eager autocast casts fp32 q, k and v to the lower precision type for the
+// matmuls, and so does this (the rest follows inside the op).
+bool AutocastPass::castAttentionInputs(Graph& g, const Node& node) {
+  GraphBuilder b(g);
+  b.setInsertionPoint(node);
+  b.setMeta(node.meta);
+  bool changed = false;
+  for (size_t i = 0; i < 3; ++i) {
+    const ValueId v = node.args[i].value;
+    if (g.value(v).dtype != c10::ScalarType::Float) continue;
+    g.setArg(node, i, Arg::tensor(cast(b, v, policy_.dtype)));
+    changed = true;
+  }
+  // Its result has v's dtype (the probabilities are cast to it).
+  const c10::ScalarType dtype = g.value(node.args[2].value).dtype;
+  changed = changed || g.value(node.outputs[0]).dtype != dtype;
+  g.value(node.outputs[0]).dtype = dtype;
+  meta_.erase(node.outputs[0]);
+  return changed;
+}
+
 bool AutocastPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   if (!options_.enabled) return false;
   policy_ = AutocastPolicy{options_.device == "cpu" ? c10::DeviceType::CPU : c10::DeviceType::CUDA, options_.dtype};
@@ -201,6 +224,10 @@ bool AutocastPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   for (const Node* node : snapshot(g.nodes())) {
     const std::optional<c10::OperatorHandle> op = findOperator(*node);
     if (!op) continue;  // the verifier has reported it
+    if (node->op == "spmd::attention") {
+      changed = castAttentionInputs(g, *node) || changed;
+      continue;
+    }
     const std::vector<c10::IValue> args =
         boxArguments(*node, op->schema(), [&](ValueId v) { return metaOf(g, v); });
     const AutocastEntry entry = autocastEntry(*op, policy_.device);

@@ -16,12 +16,16 @@ namespace spmd {
 
 const std::vector<PassInfo>& registeredPasses() {
   static const std::vector<PassInfo> passes = {
+      {"attention", "a model's own attention (matmul, scale, mask, softmax, matmul) as one spmd::attention node",
+       createAttentionPass},
       {"autocast", "torch.autocast's policy for one device type as explicit casts (spmd-expand --autocast)",
        createAutocastPass},
       {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", createAutodiffPass},
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", createGradSyncPass},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", createOptimizerPass},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", createBucketPass},
+      {"fuse-attention", "spmd::attention and its backward as ATen's fused attention kernel; spmd-lower runs it for --device cuda",
+       createFuseAttentionPass},
       {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group",
        createFuseOptimizerPass},
       {"capturable-adam", "Adam as torch.optim's capturable foreach Adam (lerp; step size in the denominator); spmd-lower runs it for --device cuda",

@@ -7,7 +7,7 @@
 namespace spmd {
 
 std::vector<std::string> expandPipeline(const PipelineOptions& options) {
-  std::vector<std::string> names;
+  std::vector<std::string> names = {"attention"};
   if (options.autocast.enabled) names.push_back("autocast");
   for (const char* name : {"autodiff", "grad-sync", "optimizer"}) names.push_back(name);
   return names;
@@ -21,6 +21,7 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   const LowerOptions& o = options.lower;
   const bool cuda = o.device == "cuda";
   std::vector<std::string> names;
+  if (cuda) names.push_back("fuse-attention");
   if (cuda) names.push_back("capturable-adam");
   if (cuda && o.cudagraphs) names.push_back("embedding-grad");
   if (o.fuse) names.push_back("fuse-optimizer");

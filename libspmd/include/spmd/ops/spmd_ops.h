@@ -8,6 +8,11 @@
 //   spmd::broadcast         a buffer as rank `src` holds it.
 //   spmd::bucket_start      launches the all-reduce of a bucket's packed gradients.
 //   spmd::bucket_wait       waits for it and returns the reduced flat tensor.
+//   spmd::attention         softmax(q k^T * scale [+ mask]) v, as a model writes it
+//                           (spmd-expand's attention pass), differentiated by
+//   spmd::attention_backward  LibTorch's autograd over the same ops.
+//   spmd::fused_attention(_backward)  ATen's fused attention kernels (efficient,
+//                           flash, cudnn) in their place on CUDA (spmd-lower).
 // On one rank the collectives are the identity.
 #pragma once
 
@@ -15,5 +20,6 @@ namespace spmd {
 
 // Referencing this pulls the registration's object file into the link.
 void ensureSpmdOpsRegistered();
+void ensureAttentionOpsRegistered();  // ops/attention_ops.cpp
 
 }  // namespace spmd

@@ -57,12 +57,14 @@ void runPasses(Graph& graph, const std::vector<std::string>& names, const Pipeli
 std::string listPasses();
 
 // The passes' factories, one file each under src/passes/.
+std::unique_ptr<Pass> createAttentionPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createAutocastPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createGradSyncPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createOptimizerPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createBucketPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createUnrollPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createFuseAttentionPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseOptimizerPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCheckCapturePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions& options);

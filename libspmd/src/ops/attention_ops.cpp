@@ -1,0 +1,238 @@
+// spmd::attention and spmd::attention_backward (see ops/spmd_ops.h), and the
+// fused forms spmd-lower puts in their place on CUDA.
+//
+// spmd::attention is the attention pattern the model wrote, run as it wrote
+// it: matmul(q, k^T) * scale [+ mask], softmax over the last dimension, the
+// probabilities cast to v's dtype (as autocast casts them for the second
+// matmul), matmul with v. Its backward runs LibTorch's autograd over those
+// same ops, so that gradients equal an unfused step's bit for bit; spmd-lower
+// replaces both by a fused kernel where the device has one.
+//
+// spmd::fused_attention(_backward) call ATen's _scaled_dot_product_{efficient,
+// flash,cudnn}_attention(_backward), boxed and by argument name, so that they
+// follow the linked LibTorch's schemas; they return only what the backward
+// needs (out, logsumexp and the random state).
+#include "spmd/ops/spmd_ops.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <map>
+#include <tuple>
+
+namespace spmd {
+namespace {
+
+at::Tensor attentionMath(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const c10::optional<at::Tensor>& mask, double scale) {
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(scale);
+  if (mask && mask->defined()) scores = scores.add(*mask);
+  at::Tensor probs = at::softmax(scores, -1);
+  return at::matmul(probs.to(v.scalar_type()), v);
+}
+
+at::Tensor attentionForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const c10::optional<at::Tensor>& mask, double scale, bool /*causal*/) {
+  return attentionMath(q, k, v, mask, scale);
+}
+
+// The gradients of attentionMath, from LibTorch's autograd over its ops. The
+// dispatcher may have excluded autograd's keys on the way here; they are
+// let in again for the recomputation.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attentionBackward(const at::Tensor& grad, const at::Tensor& q,
+                                                                 const at::Tensor& k, const at::Tensor& v,
+                                                                 const c10::optional<at::Tensor>& mask, double scale,
+                                                                 bool /*causal*/) {
+  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+  c10::impl::ForceDispatchKeyGuard withAutograd(keys);
+  at::AutoGradMode gradMode(true);
+  const at::Tensor qq = q.detach().requires_grad_(true);
+  const at::Tensor kk = k.detach().requires_grad_(true);
+  const at::Tensor vv = v.detach().requires_grad_(true);
+  const at::Tensor out = attentionMath(qq, kk, vv, mask, scale);
+  const auto grads = torch::autograd::grad({out}, {qq, kk, vv}, {grad});
+  return {grads[0], grads[1], grads[2]};
+}
+
+const c10::OperatorHandle& spmdOp(const char* name) {
+  static std::map<std::string, c10::OperatorHandle> ops;
+  auto it = ops.find(name);
+  if (it == ops.end()) it = ops.emplace(name, c10::Dispatcher::singleton().findSchemaOrThrow(name, "")).first;
+  return it->second;
+}
+
+// Autograd's view of spmd::attention: one node whose backward is
+// spmd::attention_backward, so that a recording of autograd (spmd-expand's)
+// sees the pair and nothing of the math inside.
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const c10::optional<at::Tensor>& mask, double scale, bool causal) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    at::Tensor out = spmdOp("spmd::attention")
+                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                           const c10::optional<at::Tensor>&, double, bool)>()
+                         .call(q, k, v, mask, scale, causal);
+    ctx->save_for_backward({q, k, v, mask.value_or(at::Tensor())});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["causal"] = causal;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const c10::optional<at::Tensor> mask = saved[3].defined() ? c10::optional<at::Tensor>(saved[3]) : c10::nullopt;
+    auto [dq, dk, dv] =
+        spmdOp("spmd::attention_backward")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                  const at::Tensor&, const at::Tensor&,
+                                                                  const c10::optional<at::Tensor>&, double, bool)>()
+            .call(grads[0], saved[0], saved[1], saved[2], mask, ctx->saved_data["scale"].toDouble(),
+                  ctx->saved_data["causal"].toBool());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor attentionAutograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const c10::optional<at::Tensor>& mask, double scale, bool causal) {
+  return AttentionFunction::apply(q, k, v, mask, scale, causal);
+}
+
+// ---- the fused kernels ----------------------------------------------------
+
+std::string atenName(c10::string_view kernel, bool backward) {
+  return "aten::_scaled_dot_product_" + std::string(kernel) + "_attention" + (backward ? "_backward" : "");
+}
+
+// Calls an ATen attention op boxed, each argument found by its schema name in
+// `named` (else its default); returns its results.
+std::vector<c10::IValue> callByName(const std::string& name, const std::map<std::string, c10::IValue>& named) {
+  const auto op = c10::Dispatcher::singleton().findSchema({name, ""});
+  TORCH_CHECK(op.has_value(), "spmd::fused_attention: this LibTorch has no ", name);
+  torch::jit::Stack stack;
+  for (const c10::Argument& a : op->schema().arguments()) {
+    auto it = named.find(a.name());
+    if (it != named.end()) {
+      stack.push_back(it->second);
+    } else {
+      TORCH_CHECK(a.default_value().has_value(), "spmd::fused_attention: no value for ", name, "'s argument ",
+                  a.name());
+      stack.push_back(*a.default_value());
+    }
+  }
+  op->callBoxed(&stack);
+  return stack;
+}
+
+// The names ATen gives the random state of each kernel's forward results and
+// backward arguments.
+std::pair<size_t, size_t> rngResults(c10::string_view kernel) {
+  if (kernel == "efficient") return {2, 3};  // (output, log_sumexp, philox_seed, philox_offset)
+  return {6, 7};                             // flash, cudnn: (..., max_q, max_k, philox_seed/rng_state, offset/unused, ...)
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
+    double scale, bool causal, c10::string_view kernel) {
+  const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue();
+  const std::vector<c10::IValue> r =
+      callByName(atenName(kernel, false), {{"query", q},
+                                           {"key", k},
+                                           {"value", v},
+                                           {"attn_bias", bias},
+                                           {"attn_mask", bias},
+                                           {"compute_log_sumexp", true},
+                                           {"dropout_p", 0.0},
+                                           {"is_causal", causal},
+                                           {"return_debug_mask", false},
+                                           {"scale", scale}});
+  const auto [seed, offset] = rngResults(kernel);
+  auto tensorAt = [&](size_t i) { return i < r.size() && r[i].isTensor() ? r[i].toTensor() : at::Tensor(); };
+  return {tensorAt(0), tensorAt(1), tensorAt(seed), tensorAt(offset)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed,
+    const at::Tensor& offset, double scale, bool causal, c10::string_view kernel) {
+  const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue(at::Tensor());
+  const c10::IValue none;
+  const std::vector<c10::IValue> r = callByName(
+      atenName(kernel, true),
+      {{"grad_out", grad},           {"grad_out_", grad},          {"query", q},
+       {"key", k},                   {"value", v},                 {"attn_bias", bias},
+       {"out", out},                 {"logsumexp", lse},           {"philox_seed", seed},
+       {"philox_offset", offset},    {"rng_state", seed},          {"unused", offset},
+       {"cum_seq_q", none},          {"cum_seq_k", none},          {"max_q", q.size(-2)},
+       {"max_k", k.size(-2)},        {"dropout_p", 0.0},           {"is_causal", causal},
+       {"scale", scale},             {"grad_input_mask", c10::List<bool>({true, true, true, false})}});
+  return {r.at(0).toTensor(), r.at(1).toTensor(), r.at(2).toTensor()};
+}
+
+// Shapes for the verifier (ATen's attention kernels have no meta kernels in
+// C++): what each kernel returns for dense 4-D inputs with dropout 0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttentionMeta(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>&, double, bool,
+    c10::string_view kernel) {
+  TORCH_CHECK(q.dim() == 4, "spmd::fused_attention: query must be [batch, heads, length, head size]");
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor out = at::empty({b, h, t, v.size(-1)}, q.options());
+  at::Tensor lse = kernel == "efficient" ? at::empty({b, h, (t + 31) / 32 * 32}, f32) : at::empty({b, h, t}, f32);
+  const auto i64 = q.options().dtype(at::kLong);
+  return {out, lse, at::empty({}, i64), at::empty({}, i64)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackwardMeta(
+    const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    double, bool, c10::string_view) {
+  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+}
+
+}  // namespace
+
+void ensureAttentionOpsRegistered() {}
+
+}  // namespace spmd
+
+TORCH_LIBRARY_FRAGMENT(spmd, m) {
+  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal) -> Tensor");
+  m.def(
+      "attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, "
+      "bool causal) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+  m.def(
+      "fused_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal, str kernel) "
+      "-> (Tensor out, Tensor logsumexp, Tensor seed, Tensor offset)");
+  m.def(
+      "fused_attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor out, "
+      "Tensor logsumexp, Tensor seed, Tensor offset, float scale, bool causal, str kernel) "
+      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+}
+
+TORCH_LIBRARY_IMPL(spmd, CompositeExplicitAutograd, m) {
+  m.impl("attention", &spmd::attentionForward);
+  m.impl("attention_backward", &spmd::attentionBackward);
+}
+
+// attention_backward is not differentiated again: autograd passes it through.
+TORCH_LIBRARY_IMPL(spmd, Autograd, m) {
+  m.impl("attention", &spmd::attentionAutograd);
+  m.impl("attention_backward", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(spmd, Meta, m) {
+  m.impl("fused_attention", &spmd::fusedAttentionMeta);
+  m.impl("fused_attention_backward", &spmd::fusedAttentionBackwardMeta);
+}
+
+TORCH_LIBRARY_IMPL(spmd, CUDA, m) {
+  m.impl("fused_attention", &spmd::fusedAttention);
+  m.impl("fused_attention_backward", &spmd::fusedAttentionBackward);
+}

@@ -1,0 +1,120 @@
+// fuse-attention (spmd-lower runs it for --device cuda): each spmd::attention
+// and its spmd::attention_backward become spmd::fused_attention(_backward),
+// which call ATen's fused kernel; the forward's logsumexp and random state
+// go to the backward, which no longer recomputes the attention.
+//
+// The kernel is ATen's memory-efficient attention
+// (_scaled_dot_product_efficient_attention): it takes fp32, bf16 and fp16 and
+// any head size a multiple of 8. Flash and cuDNN attention (faster in bf16)
+// are not chosen yet. Taken: 4-D q, k, v of one dtype, no mask or the causal
+// one (is_causal). What is not taken keeps its math kernels, with a note
+// saying why. Needs a LibTorch that has the kernel (2.0 on); with 1.13 the
+// pass notes that and changes nothing.
+#include "spmd/ir/builder.h"
+#include "spmd/ops/dispatch.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <optional>
+
+namespace spmd {
+namespace {
+
+constexpr const char* kKernel = "efficient";
+
+std::string where(const Node& n) {
+  return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
+}
+
+// Why the attention cannot run fused, or nullopt when it can.
+std::optional<std::string> whyNotFused(const Graph& g, const Node& a) {
+  const c10::ScalarType dtype = g.value(a.args[0].value).dtype;
+  for (size_t i = 0; i < 3; ++i) {
+    const Value& t = g.value(a.args[i].value);
+    if (t.shape.size() != 4) return "q, k and v must be [batch, heads, length, head size]";
+    if (t.dtype != dtype) return "q, k and v differ in dtype";
+    if (t.shape.back() % 8 != 0) return "the head size is not a multiple of 8";
+  }
+  if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 && dtype != c10::ScalarType::Half) {
+    return "the fused kernels take fp32, bf16 and fp16 only";
+  }
+  if (a.args[3].kind != Arg::Kind::None && !a.args[5].b) return "an additive mask other than the causal one";
+  return std::nullopt;
+}
+
+// The backward node of attention `a`: it reads the same q, k, v with the same scale and causality.
+const Node* backwardOf(const Graph& g, const Node& a) {
+  for (const Node* u : g.users(a.args[0].value)) {
+    if (u->op != "spmd::attention_backward") continue;
+    bool same = true;
+    for (size_t i = 0; i < 3; ++i) same = same && u->args[i + 1].kind == Arg::Kind::Value && u->args[i + 1].value == a.args[i].value;
+    same = same && u->args[5].f == a.args[4].f && u->args[6].b == a.args[5].b;
+    if (same) return u;
+  }
+  return nullptr;
+}
+
+void fuse(Graph& g, const Node& a, const Node* backward) {
+  GraphBuilder b(g);
+  b.setInsertionPoint(a);
+  b.setMeta(a.meta);
+  const bool causal = a.args[5].b;
+  const Arg scale = a.args[4];
+  const std::vector<Arg> qkv = {a.args[0], a.args[1], a.args[2]};
+  const std::string base = g.value(a.outputs[0]).name;
+  std::vector<Arg> args = qkv;
+  args.insert(args.end(), {Arg::none(), scale, Arg::ofBool(causal), strArg(kKernel)});
+  const std::vector<ValueId> fwd = b.callMulti("spmd::fused_attention", args, base + ".fused");
+  g.replaceAllUsesWith(a.outputs[0], fwd[0]);
+  g.erase(a);
+  if (!backward) return;
+  b.setInsertionPoint(*backward);
+  b.setMeta(backward->meta);
+  std::vector<Arg> bargs = {backward->args[0]};
+  bargs.insert(bargs.end(), qkv.begin(), qkv.end());
+  bargs.insert(bargs.end(), {Arg::none(), Arg::tensor(fwd[0]), Arg::tensor(fwd[1]), Arg::tensor(fwd[2]),
+                             Arg::tensor(fwd[3]), scale, Arg::ofBool(causal), strArg(kKernel)});
+  const std::vector<ValueId> grads = b.callMulti("spmd::fused_attention_backward", bargs, base + ".grad");
+  for (size_t i = 0; i < 3; ++i) {
+    if (backward->outputs[i] != kNoValue) g.replaceAllUsesWith(backward->outputs[i], grads[i]);
+  }
+  g.erase(*backward);
+}
+
+class FuseAttentionPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+    std::vector<const Node*> attentions;
+    for (const Node& n : g.nodes()) {
+      if (n.op == "spmd::attention") attentions.push_back(&n);
+    }
+    if (attentions.empty()) return false;
+    if (!findOperator("aten::_scaled_dot_product_efficient_attention", "")) {
+      diagnostics.note("fuse-attention: this LibTorch has no fused attention kernels; " +
+                       std::to_string(attentions.size()) + " attention(s) keep their math kernels");
+      return false;
+    }
+    int fused = 0;
+    for (const Node* a : attentions) {
+      if (const std::optional<std::string> why = whyNotFused(g, *a)) {
+        diagnostics.note(where(*a), "fuse-attention: not fused: " + *why);
+        continue;
+      }
+      fuse(g, *a, backwardOf(g, *a));
+      ++fused;
+    }
+    if (fused > 0) {
+      diagnostics.note("fuse-attention: " + std::to_string(fused) + " attention(s) run ATen's " + kKernel +
+                       " attention kernel");
+    }
+    return fused > 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createFuseAttentionPass(const PipelineOptions&) {
+  return std::make_unique<FuseAttentionPass>();
+}
+
+}  // namespace spmd
