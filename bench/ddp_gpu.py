@@ -2,6 +2,7 @@
 
   ddp_gpu.py --sample mlp --nproc 2 --data DATA.pt --steps 5 --out REF.pt    # parity
   ddp_gpu.py --sample mlp --nproc 2 --time 200 --warmup 20 [--compile]        # median ms/step
+  ddp_gpu.py ... [--autocast] [--sdpa]   # the forward under torch.autocast("cuda", bf16); lm: SDPA attention
 
 The model is the sample's class with the TorchScript sample's weights; the
 optimizer is Adam(lr=1e-2) (the seeds' test). DATA.pt follows spmd-run's data
@@ -43,6 +44,10 @@ def worker(rank, args, port):
     dist.init_process_group("nccl", rank=rank, world_size=args.nproc)
     device = torch.device("cuda", rank)
     model, specs = model_for(args.sample, device)
+    if args.sdpa:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from torch_step import set_attention  # bench/torch_step.py: samples' Attention with SDPA
+        set_attention(model, "sdpa")
     ddp = DDP(model, device_ids=[rank])
     step_fn = ddp
     if args.compile:
@@ -61,7 +66,9 @@ def worker(rank, args, port):
                 rows = t.shape[0] // args.nproc
                 inputs.append(t[rank * rows:(rank + 1) * rows].to(device))
             opt.zero_grad()
-            step_fn(*inputs).backward()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.autocast):
+                loss = step_fn(*inputs)
+            loss.backward()
             opt.step()
         if rank == 0:
             torch.save({n: p.detach().cpu() for n, p in ddp.module.named_parameters()}, args.out)
@@ -94,6 +101,8 @@ def main():
     p.add_argument("--time", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--autocast", action="store_true", help="the forward under torch.autocast('cuda', bfloat16)")
+    p.add_argument("--sdpa", action="store_true", help="attention by F.scaled_dot_product_attention (lm)")
     args = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -162,14 +162,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
     const c10::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed,
     const at::Tensor& offset, double scale, bool causal, c10::string_view kernel) {
   const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue(at::Tensor());
-  const c10::IValue none;
+  const c10::IValue undefined(at::Tensor{});  // dense inputs: no cumulative sequence lengths
   const std::vector<c10::IValue> r = callByName(
       atenName(kernel, true),
       {{"grad_out", grad},           {"grad_out_", grad},          {"query", q},
        {"key", k},                   {"value", v},                 {"attn_bias", bias},
        {"out", out},                 {"logsumexp", lse},           {"philox_seed", seed},
        {"philox_offset", offset},    {"rng_state", seed},          {"unused", offset},
-       {"cum_seq_q", none},          {"cum_seq_k", none},          {"max_q", q.size(-2)},
+       {"cum_seq_q", undefined},     {"cum_seq_k", undefined},     {"max_q", q.size(-2)},
        {"max_k", k.size(-2)},        {"dropout_p", 0.0},           {"is_causal", causal},
        {"scale", scale},             {"grad_input_mask", c10::List<bool>({true, true, true, false})}});
   return {r.at(0).toTensor(), r.at(1).toTensor(), r.at(2).toTensor()};

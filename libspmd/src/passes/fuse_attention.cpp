@@ -3,24 +3,25 @@
 // which call ATen's fused kernel; the forward's logsumexp and random state
 // go to the backward, which no longer recomputes the attention.
 //
-// The kernel is ATen's memory-efficient attention
-// (_scaled_dot_product_efficient_attention): it takes fp32, bf16 and fp16 and
-// any head size a multiple of 8. Flash and cuDNN attention (faster in bf16)
-// are not chosen yet. Taken: 4-D q, k, v of one dtype, no mask or the causal
-// one (is_causal). What is not taken keeps its math kernels, with a note
-// saying why. Needs a LibTorch that has the kernel (2.0 on); with 1.13 the
-// pass notes that and changes nothing.
+// The kernel (--attention-kernel, default auto): for bf16 and fp16, cuDNN's
+// attention up to head size 128 and flash attention up to 256 (the fastest
+// that take them; neither takes fp32: cuDNN returns NaN, flash refuses),
+// else ATen's memory-efficient attention, which takes fp32 too; math leaves
+// the attention unfused. A kernel asked for that cannot take fp32 gives way
+// to efficient there. Taken: 4-D q, k, v of one dtype, head size a
+// multiple of 8, no mask or the causal one (is_causal). What is not taken
+// keeps its math kernels, with a note saying why. Needs a LibTorch that has
+// the kernels (2.0 on); with 1.13 the pass notes that and changes nothing.
 #include "spmd/ir/builder.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
+#include <map>
 #include <optional>
 
 namespace spmd {
 namespace {
-
-constexpr const char* kKernel = "efficient";
 
 std::string where(const Node& n) {
   return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
@@ -54,7 +55,22 @@ const Node* backwardOf(const Graph& g, const Node& a) {
   return nullptr;
 }
 
-void fuse(Graph& g, const Node& a, const Node* backward) {
+// The kernel for attention `a` under --attention-kernel `wanted`.
+std::string kernelFor(const Graph& g, const Node& a, const std::string& wanted) {
+  const Value& q = g.value(a.args[0].value);
+  const bool lowPrecision = q.dtype != c10::ScalarType::Float;
+  if (wanted == "auto") {
+    // Measured on an H200 (bench/RESULTS.md, gpt bf16): cudnn 28.6 ms a step,
+    // flash 29.5, efficient 33.2.
+    if (!lowPrecision) return "efficient";
+    if (q.shape.back() <= 128 && findOperator("aten::_scaled_dot_product_cudnn_attention", "")) return "cudnn";
+    return q.shape.back() <= 256 ? "flash" : "efficient";
+  }
+  if (!lowPrecision && (wanted == "flash" || wanted == "cudnn")) return "efficient";
+  return wanted;
+}
+
+void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kernel) {
   GraphBuilder b(g);
   b.setInsertionPoint(a);
   b.setMeta(a.meta);
@@ -63,7 +79,7 @@ void fuse(Graph& g, const Node& a, const Node* backward) {
   const std::vector<Arg> qkv = {a.args[0], a.args[1], a.args[2]};
   const std::string base = g.value(a.outputs[0]).name;
   std::vector<Arg> args = qkv;
-  args.insert(args.end(), {Arg::none(), scale, Arg::ofBool(causal), strArg(kKernel)});
+  args.insert(args.end(), {Arg::none(), scale, Arg::ofBool(causal), strArg(kernel)});
   const std::vector<ValueId> fwd = b.callMulti("spmd::fused_attention", args, base + ".fused");
   g.replaceAllUsesWith(a.outputs[0], fwd[0]);
   g.erase(a);
@@ -73,7 +89,7 @@ void fuse(Graph& g, const Node& a, const Node* backward) {
   std::vector<Arg> bargs = {backward->args[0]};
   bargs.insert(bargs.end(), qkv.begin(), qkv.end());
   bargs.insert(bargs.end(), {Arg::none(), Arg::tensor(fwd[0]), Arg::tensor(fwd[1]), Arg::tensor(fwd[2]),
-                             Arg::tensor(fwd[3]), scale, Arg::ofBool(causal), strArg(kKernel)});
+                             Arg::tensor(fwd[3]), scale, Arg::ofBool(causal), strArg(kernel)});
   const std::vector<ValueId> grads = b.callMulti("spmd::fused_attention_backward", bargs, base + ".grad");
   for (size_t i = 0; i < 3; ++i) {
     if (backward->outputs[i] != kNoValue) g.replaceAllUsesWith(backward->outputs[i], grads[i]);
@@ -83,38 +99,44 @@ void fuse(Graph& g, const Node& a, const Node* backward) {
 
 class FuseAttentionPass final : public Pass {
  public:
+  explicit FuseAttentionPass(std::string kernel) : kernel_(std::move(kernel)) {}
+
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
     std::vector<const Node*> attentions;
     for (const Node& n : g.nodes()) {
       if (n.op == "spmd::attention") attentions.push_back(&n);
     }
-    if (attentions.empty()) return false;
+    if (attentions.empty() || kernel_ == "math") return false;
     if (!findOperator("aten::_scaled_dot_product_efficient_attention", "")) {
       diagnostics.note("fuse-attention: this LibTorch has no fused attention kernels; " +
                        std::to_string(attentions.size()) + " attention(s) keep their math kernels");
       return false;
     }
-    int fused = 0;
+    std::map<std::string, int> fused;
     for (const Node* a : attentions) {
       if (const std::optional<std::string> why = whyNotFused(g, *a)) {
         diagnostics.note(where(*a), "fuse-attention: not fused: " + *why);
         continue;
       }
-      fuse(g, *a, backwardOf(g, *a));
-      ++fused;
+      const std::string kernel = kernelFor(g, *a, kernel_);
+      fuse(g, *a, backwardOf(g, *a), kernel);
+      ++fused[kernel];
     }
-    if (fused > 0) {
-      diagnostics.note("fuse-attention: " + std::to_string(fused) + " attention(s) run ATen's " + kKernel +
+    for (const auto& [kernel, count] : fused) {
+      diagnostics.note("fuse-attention: " + std::to_string(count) + " attention(s) run ATen's " + kernel +
                        " attention kernel");
     }
-    return fused > 0;
+    return !fused.empty();
   }
+
+ private:
+  std::string kernel_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> createFuseAttentionPass(const PipelineOptions&) {
-  return std::make_unique<FuseAttentionPass>();
+std::unique_ptr<Pass> createFuseAttentionPass(const PipelineOptions& options) {
+  return std::make_unique<FuseAttentionPass>(options.lower.attentionKernel);
 }
 
 }  // namespace spmd

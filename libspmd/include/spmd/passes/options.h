@@ -56,6 +56,9 @@ struct LowerOptions {
   std::string device = "cpu";  // --device
   bool cudagraphs = false;     // --cudagraphs
   bool fuse = true;            // --no-fuse: keep the optimizer's per-parameter ops
+  // --attention-kernel: ATen's fused attention kernel for spmd::attention on
+  // CUDA: auto (by dtype and head size), efficient, flash, cudnn, or math.
+  std::string attentionKernel = "auto";
 };
 
 struct PipelineOptions {
