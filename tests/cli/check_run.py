@@ -36,10 +36,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def build_artifact(name, device="cpu", sample="samples/mlp.pt", inputs=("x:f32[8,100]",)):
+def build_artifact(name, device="cpu", sample="samples/mlp.pt", inputs=("x:f32[8,100]",), expand_flags=()):
     path = os.path.join(TMP, name)
     specs = [arg for spec in inputs for arg in ("--input", spec)]
-    expand = subprocess.run([tool("spmd-expand"), sample, *specs, "--optimizer", "sgd", "--lr", "0.01"],
+    expand = subprocess.run([tool("spmd-expand"), sample, *specs, "--optimizer", "sgd", "--lr", "0.01", *expand_flags],
                             capture_output=True, check=True)
     split = subprocess.run([tool("spmd-split")], input=expand.stdout, capture_output=True, check=True)
     subprocess.run([tool("spmd-lower"), "-o", path, "--device", device], input=split.stdout, capture_output=True,
@@ -168,6 +168,16 @@ def main():
                               capture_output=True, text=True, timeout=60)
         report(flag + " to a missing directory", proc.returncode == 1 and "step 1" not in proc.stdout and
                one_line_error(proc.stderr, "cannot write to /nonexistent-dir"), proc.stderr)
+
+    # Gradients sent as bf16 on Gloo, which cannot sum them in LibTorch 1.13: every rank
+    # stops at its first all-reduce with an error that says what to change.
+    if torch.__version__.split(".")[0] == "1":
+        bf16 = build_artifact("bf16.spmd", expand_flags=("--reduce-dtype", "bf16"))
+        proc = subprocess.run([tool("spmd-run"), bf16, "--nproc", "2", "--steps", "1", "--timeout", "20"],
+                              capture_output=True, text=True, timeout=60)
+        report("--reduce-dtype bf16 on Gloo", proc.returncode == 1 and
+               "Gloo cannot sum bf16 tensors; expand with --reduce-dtype f16 (or none), or run on CUDA" in proc.stderr,
+               proc.stderr)
 
     # Truncated and altered artifacts.
     with open(step, "rb") as f:

@@ -87,6 +87,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    // Below autograd: the backward is not differentiated again.
+    at::AutoDispatchBelowADInplaceOrView below;
     const c10::optional<at::Tensor> mask = saved[3].defined() ? c10::optional<at::Tensor>(saved[3]) : c10::nullopt;
     auto [dq, dk, dv] =
         spmdOp("spmd::attention_backward")
@@ -221,11 +223,7 @@ TORCH_LIBRARY_IMPL(spmd, CompositeExplicitAutograd, m) {
   m.impl("attention_backward", &spmd::attentionBackward);
 }
 
-// attention_backward is not differentiated again: autograd passes it through.
-TORCH_LIBRARY_IMPL(spmd, Autograd, m) {
-  m.impl("attention", &spmd::attentionAutograd);
-  m.impl("attention_backward", torch::CppFunction::makeFallthrough());
-}
+TORCH_LIBRARY_IMPL(spmd, Autograd, m) { m.impl("attention", &spmd::attentionAutograd); }
 
 TORCH_LIBRARY_IMPL(spmd, Meta, m) {
   m.impl("fused_attention", &spmd::fusedAttentionMeta);
