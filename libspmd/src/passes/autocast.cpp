@@ -61,7 +61,7 @@ class AutocastPass final : public Pass {
     auto it = meta_.find(v);
     return it != meta_.end() ? it->second : metaTensorOf(g.value(v));
   }
-  void retype(Graph& g, const Node& node, const std::vector<c10::IValue>& results);
+  void retype(Graph& g, const Node& node, const std::vector<at::Tensor>& results);
   ValueId cast(GraphBuilder& b, ValueId source, c10::ScalarType dtype);
   bool rewriteWithCasts(Graph& g, const Node& node, const AutocastRun& run);
   bool replaceByCalls(Graph& g, const Node& node, const AutocastRun& run);
@@ -75,8 +75,7 @@ class AutocastPass final : public Pass {
   std::unordered_map<const c10::TensorImpl*, ValueId> valueOf_;
 };
 
-// The node's outputs take the dtypes its probe produced.
-void AutocastPass::retype(Graph& g, const Node& node, const std::vector<c10::IValue>& results) {
+std::vector<at::Tensor> flattenResults(const std::vector<c10::IValue>& results) {
   std::vector<at::Tensor> tensors;
   for (const c10::IValue& r : results) {
     if (r.isTensor()) {
@@ -87,11 +86,16 @@ void AutocastPass::retype(Graph& g, const Node& node, const std::vector<c10::IVa
       tensors.emplace_back();
     }
   }
-  for (size_t k = 0; k < node.outputs.size() && k < tensors.size(); ++k) {
+  return tensors;
+}
+
+// The node's outputs take the dtypes of `results` (its probe's, or its own on meta).
+void AutocastPass::retype(Graph& g, const Node& node, const std::vector<at::Tensor>& results) {
+  for (size_t k = 0; k < node.outputs.size() && k < results.size(); ++k) {
     const ValueId out = node.outputs[k];
-    if (out == kNoValue || !tensors[k].defined()) continue;
-    g.value(out).dtype = tensors[k].scalar_type();
-    meta_[out] = tensors[k];
+    if (out == kNoValue || !results[k].defined()) continue;
+    g.value(out).dtype = results[k].scalar_type();
+    meta_[out] = results[k];
   }
 }
 
@@ -120,7 +124,7 @@ bool AutocastPass::rewriteWithCasts(Graph& g, const Node& node, const AutocastRu
   for (size_t i = 0; i + 1 < run.calls.size(); ++i) {
     const RecordedCall& c = run.calls[i];
     auto from = valueOf_.find(c.args[0].toTensor().unsafeGetTensorImpl());
-    if (from == valueOf_.end()) return false;
+    if (from == valueOf_.end()) throw std::logic_error("autocast: a cast of a tensor that is not in the graph");
     const at::Tensor result = c.results[0].toTensor();
     const ValueId v = cast(b, from->second, result.scalar_type());
     valueOf_[result.unsafeGetTensorImpl()] = v;
@@ -139,14 +143,13 @@ bool AutocastPass::rewriteWithCasts(Graph& g, const Node& node, const AutocastRu
       return it->second;
     }));
   }
-  retype(g, g.replaceNode(node, std::move(replacement)), main.results);
+  retype(g, g.replaceNode(node, std::move(replacement)), flattenResults(main.results));
   return true;
 }
 
 // A composite autocast reaches only through its parts: the node becomes
 // those parts, its outputs defined by the calls that make them.
 bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun& run) {
-  std::vector<ValueId> outputs;
   std::unordered_map<const c10::TensorImpl*, ValueId> outputOf;
   for (size_t k = 0; k < run.results.size() && k < node.outputs.size(); ++k) {
     if (!run.results[k].isTensor()) return false;
@@ -155,7 +158,7 @@ bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun&
   for (const RecordedCall& c : run.calls) {
     if (writesInPlace(c)) return false;
   }
-  retype(g, node, run.results);  // the calls that make them must find them typed
+  retype(g, node, flattenResults(run.results));  // the calls that make them must find them typed
   const size_t at = g.indexOf(node);
   const Node* next = at + 1 < g.nodes().size() ? &g.nodes()[at + 1] : nullptr;
   const NodeMeta meta = node.meta;
@@ -244,7 +247,7 @@ bool AutocastPass::run(Graph& g, DiagnosticEngine& diagnostics) {
     // parts it casts, only see their results' dtypes follow.
     const bool oneCall = entry == AutocastEntry::Kernel && casts + 1 == run.calls.size() && !isCast(run.calls.back());
     if (entry == AutocastEntry::Untouched || (entry == AutocastEntry::Composite && casts == 0)) {
-      retype(g, *node, run.results);
+      retype(g, *node, flattenResults(run.results));
       continue;
     }
     valueOf_.clear();
@@ -261,7 +264,9 @@ bool AutocastPass::run(Graph& g, DiagnosticEngine& diagnostics) {
     }
     const bool done = oneCall ? rewriteWithCasts(g, *node, run) : replaceByCalls(g, *node, run);
     if (!done) {
-      diagnostics.note(where(*node), "autocast: left in its own precision (its parts update in place)");
+      diagnostics.note(where(*node), "autocast: left in its own precision: autocast reaches it only through its "
+                                     "parts, and they update in place or return non-tensors");
+      retype(g, *node, inferNodeOnMeta(*node, *op, [&](ValueId v) { return metaOf(g, v); }));
       continue;
     }
     changed = true;
