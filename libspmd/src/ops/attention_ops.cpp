@@ -14,6 +14,8 @@
 // needs (out, logsumexp and the random state).
 #include "spmd/ops/spmd_ops.h"
 
+#include "spmd/ops/dispatch.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -112,26 +114,6 @@ std::string atenName(c10::string_view kernel, bool backward) {
   return "aten::_scaled_dot_product_" + std::string(kernel) + "_attention" + (backward ? "_backward" : "");
 }
 
-// Calls an ATen attention op boxed, each argument found by its schema name in
-// `named` (else its default); returns its results.
-std::vector<c10::IValue> callByName(const std::string& name, const std::map<std::string, c10::IValue>& named) {
-  const auto op = c10::Dispatcher::singleton().findSchema({name, ""});
-  TORCH_CHECK(op.has_value(), "spmd::fused_attention: this LibTorch has no ", name);
-  torch::jit::Stack stack;
-  for (const c10::Argument& a : op->schema().arguments()) {
-    auto it = named.find(a.name());
-    if (it != named.end()) {
-      stack.push_back(it->second);
-    } else {
-      TORCH_CHECK(a.default_value().has_value(), "spmd::fused_attention: no value for ", name, "'s argument ",
-                  a.name());
-      stack.push_back(*a.default_value());
-    }
-  }
-  op->callBoxed(&stack);
-  return stack;
-}
-
 // The names ATen gives the random state of each kernel's forward results and
 // backward arguments.
 std::pair<size_t, size_t> rngResults(c10::string_view kernel) {
@@ -144,7 +126,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
     double scale, bool causal, c10::string_view kernel) {
   const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue();
   const std::vector<c10::IValue> r =
-      callByName(atenName(kernel, false), {{"query", q},
+      callByArgumentName(atenName(kernel, false), {{"query", q},
                                            {"key", k},
                                            {"value", v},
                                            {"attn_bias", bias},
@@ -165,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
     const at::Tensor& offset, double scale, bool causal, c10::string_view kernel) {
   const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue(at::Tensor());
   const c10::IValue undefined(at::Tensor{});  // dense inputs: no cumulative sequence lengths
-  const std::vector<c10::IValue> r = callByName(
+  const std::vector<c10::IValue> r = callByArgumentName(
       atenName(kernel, true),
       {{"grad_out", grad},           {"grad_out_", grad},          {"query", q},
        {"key", k},                   {"value", v},                 {"attn_bias", bias},

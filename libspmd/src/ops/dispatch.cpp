@@ -64,4 +64,21 @@ std::string qualifiedOpName(const c10::OperatorName& name) {
   return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
+std::vector<c10::IValue> callByArgumentName(const std::string& name, const std::map<std::string, c10::IValue>& named) {
+  const auto op = c10::Dispatcher::singleton().findSchema({name, ""});
+  TORCH_CHECK(op.has_value(), "this LibTorch has no ", name);
+  torch::jit::Stack stack;
+  for (const c10::Argument& a : op->schema().arguments()) {
+    auto it = named.find(a.name());
+    if (it != named.end()) {
+      stack.push_back(it->second);
+    } else {
+      TORCH_CHECK(a.default_value().has_value(), "no value for ", name, "'s argument ", a.name());
+      stack.push_back(*a.default_value());
+    }
+  }
+  op->callBoxed(&stack);
+  return stack;
+}
+
 }  // namespace spmd

@@ -43,7 +43,10 @@ at::Tensor broadcastOneRank(const at::Tensor& self, int64_t src) {
 
 }  // namespace
 
-void ensureSpmdOpsRegistered() { ensureAttentionOpsRegistered(); }
+void ensureSpmdOpsRegistered() {
+  ensureAttentionOpsRegistered();
+  ensureFusedOptimizerOpsRegistered();
+}
 
 }  // namespace spmd
 

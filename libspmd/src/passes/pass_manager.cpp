@@ -26,6 +26,8 @@ const std::vector<PassInfo>& registeredPasses() {
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", createBucketPass},
       {"fuse-attention", "spmd::attention and its backward as ATen's fused attention kernel; spmd-lower runs it for --device cuda",
        createFuseAttentionPass},
+      {"fused-adam", "Adam/AdamW as torch.optim's fused kernel (spmd::fused_adam); spmd-lower runs it for --device cuda",
+       createFusedAdamPass},
       {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group",
        createFuseOptimizerPass},
       {"capturable-adam", "Adam as torch.optim's capturable foreach Adam (lerp; step size in the denominator); spmd-lower runs it for --device cuda",

@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,6 +22,13 @@ std::optional<c10::OperatorHandle> findOperator(const std::string& op, const std
 // (add_.Tensor -> add.Tensor, bernoulli_.float -> bernoulli.p), as
 // {op, overload}; nullopt when `inPlace` is not named `..._` or has none.
 std::optional<std::pair<std::string, std::string>> outOfPlaceOverload(const c10::FunctionSchema& inPlace);
+
+// Calls the operator `name` (default overload) boxed, each argument taken
+// from `named` by its schema name, else its default: for ATen ops whose
+// argument lists differ between LibTorch versions (fused attention, fused
+// Adam). Returns its results; throws c10::Error when the op is missing or an
+// argument has neither.
+std::vector<c10::IValue> callByArgumentName(const std::string& name, const std::map<std::string, c10::IValue>& named);
 
 // "aten::add.Tensor", or "aten::relu" for the default overload.
 std::string qualifiedOpName(const c10::OperatorName& name);

@@ -13,6 +13,8 @@
 //   spmd::attention_backward  LibTorch's autograd over the same ops.
 //   spmd::fused_attention(_backward)  ATen's fused attention kernels (efficient,
 //                           flash, cudnn) in their place on CUDA (spmd-lower).
+//   spmd::fused_adam        torch.optim's fused Adam/AdamW over lists, functional
+//                           (spmd-lower on CUDA).
 // On one rank the collectives are the identity.
 #pragma once
 
@@ -20,6 +22,7 @@ namespace spmd {
 
 // Referencing this pulls the registration's object file into the link.
 void ensureSpmdOpsRegistered();
-void ensureAttentionOpsRegistered();  // ops/attention_ops.cpp
+void ensureAttentionOpsRegistered();       // ops/attention_ops.cpp
+void ensureFusedOptimizerOpsRegistered();  // ops/fused_optimizer_ops.cpp
 
 }  // namespace spmd

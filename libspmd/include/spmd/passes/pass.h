@@ -65,6 +65,7 @@ std::unique_ptr<Pass> createOptimizerPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createBucketPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createUnrollPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseAttentionPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createFusedAdamPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseOptimizerPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCheckCapturePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions& options);

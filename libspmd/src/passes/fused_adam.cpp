@@ -1,0 +1,233 @@
+// fused-adam (spmd-lower runs it for --device cuda): the optimizer pass's
+// per-parameter Adam/AdamW updates become spmd::fused_adam calls, torch.optim's
+// fused implementation (ATen's _fused_adam_/_fused_adamw_: one multi-tensor
+// kernel reads each parameter, gradient and moment once), one call per group
+// of parameters updated at the same point (bucket and iteration tag), put
+// where its last input is ready. The hyperparameters are read back from the
+// update's own constants (beta1 from exp_avg * beta1, lr from the step size,
+// ...), which the optimizer pass wrote; a parameter whose update has another
+// shape (amsgrad, an exported step's optimizer) keeps its per-parameter ops,
+// and a note says so. Values agree with the foreach form to rounding. Needs a
+// LibTorch with the fused kernels (2.x); with 1.13 the pass notes that and
+// changes nothing. The learning rate is a constant of the call; the
+// `.tensor_lr` overloads wait for schedules that make it a graph input.
+#include "spmd/ir/builder.h"
+#include "spmd/ops/dispatch.h"
+#include "spmd/passes/optimizer_state.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <tuple>
+
+namespace spmd {
+namespace {
+
+struct Hyper {
+  bool adamw = false;
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
+  auto key() const { return std::make_tuple(adamw, lr, beta1, beta2, eps, weightDecay); }
+};
+
+// One parameter's update as the optimizer pass wrote it.
+struct Update {
+  ValueId param, grad, expAvg, expAvgSq, step;           // inputs
+  ValueId newParam, newExpAvg, newExpAvgSq, newStep;     // updated values
+  const Node* last;                                      // the parameter's addcdiv
+  Hyper hyper;
+};
+
+double scalar(const Arg& a) { return a.kind == Arg::Kind::Int ? static_cast<double>(a.i) : a.f; }
+bool isValue(const Arg& a, ValueId v) { return a.kind == Arg::Kind::Value && a.value == v; }
+
+const Node* producedBy(const Graph& g, ValueId v, const char* op) {
+  const Node* n = g.producer(v);
+  return n && n->qualifiedName() == op ? n : nullptr;
+}
+
+std::optional<ValueId> updateOf(const Graph& g, ValueId input) {
+  for (const StateUpdate& u : g.updates()) {
+    if (u.input == input) return u.value;
+  }
+  return std::nullopt;
+}
+
+std::optional<ValueId> stateOf(const Graph& g, const std::string& param, OptimizerState s) {
+  return g.findValue(optimizerStateName(param, s));
+}
+
+bool close(double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b)); }
+
+// Reads `param`'s Adam update back; nullopt where it is not the optimizer pass's.
+std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
+  const std::string& name = g.value(param).name;
+  if (stateOf(g, name, OptimizerState::MaxExpAvgSq)) return std::nullopt;  // amsgrad
+  Update u{};
+  u.param = param;
+  const auto m0 = stateOf(g, name, OptimizerState::ExpAvg), v0 = stateOf(g, name, OptimizerState::ExpAvgSq),
+             s0 = stateOf(g, name, OptimizerState::Step);
+  const auto p1 = updateOf(g, param);
+  if (!m0 || !v0 || !s0 || !p1) return std::nullopt;
+  u.expAvg = *m0, u.expAvgSq = *v0, u.step = *s0, u.newParam = *p1;
+  const auto m1 = updateOf(g, *m0), v1 = updateOf(g, *v0), s1 = updateOf(g, *s0);
+  if (!m1 || !v1 || !s1) return std::nullopt;
+  u.newExpAvg = *m1, u.newExpAvgSq = *v1, u.newStep = *s1;
+  // step + 1
+  const Node* inc = producedBy(g, *s1, "aten::add.Scalar");
+  if (!inc || !isValue(inc->args[0], *s0) || scalar(inc->args[1]) != 1.0) return std::nullopt;
+  // exp_avg * beta1 + grad * (1 - beta1)
+  const Node* m = producedBy(g, *m1, "aten::add.Tensor");
+  const Node* mScaled = m ? producedBy(g, m->args[0].value, "aten::mul.Scalar") : nullptr;
+  if (!mScaled || !isValue(mScaled->args[0], *m0) || m->args[1].kind != Arg::Kind::Value) return std::nullopt;
+  u.hyper.beta1 = scalar(mScaled->args[1]);
+  ValueId grad = m->args[1].value;
+  // exp_avg_sq * beta2 + grad * grad * (1 - beta2)
+  const Node* v = producedBy(g, *v1, "aten::addcmul");
+  const Node* vScaled = v ? producedBy(g, v->args[0].value, "aten::mul.Scalar") : nullptr;
+  if (!vScaled || !isValue(vScaled->args[0], *v0) || !isValue(v->args[1], grad) || !isValue(v->args[2], grad)) {
+    return std::nullopt;
+  }
+  u.hyper.beta2 = scalar(vScaled->args[1]);
+  // param' = base + (exp_avg' * -step_size) / (sqrt(v') / bc2 + eps)
+  const Node* upd = producedBy(g, *p1, "aten::addcdiv");
+  if (!upd) return std::nullopt;
+  u.last = upd;
+  const Node* scaled = producedBy(g, upd->args[1].value, "aten::mul.Tensor");
+  const Node* denom = producedBy(g, upd->args[2].value, "aten::add.Scalar");
+  if (!scaled || !isValue(scaled->args[0], *m1) || !denom) return std::nullopt;
+  u.hyper.eps = scalar(denom->args[1]);
+  const Node* neg = producedBy(g, scaled->args[1].value, "aten::neg");
+  const Node* div = neg ? producedBy(g, neg->args[0].value, "aten::div.Tensor") : nullptr;
+  const Node* lr = div ? producedBy(g, div->args[0].value, "aten::full_like") : nullptr;
+  if (!lr) return std::nullopt;
+  u.hyper.lr = scalar(lr->args[1]);
+  if (isValue(upd->args[0], param)) {
+    u.hyper.adamw = false;
+  } else if (const Node* decay = producedBy(g, upd->args[0].value, "aten::mul.Scalar");
+             decay && isValue(decay->args[0], param)) {
+    u.hyper.adamw = true;
+    u.hyper.weightDecay = (1.0 - scalar(decay->args[1])) / u.hyper.lr;
+  } else {
+    return std::nullopt;
+  }
+  // Adam's weight decay: grad + param * wd
+  if (const Node* wd = producedBy(g, grad, "aten::add.Tensor"); wd && !u.hyper.adamw && isValue(wd->args[1], param)) {
+    u.hyper.weightDecay = scalar(wd->args[2]);
+    grad = wd->args[0].value;
+  }
+  u.grad = grad;
+  if (!close(scalar(m->args[2]), 1.0 - u.hyper.beta1) || !close(scalar(v->args[3]), 1.0 - u.hyper.beta2)) {
+    return std::nullopt;
+  }
+  return u;
+}
+
+// Where a group's call goes: after the last node making one of its inputs.
+const Node* lastProducer(const Graph& g, const std::vector<Update>& group) {
+  const Node* last = nullptr;
+  for (const Update& u : group) {
+    for (ValueId v : {u.param, u.grad, u.expAvg, u.expAvgSq, u.step}) {
+      const Node* n = g.producer(v);
+      if (n && (!last || g.indexOf(*n) > g.indexOf(*last))) last = n;
+    }
+  }
+  return last;
+}
+
+void emit(Graph& g, const std::vector<Update>& group) {
+  GraphBuilder b(g);
+  const Node* after = lastProducer(g, group);
+  if (after) {
+    b.setInsertionPointAfter(*after);
+  } else if (!g.nodes().empty()) {
+    b.setInsertionPoint(g.nodes().front());
+  }
+  b.setMeta(group.front().last->meta);
+  auto list = [&](ValueId Update::*field) {
+    Arg a;
+    a.kind = Arg::Kind::Values;
+    for (const Update& u : group) a.values.push_back(u.*field);
+    return a;
+  };
+  const Hyper& h = group.front().hyper;
+  const std::vector<ValueId> out = b.callMulti(
+      "spmd::fused_adam",
+      {list(&Update::param), list(&Update::grad), list(&Update::expAvg), list(&Update::expAvgSq), list(&Update::step),
+       Arg::ofFloat(h.lr), Arg::ofFloat(h.beta1), Arg::ofFloat(h.beta2), Arg::ofFloat(h.weightDecay),
+       Arg::ofFloat(h.eps), Arg::ofBool(h.adamw)},
+      "adam");
+  const size_t n = group.size();
+  for (size_t k = 0; k < n; ++k) {
+    const Update& u = group[k];
+    for (auto [old, i] : {std::pair{u.newParam, k}, {u.newExpAvg, n + k}, {u.newExpAvgSq, 2 * n + k},
+                          {u.newStep, 3 * n + k}}) {
+      for (StateUpdate& su : g.updates()) {
+        if (su.value == old) su.value = out[i];
+      }
+    }
+  }
+}
+
+// Whether the group's old values are read only by state updates: then the
+// call may stand anywhere after its inputs.
+bool onlyUpdatesRead(const Graph& g, const std::vector<Update>& group) {
+  for (const Update& u : group) {
+    for (ValueId v : {u.newParam, u.newExpAvg, u.newExpAvgSq, u.newStep}) {
+      for (const Node* reader : g.users(v)) {
+        if (reader->meta.role != NodeRole::Optimizer) return false;
+      }
+      if (std::count(g.outputs().begin(), g.outputs().end(), v)) return false;
+    }
+  }
+  return true;
+}
+
+class FusedAdamPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+    std::vector<Update> updates;
+    std::vector<std::string> left;
+    for (const GraphInput& in : g.inputs()) {
+      if (in.kind != InputKind::Parameter || !stateOf(g, g.value(in.value).name, OptimizerState::ExpAvg)) continue;
+      if (std::optional<Update> u = matchUpdate(g, in.value)) {
+        updates.push_back(*u);
+      } else {
+        left.push_back(g.value(in.value).name);
+      }
+    }
+    if (updates.empty()) return false;
+    if (!findOperator("aten::_fused_adam_", "") || !findOperator("aten::_fused_adamw_", "")) {
+      diagnostics.note("fused-adam: this LibTorch has no fused Adam kernels; Adam keeps its per-parameter ops");
+      return false;
+    }
+    // Groups: the same point of the step (the update's bucket and iteration tag) and hyperparameters.
+    std::map<std::tuple<int, int, std::tuple<bool, double, double, double, double, double>>, std::vector<Update>> groups;
+    for (const Update& u : updates) {
+      groups[{u.last->meta.bucket, static_cast<int>(u.last->meta.iteration), u.hyper.key()}].push_back(u);
+    }
+    size_t fused = 0;
+    for (auto& [key, group] : groups) {
+      if (!onlyUpdatesRead(g, group)) {
+        for (const Update& u : group) left.push_back(g.value(u.param).name);
+        continue;
+      }
+      emit(g, group);
+      fused += group.size();
+    }
+    eliminateDeadNodes(g);
+    diagnostics.note("fused-adam: " + std::to_string(fused) + " parameters' updates in " + std::to_string(groups.size()) +
+                     " spmd::fused_adam call(s)" +
+                     (left.empty() ? "" : "; kept per parameter: " + std::to_string(left.size()) + " (" + left.front() +
+                                              (left.size() > 1 ? ", ..." : "") + ")"));
+    return fused > 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createFusedAdamPass(const PipelineOptions&) { return std::make_unique<FusedAdamPass>(); }
+
+}  // namespace spmd
