@@ -1,6 +1,7 @@
 #include "spmd/ops/autocast_probe.h"
 
 #include "spmd/ops/compat.h"
+#include "spmd/ops/dispatch.h"
 #include "spmd/ops/meta.h"
 
 #include <ATen/ATen.h>
@@ -32,24 +33,6 @@ class StandInImpl final : public c10::TensorImpl {
 
 const StandInImpl* standInOf(const at::Tensor& t) {
   return t.defined() ? dynamic_cast<const StandInImpl*>(t.unsafeGetTensorImpl()) : nullptr;
-}
-
-// Applies `f` to every tensor in `v` (single, list, or Tensor?[] element).
-c10::IValue mapTensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
-  if (v.isTensor()) return f(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorVector()) list.push_back(f(t));
-    return list;
-  }
-  if (v.isList() && v.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {
-    c10::List<c10::optional<at::Tensor>> list;
-    for (const c10::IValue& item : v.toListRef()) {
-      list.push_back(item.isNone() ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(f(item.toTensor())));
-    }
-    return list;
-  }
-  return v;
 }
 
 at::Tensor metaTwin(const at::Tensor& t) {

@@ -81,4 +81,21 @@ std::vector<c10::IValue> callByArgumentName(const std::string& name, const std::
   return stack;
 }
 
+c10::IValue mapTensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f) {
+  if (v.isTensor()) return f(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorVector()) list.push_back(f(t));
+    return list;
+  }
+  if (v.isList() && v.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {  // Tensor?[]
+    c10::List<c10::optional<at::Tensor>> list;
+    for (const c10::IValue& item : v.toListRef()) {
+      list.push_back(item.isNone() ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(f(item.toTensor())));
+    }
+    return list;
+  }
+  return v;
+}
+
 }  // namespace spmd

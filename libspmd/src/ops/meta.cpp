@@ -34,23 +34,9 @@ std::vector<at::Tensor> toMeta(const std::vector<at::Tensor>& results) {
 // Zero-filled CPU tensors in place of meta ones: valid indices and
 // probabilities for any op.
 c10::IValue zerosOnCpu(const c10::IValue& v) {
-  auto cpu = [](const at::Tensor& t) {
+  return mapTensors(v, [](const at::Tensor& t) {
     return t.defined() && t.is_meta() ? at::zeros_like(t, at::TensorOptions().device(at::kCPU)) : t;
-  };
-  if (v.isTensor()) return cpu(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorVector()) list.push_back(cpu(t));
-    return list;
-  }
-  if (v.isList() && v.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {  // Tensor?[]
-    c10::List<c10::optional<at::Tensor>> list;
-    for (const c10::IValue& item : v.toListRef()) {
-      list.push_back(item.isNone() ? c10::optional<at::Tensor>() : c10::optional<at::Tensor>(cpu(item.toTensor())));
-    }
-    return list;
-  }
-  return v;
+  });
 }
 
 // zerosOnCpu, and a meta device argument becomes the CPU.

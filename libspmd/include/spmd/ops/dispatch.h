@@ -5,6 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -29,6 +30,10 @@ std::optional<std::pair<std::string, std::string>> outOfPlaceOverload(const c10:
 // Adam). Returns its results; throws c10::Error when the op is missing or an
 // argument has neither.
 std::vector<c10::IValue> callByArgumentName(const std::string& name, const std::map<std::string, c10::IValue>& named);
+
+// `v` with `f` applied to each tensor it holds: a tensor, a Tensor[] or the
+// present elements of a Tensor?[]; any other value as it is.
+c10::IValue mapTensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& f);
 
 // "aten::add.Tensor", or "aten::relu" for the default overload.
 std::string qualifiedOpName(const c10::OperatorName& name);
