@@ -114,6 +114,7 @@ std::optional<Chain> matchChain(const Graph& g, const Node& out) {
 
 void replace(Graph& g, const Chain& c) {
   GraphBuilder b(g);
+  b.setMeta(c.out->meta);  // the source line of the matmul that gives the result
   const Arg mask = c.mask == kNoValue ? Arg::none() : Arg::tensor(c.mask);
   b.replace(*c.out, "spmd::attention",
             {Arg::tensor(c.q), Arg::tensor(c.k), Arg::tensor(c.v), mask, Arg::ofFloat(c.scale), Arg::ofBool(c.causal)});
