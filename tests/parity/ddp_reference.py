@@ -38,9 +38,9 @@ Each rank runs with one intra-op thread, so two runs give identical results.
 """
 import argparse
 import datetime
+import faulthandler
 import os
 import re
-import socket
 import sys
 import traceback
 
@@ -85,12 +85,6 @@ def sibling(path, suffix):
     return stem + suffix
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def make_data(specs, nproc, steps, seed):
     """{name: [S, G, ...]} with G = nproc x the per-rank batch (dim 0 of the spec)."""
     g = torch.Generator().manual_seed(seed)
@@ -125,14 +119,17 @@ def build_model(a):
     return model.train()
 
 
-def worker(rank, a, port, state, data):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def worker(rank, a, store_path, state, data):
+    # A rank that hangs prints where, well before run_parity.py's timeout.
+    faulthandler.dump_traceback_later(240, exit=True)
     # all ranks are local: keep Gloo off whatever interface the hostname resolves to
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=a.nproc,
-                            timeout=datetime.timedelta(seconds=120))
+    # A file store, not a TCP port: a port picked free here can be taken by
+    # another reference run of a parallel ctest before rank 0 binds it, and
+    # ranks of two runs meeting in one store hang.
+    dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank,
+                            world_size=a.nproc, timeout=datetime.timedelta(seconds=120))
     try:
         model = models_of(a)[a.sample][0]()
         model.load_state_dict(state, strict=True)
@@ -233,8 +230,11 @@ def main():
     data = make_data(models_of(a)[a.sample][1], a.nproc, a.steps, a.seed)
     torch.save(data, a.data)
 
+    store_path = os.path.abspath(sibling(a.out, ".store"))
+    if os.path.exists(store_path):
+        os.remove(store_path)  # a file store must start empty
     try:
-        mp.spawn(worker, args=(a, free_port(), state, data), nprocs=a.nproc, join=True)
+        mp.spawn(worker, args=(a, store_path, state, data), nprocs=a.nproc, join=True)
     except Exception:  # a rank's failure, with its traceback
         traceback.print_exc()
         print("ddp_reference.py: a rank failed", file=sys.stderr)
