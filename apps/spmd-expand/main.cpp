@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   spmd::PipelineOptions options;
   spmd::OptimizerFlags optimizerFlags;
   spmd::PrecisionFlags precisionFlags;
+  spmd::TrainingFlags trainingFlags;
   spmd::DebugOptions debug;
   app.add_option("IN", in, "TorchScript module or JSON graph dump, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output JSON graph dump, '-' for stdout")->capture_default_str();
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   spmd::addOptimizerFlags(app, options.optimizer, optimizerFlags);
   spmd::addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
   spmd::addPrecisionFlags(app, precisionFlags);
+  spmd::addTrainingFlags(app, trainingFlags);
   spmd::addDebugFlags(app, debug);
   spmd::addListPassesFlag(app);
   bool listOps = false;
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
     }
     spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/true);
     spmd::finishPrecisionFlags(precisionFlags, options);
+    spmd::finishTrainingFlags(trainingFlags, options);
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     spmd::runStage(loaded, spmd::expandPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   spmd::PipelineOptions options;
   spmd::OptimizerFlags optimizerFlags;
   spmd::PrecisionFlags precisionFlags;
+  spmd::TrainingFlags trainingFlags;
   spmd::DebugOptions debug;
   app.add_option("IN", in, "listing, JSON graph dump, TorchScript or artifact, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output listing (or JSON with --json), '-' for stdout")->capture_default_str();
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
   spmd::addOptimizerFlags(app, options.optimizer, optimizerFlags);
   spmd::addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
   spmd::addPrecisionFlags(app, precisionFlags);
+  spmd::addTrainingFlags(app, trainingFlags);
   spmd::addBucketFlags(app, options.buckets);
   spmd::addUnrollFlags(app, options.unroll);
   spmd::addLowerFlags(app, options.lower);
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
     const std::vector<std::string> names = passNames(passes);
     spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/false);
     spmd::finishPrecisionFlags(precisionFlags, options);
+    spmd::finishTrainingFlags(trainingFlags, options);
     const auto specs = spmd::parseInputSpecs(inputSpecs);
     auto runOne = [&](spmd::LoadedGraph loaded) {
       spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(kTool);

@@ -8,6 +8,9 @@ steps from a sample's weights on random data.
       --nproc N --steps S --data DATA.pt --out REF.pt
       [--bucket-cap-mb F] [--first-bucket-cap-mb F] [--ignore-param NAME ...] [--seed K] [--model-pt PATH]
       [--autocast cpu:bf16] [--reduce-dtype bf16|f16] [--all-ranks] [--verbose]
+      [--lr-schedule constant|linear|cosine|step [--warmup-steps W] [--decay-steps D] [--min-lr M]
+       [--step-size K] [--gamma G]] [--clip-grad-norm MAX [--clip-grad-norm-type 2|inf]]
+      [--micro-batches N]
 
 Run with a python that imports torch (Debian's /usr/bin/python3). It
 
@@ -28,6 +31,15 @@ Run with a python that imports torch (Debian's /usr/bin/python3). It
   outside it, as PyTorch's AMP recipe does; with --reduce-dtype bf16|f16
   registers DDP's bf16_compress_hook / fp16_compress_hook (the bucket cast,
   divided by the world size, all-reduced, cast back);
+- with --lr-schedule sets each step's learning rate on the optimizer's
+  param_groups before opt.step(): nanoGPT's get_lr for cosine (warmup
+  lr * (it + 1) / (W + 1), then cosine from lr to M at D), the same warmup
+  then a linear decay for linear, and torch.optim.lr_scheduler.StepLR's rate
+  for step (after the warmup); with --clip-grad-norm calls
+  torch.nn.utils.clip_grad_norm_ between backward and step; with
+  --micro-batches N splits each rank's rows (N x the sample's batch) into N
+  consecutive micro-batches, runs the first N-1 under ddp.no_sync(), each
+  loss divided by N, as nanoGPT's loop does (the step's loss is their sum);
 - has rank 0 write REF.pt, {name: tensor} of its named_parameters() (no
   "module." prefix) after S steps, REF.losses.pt (rank 0's per-step local
   losses, a 1-D tensor) and REF.buffers.pt ({name: tensor}, rank 0's buffers
@@ -37,8 +49,10 @@ Run with a python that imports torch (Debian's /usr/bin/python3). It
 Each rank runs with one intra-op thread, so two runs give identical results.
 """
 import argparse
+import contextlib
 import datetime
 import faulthandler
+import math
 import os
 import re
 import sys
@@ -85,15 +99,15 @@ def sibling(path, suffix):
     return stem + suffix
 
 
-def make_data(specs, nproc, steps, seed):
-    """{name: [S, G, ...]} with G = nproc x the per-rank batch (dim 0 of the spec)."""
+def make_data(specs, nproc, steps, seed, micro_batches=1):
+    """{name: [S, G, ...]} with G = nproc x micro_batches x the batch (dim 0 of the spec)."""
     g = torch.Generator().manual_seed(seed)
     data = {}
     for spec in specs:
         name, dtype, dims = parse_spec(spec)
         if not dims:
             raise ValueError(f"input {name} has no batch dimension")
-        shape = [steps, nproc * dims[0]] + dims[1:]
+        shape = [steps, nproc * micro_batches * dims[0]] + dims[1:]
         if dtype.is_floating_point:
             data[name] = torch.randn(shape, generator=g, dtype=dtype)
         else:
@@ -109,6 +123,76 @@ def make_optimizer(params, a):
     cls = torch.optim.Adam if a.optimizer == "adam" else torch.optim.AdamW
     wd = a.weight_decay if a.weight_decay is not None else (0.0 if a.optimizer == "adam" else 1e-2)
     return cls(params, lr=a.lr, betas=betas, eps=a.eps, weight_decay=wd, amsgrad=a.amsgrad)
+
+
+def nanogpt_lr(it, a):
+    """nanoGPT's get_lr, and its linear and constant variants."""
+    if it < a.warmup_steps:
+        return a.lr * (it + 1) / (a.warmup_steps + 1)
+    if a.lr_schedule == "constant":
+        return a.lr
+    if it > a.decay_steps:
+        return a.min_lr
+    decay_ratio = (it - a.warmup_steps) / (a.decay_steps - a.warmup_steps)
+    if a.lr_schedule == "linear":
+        return a.lr + decay_ratio * (a.min_lr - a.lr)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return a.min_lr + coeff * (a.lr - a.min_lr)
+
+
+class Schedule:
+    """The learning rate of each step, set on the optimizer before its step."""
+
+    def __init__(self, opt, a):
+        self.opt, self.a = opt, a
+        # StepLR itself for the step schedule, started once the warmup ends.
+        self.step_lr = None
+
+    def set_for(self, it):
+        a = self.a
+        if a.lr_schedule is None:
+            return
+        if a.lr_schedule != "step":
+            lr = nanogpt_lr(it, a)
+        elif it < a.warmup_steps:
+            lr = a.lr * (it + 1) / (a.warmup_steps + 1)
+        else:
+            if self.step_lr is None:
+                for group in self.opt.param_groups:
+                    group["lr"] = a.lr
+                self.step_lr = torch.optim.lr_scheduler.StepLR(self.opt, step_size=a.step_size, gamma=a.gamma)
+            else:
+                self.step_lr.step()
+            return
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+
+def train_step(ddp, opt, inputs, a, autocast_dtype):
+    """One step: forward and backward per micro-batch (all but the last under
+    no_sync), clipping, the update. Returns the step's loss."""
+    n = a.micro_batches
+    rows = inputs[0].shape[0] // n
+    total = None
+    opt.zero_grad()
+    for k in range(n):
+        micro = [t[k * rows:(k + 1) * rows] for t in inputs]
+        sync = contextlib.nullcontext() if k == n - 1 else ddp.no_sync()
+        with sync:
+            if autocast_dtype is not None:
+                with torch.autocast("cpu", dtype=autocast_dtype):
+                    loss = ddp(*micro)
+            else:
+                loss = ddp(*micro)
+            if n > 1:
+                loss = loss / n
+            loss.backward()
+        total = loss.detach().clone() if total is None else total + loss.detach()
+    if a.clip_grad_norm is not None:
+        norm_type = float("inf") if a.clip_grad_norm_type == "inf" else 2.0
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), a.clip_grad_norm, norm_type)
+    opt.step()
+    return total
 
 
 def build_model(a):
@@ -148,17 +232,12 @@ def worker(rank, a, store_path, state, data):
         names = list(data)
         rows = data[names[0]].shape[1] // a.nproc
         losses = []
+        schedule = Schedule(opt, a)
         for s in range(a.steps):
             inputs = [data[n][s % data[n].shape[0], rank * rows:(rank + 1) * rows] for n in names]
-            opt.zero_grad()
-            if autocast_dtype is not None:
-                with torch.autocast("cpu", dtype=autocast_dtype):
-                    loss = ddp(*inputs)
-            else:
-                loss = ddp(*inputs)
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
+            schedule.set_for(s)
+            loss = train_step(ddp, opt, inputs, a, autocast_dtype)
+            losses.append(loss)
             if a.verbose and rank == 0:
                 buckets = [b.buffer().numel() * b.buffer().element_size()
                            for b in ddp.reducer._get_zeros_like_grad_buckets()]
@@ -204,6 +283,15 @@ def main():
     p.add_argument("--model-pt", default=None, help="TorchScript weights (samples/SAMPLE.pt)")
     p.add_argument("--autocast", choices=["cpu:bf16"], help="the forward under torch.autocast")
     p.add_argument("--reduce-dtype", choices=["bf16", "f16"], help="DDP's compression hook for that dtype")
+    p.add_argument("--lr-schedule", choices=["constant", "linear", "cosine", "step"])
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--decay-steps", type=int, default=0)
+    p.add_argument("--min-lr", type=float, default=0.0)
+    p.add_argument("--step-size", type=int, default=1)
+    p.add_argument("--gamma", type=float, default=0.1)
+    p.add_argument("--clip-grad-norm", type=float, default=None)
+    p.add_argument("--clip-grad-norm-type", choices=["2", "inf"], default="2")
+    p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--all-ranks", action="store_true", help="also write REF.rankR.pt for every rank")
     p.add_argument("-v", "--verbose", action="store_true", help="rank 0 prints its loss and DDP buckets per step")
     a = p.parse_args()
@@ -227,7 +315,9 @@ def main():
             p.error(f"--ignore-param {n}: no such parameter (have: {', '.join(sorted(param_names))})")
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    data = make_data(models_of(a)[a.sample][1], a.nproc, a.steps, a.seed)
+    if a.warmup_steps and a.lr_schedule is None:
+        a.lr_schedule = "constant"
+    data = make_data(models_of(a)[a.sample][1], a.nproc, a.steps, a.seed, a.micro_batches)
     torch.save(data, a.data)
 
     store_path = os.path.abspath(sibling(a.out, ".store"))

@@ -51,7 +51,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # optimizer: spmd-expand's and ddp_reference.py's optimizer and precision
 # flags (the same names); extra: spmd-split's and ddp_reference.py's flags (the same names).
-Case = namedtuple("Case", "name sample optimizer nproc steps extra seed strict")
+# `optimizer` flags go to spmd-expand and the reference, `extra` to spmd-split
+# and the reference; `unroll`: the pipeline runs spmd-unroll.
+Case = namedtuple("Case", "name sample optimizer nproc steps extra seed strict unroll", defaults=[True])
 
 ADAM = "--optimizer adam --lr 1e-2 --eps 1e-2"
 SGD_MOMENTUM = "--optimizer sgd --lr 0.05 --momentum 0.9"
@@ -89,6 +91,31 @@ CASES = [
     Case("cnn_sgd_autocast_bf16", "cnn", SGD_MOMENTUM + " --autocast cpu:bf16", 2, 5, "", 1, False),
     Case("lm_adamw_autocast_bf16_reduce_f16", "lm",
          "--optimizer adamw --lr 1e-2 --eps 1e-5 --autocast cpu:bf16 --reduce-dtype f16", 2, 5, "", 1, False),
+    # Training-step features (issue #16): schedules, clipping, accumulation,
+    # alone and together, unrolled and not, with buckets and with autocast.
+    Case("mlp_adamw_cosine", "mlp",
+         "--optimizer adamw --lr 1e-2 --eps 1e-5 --lr-schedule cosine --warmup-steps 2 --decay-steps 6 --min-lr 1e-3",
+         2, 8, "", 1, False),
+    Case("lm_adam_linear_warmup", "lm",
+         "--optimizer adam --lr 1e-2 --eps 1e-5 --lr-schedule linear --warmup-steps 1 --decay-steps 4 --min-lr 1e-4",
+         2, 6, "", 1, False, False),
+    Case("cnn_sgd_step_schedule", "cnn", SGD_MOMENTUM + " --lr-schedule step --step-size 2 --gamma 0.5", 2, 5, "", 1,
+         False),
+    Case("lm_adamw_clip", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5 --clip-grad-norm 0.05", 2, 5, "", 1, False),
+    Case("mlp_adam_clip_inf_buckets", "mlp", ADAM + " --clip-grad-norm 0.5 --clip-grad-norm-type inf", 2, 5,
+         "--bucket-cap-mb 0.05 --first-bucket-cap-mb 0.05", 1, False),
+    Case("cnn_sgd_micro_batches", "cnn", SGD_MOMENTUM + " --micro-batches 2", 2, 5, "", 1, False),
+    Case("mlp_adam_micro_batches_buckets", "mlp", ADAM + " --micro-batches 3", 2, 5,
+         "--bucket-cap-mb 0.05 --first-bucket-cap-mb 0.05", 1, False),
+    Case("lm_adamw_all_three", "lm",
+         "--optimizer adamw --lr 1e-2 --eps 1e-5 --lr-schedule cosine --warmup-steps 2 --decay-steps 5 --min-lr 1e-3 "
+         "--clip-grad-norm 0.05 --micro-batches 2", 2, 7, "--bucket-cap-mb 0.01 --first-bucket-cap-mb 0.01", 1, False),
+    Case("cnn_sgd_all_three_not_unrolled", "cnn",
+         SGD_MOMENTUM + " --lr-schedule cosine --warmup-steps 1 --decay-steps 4 --clip-grad-norm 0.5 --micro-batches 2",
+         2, 5, "", 1, False, False),
+    Case("mlp_adam_all_three_autocast_bf16", "mlp",
+         ADAM + " --lr-schedule step --step-size 2 --clip-grad-norm 0.5 --micro-batches 2 --autocast cpu:bf16",
+         2, 5, "", 1, False),
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     Case("strict_lm_adamw_eps1e-8", "lm", "--optimizer adamw --lr 1e-2", 2, 5, "", 0, True),
 ]
@@ -157,9 +184,11 @@ def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None):
     else:
         graph = run([tools["spmd-expand"], model, *inputs, *optimizer], timeout)
         graph = run([tools["spmd-split"], *extra], timeout, stdin=graph)
-    # Every case runs unrolled (the last bucket's update moved into the next
-    # iteration) and lowered with the optimizer fused into _foreach calls.
-    graph = run([tools["spmd-unroll"], "--iters", str(case.steps)], timeout, stdin=graph)
+    # Cases run unrolled (the last bucket's update moved into the next
+    # iteration) unless they say not, and lowered with the optimizer fused
+    # into _foreach calls.
+    if case.unroll:
+        graph = run([tools["spmd-unroll"], "--iters", str(case.steps)], timeout, stdin=graph)
     run([tools["spmd-lower"], "-o", step], timeout, stdin=graph)
     run([tools["spmd-run"], step, "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data,
          "--save-params", ours, "--device", "cpu"], timeout)

@@ -110,6 +110,31 @@ void writeArray(std::string& out, const char* key, const std::vector<ojson>& ite
   out += last ? "\n" : ",\n";
 }
 
+// The training config's non-default fields (ir/training.h), flat.
+ojson trainingJson(const TrainingConfig& c) {
+  ojson out = ojson::object();
+  const LrSchedule& s = c.schedule;
+  if (c.scheduled) {
+    out["lr_schedule"] = lrScheduleName(s.kind);
+    out["lr"] = s.lr;
+    if (s.warmupSteps) out["warmup_steps"] = s.warmupSteps;
+    if (s.kind == LrScheduleKind::Linear || s.kind == LrScheduleKind::Cosine) {
+      out["decay_steps"] = s.decaySteps;
+      out["min_lr"] = s.minLr;
+    }
+    if (s.kind == LrScheduleKind::Step) {
+      out["step_size"] = s.stepSize;
+      out["gamma"] = s.gamma;
+    }
+  }
+  if (c.clips()) {
+    out["clip_grad_norm"] = c.clipMaxNorm;
+    out["clip_norm_type"] = floatJson(c.clipNormType);
+  }
+  if (c.microBatches != 1) out["micro_batches"] = c.microBatches;
+  return out;
+}
+
 }  // namespace
 
 std::string writeGraphJson(const Graph& g) {
@@ -121,6 +146,8 @@ std::string writeGraphJson(const Graph& g) {
     out += "  \"weights\": " + weights.dump() + ",\n";
   }
   if (g.iters() > 0) out += "  \"iters\": " + std::to_string(g.iters()) + ",\n";
+  const ojson training = trainingJson(g.training());
+  if (!training.empty()) out += "  \"training\": " + training.dump() + ",\n";
   std::vector<ojson> items;
   for (const auto& in : g.inputs()) items.push_back(inputJson(g, in));
   writeArray(out, "inputs", items, false);
@@ -161,7 +188,8 @@ namespace {
 class Reader {
  public:
   Graph read(const json& doc) {
-    expectObject(doc, "", {"format", "version", "weights", "iters", "inputs", "nodes", "outputs", "updates", "gradients", "buckets"},
+    expectObject(doc, "", {"format", "version", "weights", "iters", "training", "inputs", "nodes", "outputs", "updates",
+                       "gradients", "buckets"},
                  {"format", "version", "inputs", "nodes", "outputs"});
     if (!doc["format"].is_string() || doc["format"] != "spmd-graph") {
       fail("/format", "expected \"spmd-graph\"");
@@ -175,6 +203,7 @@ class Reader {
       if (!doc["iters"].is_number_integer() || doc["iters"] < 1) fail("/iters", "expected a positive integer");
       graph_.setIters(doc["iters"].get<int>());
     }
+    if (doc.contains("training")) readTraining(doc["training"]);
     const json& inputs = expectArray(doc["inputs"], "/inputs");
     for (size_t i = 0; i < inputs.size(); ++i) readInput(inputs[i], "/inputs/" + std::to_string(i));
     const json& nodes = expectArray(doc["nodes"], "/nodes");
@@ -237,6 +266,36 @@ class Reader {
     int64_t v = integer(j, where);
     if (v < 0 || v > std::numeric_limits<int>::max()) fail(where, "expected an index >= 0, got " + j.dump());
     return static_cast<int>(v);
+  }
+
+  void readTraining(const json& j) {
+    expectObject(j, "/training", {"lr_schedule", "lr", "warmup_steps", "decay_steps", "min_lr", "step_size", "gamma",
+                                  "clip_grad_norm", "clip_norm_type", "micro_batches"}, {});
+    TrainingConfig& c = graph_.training();
+    LrSchedule& s = c.schedule;
+    if (j.contains("lr_schedule")) {
+      c.scheduled = true;
+      const std::string kind = str(j["lr_schedule"], "/training/lr_schedule");
+      if (!parseLrScheduleKind(kind, s.kind)) fail("/training/lr_schedule", "unknown schedule (constant, linear, cosine, step)");
+      if (!j.contains("lr")) fail("/training", "missing key 'lr' (the schedule's base learning rate)");
+    }
+    if (j.contains("lr")) s.lr = number(j["lr"], "/training/lr");
+    if (j.contains("warmup_steps")) s.warmupSteps = integer(j["warmup_steps"], "/training/warmup_steps");
+    if (j.contains("decay_steps")) s.decaySteps = integer(j["decay_steps"], "/training/decay_steps");
+    if (j.contains("min_lr")) s.minLr = number(j["min_lr"], "/training/min_lr");
+    if (j.contains("step_size")) s.stepSize = integer(j["step_size"], "/training/step_size");
+    if (j.contains("gamma")) s.gamma = number(j["gamma"], "/training/gamma");
+    if (j.contains("clip_grad_norm")) {
+      c.clipMaxNorm = number(j["clip_grad_norm"], "/training/clip_grad_norm");
+      if (!(c.clipMaxNorm > 0)) fail("/training/clip_grad_norm", "expected a number > 0");
+    }
+    if (j.contains("clip_norm_type")) c.clipNormType = number(j["clip_norm_type"], "/training/clip_norm_type");
+    if (j.contains("micro_batches")) c.microBatches = integer(j["micro_batches"], "/training/micro_batches");
+    try {
+      validateTraining(c);
+    } catch (const Diagnostic& d) {
+      fail("/training", d.where().substr(2) + " " + d.message());
+    }
   }
 
   double number(const json& j, const std::string& where) {

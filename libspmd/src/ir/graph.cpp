@@ -11,12 +11,13 @@ const char* inputKindName(InputKind kind) {
     case InputKind::Parameter: return "parameter";
     case InputKind::Buffer: return "buffer";
     case InputKind::State: return "state";
+    case InputKind::Schedule: return "schedule";
   }
   return "?";
 }
 
 std::optional<InputKind> parseInputKind(const std::string& name) {
-  for (InputKind k : {InputKind::Data, InputKind::Parameter, InputKind::Buffer, InputKind::State}) {
+  for (InputKind k : {InputKind::Data, InputKind::Parameter, InputKind::Buffer, InputKind::State, InputKind::Schedule}) {
     if (name == inputKindName(k)) return k;
   }
   return std::nullopt;
@@ -97,6 +98,7 @@ Graph::Graph(const Graph& other)
       buckets_(other.buckets_),
       weights_(other.weights_),
       iters_(other.iters_),
+      training_(other.training_),
       nextSuffix_(other.nextSuffix_) {
   nodes_.reserve(other.nodes_.size());
   for (const auto& n : other.nodes_) nodes_.push_back(std::make_unique<Node>(*n));

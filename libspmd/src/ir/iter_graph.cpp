@@ -135,13 +135,18 @@ void IterGraph::freeze(int iters) {
     originals.push_back(*nodes[i]);
   }
   auto isStaged = [&](const Node& n) { return staged.count(&n) > 0; };
-  // What the moved nodes read from the rest of the step, or from state the
-  // rest updates, is carried over as it was in the iteration that made it.
+  // What the moved nodes read from the rest of the step, from state the
+  // rest updates, or from per-step inputs is carried over as it was in the
+  // iteration that made it.
   std::map<ValueId, ValueId> carried;
   for (const Node& n : originals) {
     forEachTensorArg(n, [&](ValueId v) {
       if (moved[v] || carried.count(v)) return;
-      if (g.inputOf(v) && !updatedByRest.count(v)) return;  // still as the previous iteration left it
+      // Parameters and state the rest does not update are still as the
+      // previous iteration left them; per-step inputs (data, the scheduled
+      // learning rate) are not: the moved work needs the previous step's.
+      const GraphInput* in = g.inputOf(v);
+      if (in && !isPerStepInput(in->kind) && !updatedByRest.count(v)) return;
       Value c = g.value(v);
       c.name = g.freshName("carry." + c.name);
       carried[v] = g.addInput(c, InputKind::State);

@@ -76,7 +76,7 @@ class Parser {
       // format other than torchscript.
       size_t start = c.pos();
       const std::string& s = c.text();
-      size_t close = s.find("} {unrolled: ", start);
+      size_t close = std::min(s.find("} {unrolled: ", start), s.find("} {training: ", start));
       if (close == std::string::npos) {
         close = s.find_last_not_of(" \t");
         if (close == std::string::npos || close < start || s[close] != '}') c.fail("expected '}' closing {weights: ...}");
@@ -102,6 +102,15 @@ class Parser {
       if (n.isFloat || n.i < 1 || n.i > std::numeric_limits<int>::max()) c.failAt(at, "expected a positive iteration count");
       graph_.setIters(static_cast<int>(n.i));
       c.expect(" iterations}");
+      c.skipSpaces();
+    }
+    if (c.consume("{training: ")) {
+      const size_t start = c.pos();
+      const size_t close = c.text().find('}', start);
+      if (close == std::string::npos) c.fail("expected '}' closing {training: ...}");
+      const std::string problem = parseTrainingText(c.text().substr(start, close - start), graph_.training());
+      if (!problem.empty()) c.failAt(start, "bad {training: ...}: " + problem);
+      c.setPos(close + 1);
       c.skipSpaces();
     }
     endOfLine(c);

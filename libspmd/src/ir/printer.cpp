@@ -110,6 +110,8 @@ std::string printListing(const Graph& g) {
     out << "}";
   }
   if (g.iters() > 0) out << " {unrolled: " << g.iters() << " iterations}";
+  const std::string training = trainingText(g.training());
+  if (!training.empty()) out << " {training: " << training << "}";
   out << "\n";
   for (const auto& in : g.inputs()) {
     const Value& v = g.value(in.value);
@@ -230,7 +232,7 @@ std::string printStats(const Graph& g) {
   std::ostringstream out;
   out << "nodes: " << g.nodes().size() << "\n";
   out << "inputs:\n";
-  for (InputKind k : {InputKind::Data, InputKind::Parameter, InputKind::Buffer, InputKind::State}) {
+  for (InputKind k : {InputKind::Data, InputKind::Parameter, InputKind::Buffer, InputKind::State, InputKind::Schedule}) {
     auto it = inputs.find(k);
     if (it == inputs.end()) continue;
     out << "  " << std::left << std::setw(10) << inputKindName(k) << std::right << std::setw(6) << it->second.first

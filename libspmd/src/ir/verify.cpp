@@ -4,6 +4,7 @@
 #include "spmd/ir/boxing.h"
 #include "spmd/ops/meta.h"
 #include "spmd/ops/dispatch.h"
+#include "spmd/ir/printer.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -82,11 +83,39 @@ class Verifier {
     for (size_t i = 0; i < graph_.updates().size(); ++i) checkUpdate(i);
     for (size_t i = 0; i < graph_.gradients().size(); ++i) checkGradient(i);
     checkUpdatedOnce();
+    checkTraining();
     return std::move(problems_);
   }
 
  private:
   void problem(std::string where, std::string what) { problems_.push_back({std::move(where), std::move(what)}); }
+
+  // The training config's promises: a scheduled step reads its rate from
+  // the input "lr" (f64[], kind schedule), the only such input; a clipped
+  // step's second output is the norm.
+  void checkTraining() {
+    const TrainingConfig& t = graph_.training();
+    bool sawLr = false;
+    for (size_t i = 0; i < graph_.inputs().size(); ++i) {
+      const GraphInput& in = graph_.inputs()[i];
+      if (in.kind != InputKind::Schedule) continue;
+      const Value& v = graph_.value(in.value);
+      const std::string where = "/inputs/" + std::to_string(i);
+      if (v.name != "lr" || v.dtype != c10::ScalarType::Double || !v.shape.empty()) {
+        problem(where, "the only schedule input is lr: f64[], got %" + v.name + ": " + typeText(v));
+      } else if (!t.scheduled) {
+        problem(where, "a schedule input, but the graph's training config has no lr-schedule");
+      }
+      sawLr = true;
+    }
+    if (t.scheduled && !sawLr) problem("/training", "an lr-schedule, but no schedule input lr");
+    if (t.clips()) {
+      const auto& outs = graph_.outputs();
+      if (outs.size() < 2 || !graph_.value(outs[1]).shape.empty()) {
+        problem("/outputs", "clip-grad-norm: the second output must be the gradient norm, a scalar");
+      }
+    }
+  }
 
   void defineInput(size_t i) {
     ValueId id = graph_.inputs()[i].value;

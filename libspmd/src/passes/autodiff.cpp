@@ -7,7 +7,9 @@
 // the one LibTorch's autograd runs (passes/derivatives.h); a forward call
 // whose backward reads results it does not return is replaced by the calls
 // it is made of. Integer values and frozen parameters get no gradient;
-// fan-out accumulates with aten::add. Does not reduce gradients across ranks
+// fan-out accumulates with aten::add. With --micro-batches N it
+// differentiates loss / N (the micro-batches pass then repeats forward and
+// backward). Does not reduce gradients across ranks
 // (grad-sync) or update parameters (optimizer).
 #include "spmd/ir/builder.h"
 #include "spmd/ir/printer.h"
@@ -189,17 +191,35 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
   }
 }
 
+// With micro-batches the loss differentiated (and returned) is the
+// model's loss divided by their number, as nanoGPT's loop divides it.
+ValueId scaledLoss(Graph& g, ValueId loss, int64_t microBatches) {
+  if (microBatches == 1) return loss;
+  GraphBuilder b(g);
+  const Node* made = g.producer(loss);
+  b.setMeta(NodeMeta{made ? made->meta.source : "", NodeRole::Forward, -1, -1, IterationTag::Every});
+  const ValueId scaled = b.call("aten::div.Scalar", {Arg::tensor(loss), Arg::ofInt(microBatches)}, g.value(loss).name + ".scaled");
+  g.outputs()[0] = scaled;
+  return scaled;
+}
+
 class AutodiffPass final : public Pass {
  public:
+  explicit AutodiffPass(int64_t microBatches) : microBatches_(microBatches) {}
   bool run(Graph& g, DiagnosticEngine&) override;
+
+ private:
+  int64_t microBatches_;
 };
 
 }  // namespace
 
-std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions&) { return std::make_unique<AutodiffPass>(); }
+std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions& options) {
+  return std::make_unique<AutodiffPass>(options.training.microBatches);
+}
 
 bool AutodiffPass::run(Graph& g, DiagnosticEngine&) {
-  const ValueId loss = checkedLoss(g);
+  const ValueId loss = scaledLoss(g, checkedLoss(g), microBatches_);
   const Activity activity = analyse(g, loss);
   appendBackward(g, activity, loss);
   eliminateDeadNodes(g);  // backward results no gradient needed

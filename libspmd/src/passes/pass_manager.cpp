@@ -21,6 +21,8 @@ const std::vector<PassInfo>& registeredPasses() {
       {"autocast", "torch.autocast's policy for one device type as explicit casts (spmd-expand --autocast)",
        createAutocastPass},
       {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", createAutodiffPass},
+      {"micro-batches", "gradient accumulation: forward and backward on N slices of the data, gradients summed (--micro-batches)",
+       createMicroBatchesPass},
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", createGradSyncPass},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", createOptimizerPass},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", createBucketPass},

@@ -10,7 +10,8 @@
 // for how the unrolled graph holds setup, main and cleanup.
 //
 // Without buckets (spmd-split not run) or with --no-move, nothing moves and
-// the graph is only marked unrolled; without buckets a note says so.
+// the graph is only marked unrolled; without buckets a note says so, as it
+// does when a graph output depends on the block (the clipped step's norm).
 #include "spmd/ir/iter_graph.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -69,6 +70,16 @@ std::set<size_t> lastBucketBlock(const Graph& g, size_t start) {
   return block;
 }
 
+// The name of a graph output a node of `block` makes, or "": an output
+// cannot be a previous iteration's value.
+std::string firstOutputIn(const Graph& g, const std::set<size_t>& block) {
+  for (ValueId v : g.outputs()) {
+    const Node* made = g.producer(v);
+    if (made && block.count(g.indexOf(*made))) return g.value(v).name;
+  }
+  return "";
+}
+
 class UnrollPass final : public Pass {
  public:
   explicit UnrollPass(UnrollOptions options) : options_(options) {}
@@ -77,8 +88,13 @@ class UnrollPass final : public Pass {
     if (options_.iters < 1) throw Diagnostic("--iters", "must be at least 1");
     IterGraph iter(g);
     const int start = options_.move ? lastBucketStart(g) : -1;
-    if (start >= 0) {
-      iter.moveToNextIteration(lastBucketBlock(g, static_cast<size_t>(start)));
+    const std::set<size_t> block = start >= 0 ? lastBucketBlock(g, static_cast<size_t>(start)) : std::set<size_t>();
+    const std::string output = firstOutputIn(g, block);
+    if (!output.empty()) {
+      diagnostics.note("the last bucket's all-reduce stays in its iteration: the output %" + output +
+                       " depends on it (--clip-grad-norm: every update waits for the global norm)");
+    } else if (start >= 0) {
+      iter.moveToNextIteration(block);
     } else if (options_.move) {
       diagnostics.note("no bucketed all-reduce to move (run spmd-split first); the graph is unrolled without moves");
     }

@@ -94,6 +94,46 @@ void finishPrecisionFlags(const PrecisionFlags& flags, PipelineOptions& options)
   }
 }
 
+void addTrainingFlags(CLI::App& app, TrainingFlags& flags) {
+  TrainingConfig& c = flags.config;
+  LrSchedule& s = c.schedule;
+  app.add_option("--lr-schedule", flags.schedule,
+                 "constant, linear, cosine (nanoGPT's) or step: the learning rate per step, after --warmup-steps")
+      ->check(CLI::IsMember({"constant", "linear", "cosine", "step"}));
+  app.add_option("--warmup-steps", s.warmupSteps, "steps of linear warmup: lr * (it + 1) / (W + 1) (0)");
+  flags.decaySteps = app.add_option("--decay-steps", s.decaySteps, "linear/cosine: the step where the rate reaches --min-lr");
+  flags.minLr = app.add_option("--min-lr", s.minLr, "linear/cosine: the rate after --decay-steps (0)");
+  flags.stepSize = app.add_option("--step-size", s.stepSize, "step: multiply the rate by --gamma every K steps");
+  flags.gamma = app.add_option("--gamma", s.gamma, "step: the factor (0.1)");
+  flags.clip = app.add_option("--clip-grad-norm", c.clipMaxNorm,
+                 "clip the reduced gradients to this global norm (torch.nn.utils.clip_grad_norm_)");
+  flags.clipType = app.add_option("--clip-grad-norm-type", flags.normType, "2 or inf (2)")->check(CLI::IsMember({"2", "2.0", "inf"}));
+  app.add_option("--micro-batches", c.microBatches,
+                 "N: forward and backward on N micro-batches of the --input shapes, gradients reduced once (1)");
+}
+
+void finishTrainingFlags(const TrainingFlags& flags, PipelineOptions& options) {
+  TrainingConfig c = flags.config;
+  LrSchedule& s = c.schedule;
+  if (!flags.schedule.empty()) parseLrScheduleKind(flags.schedule, s.kind);
+  const bool decays = s.kind == LrScheduleKind::Linear || s.kind == LrScheduleKind::Cosine;
+  for (CLI::Option* flag : {flags.decaySteps, flags.minLr}) {
+    if (*flag && !decays) throw Diagnostic(flag->get_name(), "applies to --lr-schedule linear and cosine only");
+  }
+  if (decays && !*flags.decaySteps) throw Diagnostic("--decay-steps", "required for --lr-schedule " + flags.schedule);
+  for (CLI::Option* flag : {flags.stepSize, flags.gamma}) {
+    if (*flag && s.kind != LrScheduleKind::Step) throw Diagnostic(flag->get_name(), "applies to --lr-schedule step only");
+  }
+  if (s.kind == LrScheduleKind::Step && !*flags.stepSize) throw Diagnostic("--step-size", "required for --lr-schedule step");
+  c.clipNormType = flags.normType == "inf" ? kInfNorm : 2.0;
+  if (*flags.clip && !(c.clipMaxNorm > 0.0)) throw Diagnostic("--clip-grad-norm", "must be a finite number > 0");
+  if (*flags.clipType && !*flags.clip) throw Diagnostic("--clip-grad-norm-type", "applies with --clip-grad-norm only");
+  validateTraining(c);
+  s.lr = options.optimizer.lr;
+  c.scheduled = s.kind != LrScheduleKind::Constant || s.warmupSteps > 0;
+  options.training = c;
+}
+
 void addBucketFlags(CLI::App& app, BucketOptions& options) {
   app.add_option("--bucket-cap-mb", options.capMb, "bucket capacity in MiB")
       ->check(CLI::PositiveNumber)

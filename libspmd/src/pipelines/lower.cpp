@@ -49,7 +49,7 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
     weights = loadWeights(graph.weights());
   }
   for (const auto& in : graph.inputs()) {
-    if (in.kind == InputKind::Data) continue;
+    if (isPerStepInput(in.kind)) continue;
     const Value& v = graph.value(in.value);
     auto it = weights.find(v.name);
     if (it == weights.end()) {

@@ -9,7 +9,9 @@ namespace spmd {
 std::vector<std::string> expandPipeline(const PipelineOptions& options) {
   std::vector<std::string> names = {"attention"};
   if (options.autocast.enabled) names.push_back("autocast");
-  for (const char* name : {"autodiff", "grad-sync", "optimizer"}) names.push_back(name);
+  names.push_back("autodiff");
+  if (options.training.microBatches > 1) names.push_back("micro-batches");
+  for (const char* name : {"grad-sync", "optimizer"}) names.push_back(name);
   return names;
 }
 

@@ -18,7 +18,7 @@ struct CapturedStep {
   at::cuda::CUDAGraph graph;
 #endif
   TensorMap staticData;  // the data inputs the graph reads: refilled each step
-  at::Tensor loss;       // the graph's first output, rewritten by each replay
+  std::vector<at::Tensor> outputs;  // the graph's outputs, rewritten by each replay
 };
 
 StepExecutor::StepExecutor(Graph graph, bool capture, int eagerSteps)
@@ -29,7 +29,7 @@ StepExecutor::StepExecutor(Graph graph, bool capture, int eagerSteps)
 
 StepExecutor::~StepExecutor() = default;
 
-at::Tensor StepExecutor::run(TensorMap& state, const TensorMap& data, Collectives* comm,
+std::vector<at::Tensor> StepExecutor::run(TensorMap& state, const TensorMap& data, Collectives* comm,
                              const std::function<void(const Node&)>& afterNode) {
   ++stepsRun_;
   if (afterNode) return runEagerly(state, data, comm, afterNode);
@@ -38,14 +38,14 @@ at::Tensor StepExecutor::run(TensorMap& state, const TensorMap& data, Collective
 #ifdef SPMD_WITH_CUDA
     captured_->graph.replay();
 #endif
-    return captured_->loss;
+    return captured_->outputs;
   }
   if (!capture_ || stepsRun_ <= eagerSteps_) return runEagerly(state, data, comm);
   capture(state, data, comm);
 #ifdef SPMD_WITH_CUDA
   captured_->graph.replay();
 #endif
-  return captured_->loss;
+  return captured_->outputs;
 }
 
 // The interpreter writes over some state inputs: none of them may share its
@@ -65,14 +65,14 @@ void StepExecutor::separateOverwrittenState(TensorMap& state) const {
   }
 }
 
-at::Tensor StepExecutor::runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm,
+std::vector<at::Tensor> StepExecutor::runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm,
                                     const std::function<void(const Node&)>& afterNode) {
   separateOverwrittenState(state);
   TensorMap inputs = state;
   for (const auto& [name, t] : data) inputs[name] = t;
   RunResult result = interpreter_.run(inputs, comm, afterNode);
   for (auto& [name, t] : result.updates) state[name] = std::move(t);
-  return result.outputs.empty() ? at::Tensor() : result.outputs[0];
+  return result.outputs;
 }
 
 void StepExecutor::capture(TensorMap& state, const TensorMap& data, Collectives* comm) {
@@ -113,7 +113,7 @@ void StepExecutor::capture(TensorMap& state, const TensorMap& data, Collectives*
     for (auto& [name, t] : ordered) {
       if (!t.is_same(state.at(name))) state.at(name).copy_(t);
     }
-    step->loss = result.outputs.empty() ? at::Tensor() : result.outputs[0];
+    step->outputs = result.outputs;
     step->graph.capture_end();
   }
   c10::cuda::getCurrentCUDAStream().synchronize();

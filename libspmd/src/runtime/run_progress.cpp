@@ -10,10 +10,13 @@ namespace spmd {
 Progress::Progress(bool lead, bool json)
     : bar_(lead && !json && ::isatty(STDERR_FILENO)), lines_(lead && !json && !bar_) {}
 
-void Progress::stepDone(int step, int steps, double loss, double ms, std::ostream& out) const {
+void Progress::stepDone(int step, int steps, const StepReport& r, std::ostream& out) const {
   if (lines_) {
-    char line[128];
-    std::snprintf(line, sizeof line, "step %d/%d  loss %.6g  %.3f ms\n", step, steps, loss, ms);
+    char line[192];
+    int n = std::snprintf(line, sizeof line, "step %d/%d  loss %.6g", step, steps, r.loss);
+    if (r.lr) n += std::snprintf(line + n, sizeof line - n, "  lr %.6g", *r.lr);
+    if (r.gradNorm) n += std::snprintf(line + n, sizeof line - n, "  grad norm %.6g", *r.gradNorm);
+    std::snprintf(line + n, sizeof line - n, "  %.3f ms\n", r.ms);
     out << line << std::flush;
   }
   if (bar_) {

@@ -2,16 +2,27 @@
 // stderr when stderr is a terminal; nothing with --json, nor on other ranks.
 #pragma once
 
+#include <optional>
+
 #include <ostream>
 
 namespace spmd {
+
+// What a step reports: its loss and time, and, where the step has them, the
+// learning rate the schedule gave it and the gradient norm before clipping.
+struct StepReport {
+  double loss = 0.0;
+  double ms = 0.0;
+  std::optional<double> lr;
+  std::optional<double> gradNorm;
+};
 
 class Progress {
  public:
   Progress(bool lead, bool json);
 
   // After step `step` (1-based) of `steps`: its line on `out`, or the bar.
-  void stepDone(int step, int steps, double loss, double ms, std::ostream& out) const;
+  void stepDone(int step, int steps, const StepReport& report, std::ostream& out) const;
 
   // Whether the bar stands in for the step lines (the summary then adds the
   // final loss).

@@ -48,9 +48,11 @@ void saveParameters(const Graph& g, const TensorMap& state, const std::string& p
   writeOutput(path, saveTorchSave(params));
 }
 
-void RunRecord::addStep(double loss, double ms, bool timed) {
-  losses_.push_back(loss);
-  if (timed) ms_.push_back(ms);
+void RunRecord::addStep(const StepReport& step, bool timed) {
+  losses_.push_back(step.loss);
+  if (step.lr) lrs_.push_back(*step.lr);
+  if (step.gradNorm) gradNorms_.push_back(*step.gradNorm);
+  if (timed) ms_.push_back(step.ms);
 }
 
 void RunRecord::writeJson(std::ostream& out) const {
@@ -59,7 +61,14 @@ void RunRecord::writeJson(std::ostream& out) const {
   std::ostringstream j;
   j << "{\"ranks\": " << ranks_ << ", \"device\": \"" << device_ << "\", \"steps\": " << steps_
     << ", \"timed_steps\": " << ms_.size() << ", \"peak_bytes\": " << peakBytes_ << ", \"losses\": [";
+  auto list = [&j](const char* key, const std::vector<double>& values) {
+    if (values.empty()) return;
+    j << "], \"" << key << "\": [";
+    for (size_t i = 0; i < values.size(); ++i) j << (i ? ", " : "") << floatText(values[i]);
+  };
   for (size_t i = 0; i < losses_.size(); ++i) j << (i ? ", " : "") << floatText(losses_[i]);
+  list("lrs", lrs_);
+  list("grad_norms", gradNorms_);
   char summary[256];
   std::snprintf(summary, sizeof summary,
                 "], \"ms_per_step\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, \"steps_per_s\": %.3f}\n", median,

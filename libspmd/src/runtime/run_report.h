@@ -4,6 +4,7 @@
 #pragma once
 
 #include "spmd/ir/graph.h"
+#include "run_progress.h"
 #include "spmd/runtime/executor.h"
 
 #include <cstdint>
@@ -28,11 +29,11 @@ class RunRecord {
   RunRecord(int ranks, std::string device, int steps) : ranks_(ranks), device_(std::move(device)), steps_(steps) {}
 
   // The next step's loss and time; `timed`: past the warm-up, so in the timings.
-  void addStep(double loss, double ms, bool timed);
+  void addStep(const StepReport& step, bool timed);
   void setPeakBytes(int64_t bytes) { peakBytes_ = bytes; }
 
   // One JSON object on one line: ranks, device, steps, timed steps, peak
-  // bytes, losses, ms per step (median, min, max), steps per second.
+  // bytes, losses (and lrs, grad_norms where the step has them), ms per step (median, min, max), steps per second.
   void writeJson(std::ostream& out) const;
   // The text summary; `finalLoss` first where no step line showed it.
   void writeSummary(std::ostream& out, bool finalLoss) const;
@@ -41,7 +42,7 @@ class RunRecord {
   int ranks_;
   std::string device_;
   int steps_;
-  std::vector<double> losses_, ms_;
+  std::vector<double> losses_, ms_, lrs_, gradNorms_;
   int64_t peakBytes_ = 0;
 };
 

@@ -10,7 +10,7 @@ TensorMap placeState(const Artifact& artifact, const at::Device& device) {
   const Graph& g = artifact.graph;
   TensorMap state;
   for (const auto& in : g.inputs()) {
-    if (in.kind == InputKind::Data) continue;
+    if (isPerStepInput(in.kind)) continue;
     const std::string& name = g.value(in.value).name;
     auto it = artifact.state.find(name);
     if (it == artifact.state.end()) throw Diagnostic("'" + name + "'", "the artifact holds no value for this input");

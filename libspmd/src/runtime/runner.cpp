@@ -22,8 +22,26 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 
 namespace spmd {
+namespace {
+
+// The schedule's rate for `step`, put into `inputs` as the graph input "lr"
+// (f64[] on the device: a captured graph reads it from there).
+std::optional<double> scheduledRate(const Graph& g, int step, const at::Device& device, TensorMap& inputs) {
+  if (!g.training().scheduled) return std::nullopt;
+  const double lr = learningRateAt(g.training().schedule, step);
+  inputs["lr"] = at::scalar_tensor(lr, at::TensorOptions().dtype(at::kDouble)).to(device);
+  return lr;
+}
+
+std::optional<double> scalarOutput(const std::vector<at::Tensor>& outputs, size_t k) {
+  if (k >= outputs.size() || !outputs[k].defined()) return std::nullopt;
+  return outputs[k].to(at::kCPU).to(at::kDouble).item<double>();
+}
+
+}  // namespace
 
 void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankInfo, const RunOptions& o,
                  std::ostream& out) {
@@ -55,7 +73,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   RunRecord record(info.worldSize, device.name(), steps);
   for (int step = 0; step < steps; ++step) {
     const bool timed = step >= o.warmup;
-    const TensorMap inputs = data.forStep(step);
+    TensorMap inputs = data.forStep(step);
+    const std::optional<double> lr = scheduledRate(g, step, device.device(), inputs);
     // Dropout masks: a stream per rank and step, reproducible from --seed
     // (not PyTorch's stream: README, "Dropout").
     device.seedRandomOps((o.seed * 1000003 + static_cast<uint64_t>(info.rank) * 7919 + static_cast<uint64_t>(step)) ^
@@ -63,12 +82,15 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     device.synchronize();
     const auto begin = std::chrono::steady_clock::now();
     auto afterNode = profile ? profile->startStep(timed) : std::function<void(const Node&)>();
-    at::Tensor lossTensor = plans->at(iterationAt(step, steps)).run(state, inputs, comm.get(), afterNode);
+    const std::vector<at::Tensor> outputs = plans->at(iterationAt(step, steps)).run(state, inputs, comm.get(), afterNode);
     device.synchronize();
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
-    const double loss = lossTensor.defined() ? lossTensor.to(at::kCPU).to(at::kDouble).item<double>() : 0.0;
-    record.addStep(loss, ms, timed);
-    progress.stepDone(step + 1, steps, loss, ms, out);
+    StepReport report;
+    report.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
+    report.loss = scalarOutput(outputs, 0).value_or(0.0);
+    report.lr = lr;
+    if (g.training().clips()) report.gradNorm = scalarOutput(outputs, 1);
+    record.addStep(report, timed);
+    progress.stepDone(step + 1, steps, report, out);
   }
   record.setPeakBytes(device.peakBytes());
   device.synchronize();

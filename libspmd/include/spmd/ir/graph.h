@@ -3,6 +3,8 @@
 // by id. Kept free of ATen headers so that most of the project compiles fast.
 #pragma once
 
+#include "spmd/ir/training.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -28,8 +30,12 @@ struct Value {
   std::vector<int64_t> shape;
 };
 
-enum class InputKind { Data, Parameter, Buffer, State };
+// Data: per-step inputs from spmd-run's --data; Schedule: per-step scalars
+// spmd-run computes from the graph's training config (the learning rate).
+enum class InputKind { Data, Parameter, Buffer, State, Schedule };
 const char* inputKindName(InputKind kind);
+// Inputs that take a new value every step (not kept in the run's state).
+inline bool isPerStepInput(InputKind kind) { return kind == InputKind::Data || kind == InputKind::Schedule; }
 std::optional<InputKind> parseInputKind(const std::string& name);
 
 struct GraphInput {
@@ -253,6 +259,9 @@ class Graph {
   // spmd-unroll's iteration count (0: not unrolled). See ir/iter_graph.h.
   int iters() const { return iters_; }
   void setIters(int n) { iters_ = n; }
+  // The step's schedule, clipping and micro-batches (ir/training.h).
+  const TrainingConfig& training() const { return training_; }
+  TrainingConfig& training() { return training_; }
 
   // A value name not used yet, derived from `base` the way FX does
   // (relu, relu_1, relu_2, ...).
@@ -316,6 +325,7 @@ class Graph {
   std::vector<Bucket> buckets_;
   WeightsRef weights_;
   int iters_ = 0;
+  TrainingConfig training_;
   std::map<std::string, int> nextSuffix_;
   // Def-use links, by value id: one users_ entry per argument that reads it.
   std::vector<const Node*> producer_;

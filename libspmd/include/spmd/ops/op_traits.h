@@ -29,6 +29,10 @@ enum class OpTrait : uint32_t {
   // schema declares a fresh tensor (aten::_unsafe_view, which autograd's
   // matmul uses on results it made).
   ViewOfFirstArgument = 1u << 4,
+  // Draws from the random generator: two calls on the same arguments give
+  // different results (dropout's mask), so no pass may share one call's
+  // result for another.
+  Random = 1u << 5,
 };
 
 // Whether `op` ("aten::reshape", without the overload) has `trait`.
@@ -36,6 +40,7 @@ bool hasTrait(const std::string& op, OpTrait trait);
 
 inline bool isCollective(const std::string& op) { return hasTrait(op, OpTrait::Collective); }
 inline bool syncsWithHost(const std::string& op) { return hasTrait(op, OpTrait::SyncsWithHost); }
+inline bool isRandom(const std::string& op) { return hasTrait(op, OpTrait::Random); }
 inline bool mayCopyOrAlias(const std::string& op) { return hasTrait(op, OpTrait::MayCopyOrAlias); }
 
 }  // namespace spmd

@@ -3,6 +3,8 @@
 // (see passes/pass.h).
 #pragma once
 
+#include "spmd/ir/training.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <string>
@@ -68,6 +70,10 @@ struct PipelineOptions {
   // as DDP's bf16/fp16 compression hooks do); Undefined: their own.
   c10::ScalarType reduceDtype = c10::ScalarType::Undefined;
   AutocastOptions autocast;
+  // --lr-schedule, --clip-grad-norm, --micro-batches (spmd-expand): the
+  // optimizer, clip-grad-norm and micro-batches passes build them and record
+  // them in the graph's training config.
+  TrainingConfig training;
   BucketOptions buckets;
   UnrollOptions unroll;
   LowerOptions lower;

@@ -61,6 +61,7 @@ std::unique_ptr<Pass> createAttentionPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createAutocastPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createGradSyncPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createMicroBatchesPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createOptimizerPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createBucketPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createUnrollPass(const PipelineOptions& options);

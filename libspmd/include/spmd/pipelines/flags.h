@@ -55,6 +55,27 @@ void addPrecisionFlags(CLI::App& app, PrecisionFlags& flags);
 // Throws Diagnostic naming the flag.
 void finishPrecisionFlags(const PrecisionFlags& flags, PipelineOptions& options);
 
+// --lr-schedule constant|linear|cosine|step, --warmup-steps, --decay-steps,
+// --min-lr, --step-size, --gamma, --clip-grad-norm, --clip-grad-norm-type,
+// --micro-batches, as given; applied by finishTrainingFlags.
+struct TrainingFlags {
+  std::string schedule;
+  std::string normType = "2";
+  TrainingConfig config;
+  CLI::Option* decaySteps = nullptr;
+  CLI::Option* minLr = nullptr;
+  CLI::Option* stepSize = nullptr;
+  CLI::Option* gamma = nullptr;
+  CLI::Option* clip = nullptr;
+  CLI::Option* clipType = nullptr;
+};
+void addTrainingFlags(CLI::App& app, TrainingFlags& flags);
+// After parsing and finishOptimizerFlags: the schedule's base rate is the
+// optimizer's --lr; a constant schedule without warmup leaves the rate a
+// constant of the step; flags of another schedule are rejected, as are bad
+// values (validateTraining). Throws Diagnostic naming the flag.
+void finishTrainingFlags(const TrainingFlags& flags, PipelineOptions& options);
+
 // spmd-split's --bucket-cap-mb, --first-bucket-cap-mb, --ignore-param.
 void addBucketFlags(CLI::App& app, BucketOptions& options);
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace spmd {
 
@@ -32,15 +33,15 @@ class StepExecutor {
   // inputs from `data`, and leaves the updated values in `state`. The step
   // writes over state tensors (optimizer updates run in place, and always
   // once captured): `state` must be the caller's own. Returns the graph's
-  // first output (the loss).
+  // outputs (the loss first; a replay rewrites the same tensors).
   // `afterNode`: see Interpreter::run; given, the step runs eagerly.
-  at::Tensor run(TensorMap& state, const TensorMap& data, Collectives* comm,
-                 const std::function<void(const Node&)>& afterNode = {});
+  std::vector<at::Tensor> run(TensorMap& state, const TensorMap& data, Collectives* comm,
+                              const std::function<void(const Node&)>& afterNode = {});
 
   bool captured() const { return captured_ != nullptr; }
 
  private:
-  at::Tensor runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm,
+  std::vector<at::Tensor> runEagerly(TensorMap& state, const TensorMap& data, Collectives* comm,
                         const std::function<void(const Node&)>& afterNode = {});
   void capture(TensorMap& state, const TensorMap& data, Collectives* comm);
   void separateOverwrittenState(TensorMap& state) const;
