@@ -80,6 +80,24 @@ def expand_errors(write, graph_json):
            E + r"--autocast 'cpu:f64': autocast's lower precision type must be bf16")
     expand("bad reduce dtype", MLP + ["--optimizer", "adam", "--reduce-dtype", "i64"], 1,
            E + r"--reduce-dtype 'i64': expected f32, bf16 or f16")
+    expand("negative warmup", MLP + ["--optimizer", "adam", "--lr-schedule", "cosine", "--warmup-steps", "-2",
+                                     "--decay-steps", "10"], 1, E + r"--warmup-steps: must not be negative")
+    expand("decay before warmup", MLP + ["--optimizer", "adam", "--lr-schedule", "linear", "--warmup-steps", "10",
+                                         "--decay-steps", "4"], 1,
+           E + r"--decay-steps: linear decay must end after the warmup: need 4 > --warmup-steps 10")
+    expand("cosine without decay steps", MLP + ["--optimizer", "adam", "--lr-schedule", "cosine"], 1,
+           E + r"--decay-steps: required for --lr-schedule cosine")
+    expand("step schedule without step size", MLP + ["--optimizer", "adam", "--lr-schedule", "step"], 1,
+           E + r"--step-size: required for --lr-schedule step")
+    expand("gamma without step schedule", MLP + ["--optimizer", "adam", "--gamma", "0.5"], 1,
+           E + r"--gamma: applies to --lr-schedule step only")
+    expand("negative clip norm", MLP + ["--optimizer", "adam", "--clip-grad-norm", "-1"], 1,
+           E + r"--clip-grad-norm: must be a finite number > 0")
+    expand("clip norm type alone", MLP + ["--optimizer", "adam", "--clip-grad-norm-type", "inf"], 1,
+           E + r"--clip-grad-norm-type: applies with --clip-grad-norm only")
+    expand("zero micro-batches", MLP + ["--optimizer", "adam", "--micro-batches", "0"], 1,
+           E + r"--micro-batches: must be at least 1")
+    expand("usage: bad schedule", MLP + ["--optimizer", "adam", "--lr-schedule", "exp"], 2, r"exp")
     expand("usage: bad grad-reduce", MLP + ["--optimizer", "adam", "--grad-reduce", "max"], 2, r"max")
 
     def non_scalar(d):

@@ -136,6 +136,17 @@ def main():
     data_case("data lacks an input", {"y": torch.zeros(1, 16, 100)}, "'x': the data file has no tensor", "1")
     data_case("data of the wrong shape", {"x": torch.zeros(1, 16, 99)}, "the graph takes f32[8,100]", "1")
     data_case("batch not divisible by N", {"x": torch.zeros(1, 15, 100)}, "does not divide among 2 ranks")
+    # With --micro-batches 4 each rank takes 4 x 8 rows.
+    micro = build_artifact("micro.spmd", expand_flags=("--micro-batches", "4"))
+    def micro_case(name, rows, fragment):
+        path = os.path.join(TMP, name + ".pt")
+        torch.save({"x": torch.zeros(1, rows, 100)}, path)
+        proc = subprocess.run([tool("spmd-run"), micro, "--steps", "1", "--data", path], capture_output=True, text=True,
+                              timeout=60)
+        report(name, proc.returncode == 1 and "step 1" not in proc.stdout and fragment in proc.stderr, proc.stderr)
+    micro_case("rows not divisible into micro-batches", 30, "'x': each rank's 30 rows do not divide into the step's 4 "
+               "micro-batches")
+    micro_case("micro-batches of the wrong size", 16, "the graph takes f32[32,100] (4 micro-batches of 8 rows)")
 
     # A kernel that fails at run time (token ids past the embedding's 64 rows):
     # one line naming the node and its op, after the artifact.

@@ -37,9 +37,17 @@ StepData::StepData(const Graph& g, const std::string& file, uint64_t seed, const
     }
     std::vector<int64_t> perRank = t.sizes().slice(1).vec();
     perRank[0] /= worldSize;
+    const int64_t micro = g.training().microBatches;
+    if (micro > 1 && perRank[0] % micro != 0) {
+      throw Diagnostic("'" + v.name + "'", "each rank's " + std::to_string(perRank[0]) + " rows do not divide into the step's " +
+                                               std::to_string(micro) + " micro-batches").inFile(file);
+    }
     if (perRank != v.shape || t.scalar_type() != v.dtype) {
       Value got{v.name, t.scalar_type(), perRank};
-      throw Diagnostic("'" + v.name + "'", "each rank's slice would be " + typeText(got) + ", the graph takes " + typeText(v))
+      const std::string perMicroBatch =
+          micro > 1 ? " (" + std::to_string(micro) + " micro-batches of " + std::to_string(v.shape[0] / micro) + " rows)" : "";
+      throw Diagnostic("'" + v.name + "'", "each rank's slice would be " + typeText(got) + ", the graph takes " + typeText(v) +
+                                               perMicroBatch)
           .inFile(file);
     }
     data_.push_back({v.name, t});
