@@ -1,10 +1,10 @@
 # spmd: `make test` on a fresh machine installs what it needs, builds, and runs
-# every test; `make demo` builds and runs the pipeline on a sample on CPU.
+# every test; `make demo` installs and builds the same way and runs the whole
+# pipeline (expand | split | unroll | lower | run) on a sample on CPU.
 BUILD   ?= build
 PYTHON  ?= /usr/bin/python3
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
-GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev libcli11-dev \
            nlohmann-json3-dev catch2 graphviz python3-jsonschema procps llvm-15-tools \
@@ -12,7 +12,7 @@ DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev lib
 INSPECT := $(BUILD)/spmd-inspect
 EXPAND  := $(BUILD)/spmd-expand
 
-.PHONY: all deps build test demo golden samples clean
+.PHONY: all deps configure build test demo golden samples clean
 
 all: build
 
@@ -25,16 +25,23 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
 	fi
 
-$(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) $(GENERATOR) $(CMAKE_FLAGS)
+# Configures when the build folder has no build files yet. A cache left by a
+# configure that failed (no build.ninja or Makefile beside it) is removed
+# first: it may name another generator or source folder, which cmake refuses.
+# Ninja is looked for here, after `deps` may have installed it.
+configure:
+	@if [ ! -f $(BUILD)/build.ninja ] && [ ! -f $(BUILD)/Makefile ]; then \
+	  rm -rf $(BUILD)/CMakeCache.txt $(BUILD)/CMakeFiles; \
+	  cmake -S . -B $(BUILD) $$(command -v ninja >/dev/null 2>&1 && echo "-G Ninja") $(CMAKE_FLAGS); \
+	fi
 
-build: $(BUILD)/CMakeCache.txt
+build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-demo: build
+demo: deps build
 	@echo "== spmd-inspect: the seeds' MLP imported from TorchScript"
 	$(INSPECT) samples/mlp.pt $$(cat samples/mlp.inputs)
 	@echo "== verify and stats of the CNN (BatchNorm running stats become state updates)"
@@ -44,11 +51,17 @@ demo: build
 	$(INSPECT) samples/lm.pt $$(cat samples/lm.inputs) --json | $(INSPECT) - --stats
 	@echo "== spmd-expand: the MLP's data-parallel train step with Adam (forward, backward, all-reduce, update)"
 	$(EXPAND) samples/mlp.pt $$(cat samples/mlp.inputs) --optimizer adam --lr 1e-2 | $(INSPECT) - --stats
-	@echo "== the pipeline: expand | split | lower, then 20 steps on 2 local ranks (Gloo, CPU)"
+	@echo "== the pipeline: expand | split | unroll | lower, then 20 steps on 2 local ranks (Gloo, CPU)"
 	$(EXPAND) samples/cnn.pt $$(cat samples/cnn.inputs) --optimizer sgd --lr 0.05 --momentum 0.9 \
-	  | $(BUILD)/spmd-split --bucket-cap-mb 0.002 | $(BUILD)/spmd-lower -o $(BUILD)/cnn.spmd
+	  | $(BUILD)/spmd-split --bucket-cap-mb 0.002 | $(BUILD)/spmd-unroll --iters 20 | $(BUILD)/spmd-lower -o $(BUILD)/cnn.spmd
 	$(INSPECT) $(BUILD)/cnn.spmd --buckets
 	$(BUILD)/spmd-run $(BUILD)/cnn.spmd --nproc 2 --steps 20
+	@echo "== a nanoGPT-like step: AdamW, cosine schedule after warmup, clipping, 4 micro-batches"
+	$(EXPAND) samples/lm.pt --input tokens:i64[4,16] --input targets:i64[4,16] --optimizer adamw --lr 6e-4 \
+	  --weight-decay 0.1 --betas 0.9,0.95 --lr-schedule cosine --warmup-steps 2 --decay-steps 8 --min-lr 6e-5 \
+	  --clip-grad-norm 1.0 --micro-batches 4 | $(BUILD)/spmd-split | $(BUILD)/spmd-unroll --iters 10 \
+	  | $(BUILD)/spmd-lower -o $(BUILD)/nano.spmd
+	$(BUILD)/spmd-run $(BUILD)/nano.spmd --nproc 2
 
 # Rewrites every golden file from the current build; review `git diff` after.
 golden: build

@@ -65,7 +65,9 @@ std::string qualifiedOpName(const c10::OperatorName& name) {
 }
 
 std::vector<c10::IValue> callByArgumentName(const std::string& name, const std::map<std::string, c10::IValue>& named) {
-  const auto op = c10::Dispatcher::singleton().findSchema({name, ""});
+  const size_t dot = name.find('.', name.find("::"));
+  const auto op = dot == std::string::npos ? c10::Dispatcher::singleton().findSchema({name, ""})
+                                           : c10::Dispatcher::singleton().findSchema({name.substr(0, dot), name.substr(dot + 1)});
   TORCH_CHECK(op.has_value(), "this LibTorch has no ", name);
   torch::jit::Stack stack;
   for (const c10::Argument& a : op->schema().arguments()) {

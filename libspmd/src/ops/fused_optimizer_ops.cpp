@@ -4,6 +4,8 @@
 // list, in that order) instead of writing its arguments (the graph is SSA), and increments the steps
 // first, as torch.optim does before calling the kernel. spmd-lower puts it
 // in place of the optimizer's per-parameter ops on CUDA (passes/fused_adam.cpp).
+// The .tensor_lr overload takes a scheduled rate as a tensor (ATen's
+// .tensor_lr overloads), so a captured step follows the schedule.
 #include "spmd/ops/dispatch.h"
 #include "spmd/ops/spmd_ops.h"
 
@@ -31,13 +33,15 @@ std::vector<at::Tensor> clones(at::TensorList ts) {
   return out;
 }
 
-std::vector<at::Tensor> fusedAdam(at::TensorList params, at::TensorList grads, at::TensorList expAvgs, at::TensorList expAvgSqs,
-                at::TensorList steps, double lr, double beta1, double beta2, double weightDecay, double eps,
-                bool adamw) {
+// `lr`: a double, or (the .tensor_lr overload) a tensor on the device.
+std::vector<at::Tensor> callFusedAdam(at::TensorList params, at::TensorList grads, at::TensorList expAvgs,
+                                      at::TensorList expAvgSqs, at::TensorList steps, const c10::IValue& lr, double beta1,
+                                      double beta2, double weightDecay, double eps, bool adamw) {
   std::vector<at::Tensor> p = clones(params), m = clones(expAvgs), v = clones(expAvgSqs), s = clones(steps);
   at::_foreach_add_(s, 1);
   auto list = [](const std::vector<at::Tensor>& ts) { return c10::IValue(c10::List<at::Tensor>(ts)); };
-  callByArgumentName(adamw ? "aten::_fused_adamw_" : "aten::_fused_adam_",
+  const std::string op = std::string(adamw ? "aten::_fused_adamw_" : "aten::_fused_adam_") + (lr.isTensor() ? ".tensor_lr" : "");
+  callByArgumentName(op,
                      {{"self", list(p)},
                       {"grads", list(std::vector<at::Tensor>(grads.begin(), grads.end()))},
                       {"exp_avgs", list(m)},
@@ -54,6 +58,20 @@ std::vector<at::Tensor> fusedAdam(at::TensorList params, at::TensorList grads, a
   return concat({p, m, v, s});
 }
 
+std::vector<at::Tensor> fusedAdam(at::TensorList params, at::TensorList grads, at::TensorList expAvgs, at::TensorList expAvgSqs,
+                                  at::TensorList steps, double lr, double beta1, double beta2, double weightDecay, double eps,
+                                  bool adamw) {
+  return callFusedAdam(params, grads, expAvgs, expAvgSqs, steps, lr, beta1, beta2, weightDecay, eps, adamw);
+}
+
+// A scheduled rate: the graph's f64 input, given to the kernel as the
+// float32 tensor torch.optim passes for a tensor lr.
+std::vector<at::Tensor> fusedAdamTensorLr(at::TensorList params, at::TensorList grads, at::TensorList expAvgs,
+                                          at::TensorList expAvgSqs, at::TensorList steps, const at::Tensor& lr, double beta1,
+                                          double beta2, double weightDecay, double eps, bool adamw) {
+  return callFusedAdam(params, grads, expAvgs, expAvgSqs, steps, lr.to(at::kFloat), beta1, beta2, weightDecay, eps, adamw);
+}
+
 std::vector<at::Tensor> fusedAdamMeta(at::TensorList params, at::TensorList, at::TensorList expAvgs, at::TensorList expAvgSqs,
                     at::TensorList steps, double, double, double, double, double, bool) {
   auto like = [](at::TensorList ts) {
@@ -62,6 +80,12 @@ std::vector<at::Tensor> fusedAdamMeta(at::TensorList params, at::TensorList, at:
     return out;
   };
   return concat({like(params), like(expAvgs), like(expAvgSqs), like(steps)});
+}
+
+std::vector<at::Tensor> fusedAdamTensorLrMeta(at::TensorList params, at::TensorList grads, at::TensorList expAvgs,
+                                              at::TensorList expAvgSqs, at::TensorList steps, const at::Tensor&, double beta1,
+                                              double beta2, double weightDecay, double eps, bool adamw) {
+  return fusedAdamMeta(params, grads, expAvgs, expAvgSqs, steps, 0.0, beta1, beta2, weightDecay, eps, adamw);
 }
 
 }  // namespace
@@ -74,8 +98,17 @@ TORCH_LIBRARY_FRAGMENT(spmd, m) {
   m.def(
       "fused_adam(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, Tensor[] steps, "
       "float lr, float beta1, float beta2, float weight_decay, float eps, bool adamw) -> Tensor[]");
+  m.def(
+      "fused_adam.tensor_lr(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, Tensor[] steps, "
+      "Tensor lr, float beta1, float beta2, float weight_decay, float eps, bool adamw) -> Tensor[]");
 }
 
-TORCH_LIBRARY_IMPL(spmd, Meta, m) { m.impl("fused_adam", &spmd::fusedAdamMeta); }
+TORCH_LIBRARY_IMPL(spmd, Meta, m) {
+  m.impl("fused_adam", &spmd::fusedAdamMeta);
+  m.impl("fused_adam.tensor_lr", &spmd::fusedAdamTensorLrMeta);
+}
 
-TORCH_LIBRARY_IMPL(spmd, CUDA, m) { m.impl("fused_adam", &spmd::fusedAdam); }
+TORCH_LIBRARY_IMPL(spmd, CUDA, m) {
+  m.impl("fused_adam", &spmd::fusedAdam);
+  m.impl("fused_adam.tensor_lr", &spmd::fusedAdamTensorLr);
+}

@@ -9,8 +9,8 @@
 // shape (amsgrad, an exported step's optimizer) keeps its per-parameter ops,
 // and a note says so. Values agree with the foreach form to rounding. Needs a
 // LibTorch with the fused kernels (2.x); with 1.13 the pass notes that and
-// changes nothing. The learning rate is a constant of the call; the
-// `.tensor_lr` overloads wait for schedules that make it a graph input.
+// changes nothing. The learning rate is a constant of the call, or, for a
+// scheduled rate (the graph input lr), the tensor of spmd::fused_adam.tensor_lr.
 #include "spmd/ir/builder.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/passes/optimizer_state.h"
@@ -29,7 +29,8 @@ namespace {
 struct Hyper {
   bool adamw = false;
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
-  auto key() const { return std::make_tuple(adamw, lr, beta1, beta2, eps, weightDecay); }
+  ValueId lrInput = kNoValue;  // the scheduled rate, when lr is not a constant
+  auto key() const { return std::make_tuple(adamw, lr, beta1, beta2, eps, weightDecay, lrInput); }
 };
 
 // One parameter's update as the optimizer pass wrote it.
@@ -60,6 +61,25 @@ std::optional<ValueId> stateOf(const Graph& g, const std::string& param, Optimiz
 }
 
 bool close(double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b)); }
+
+// The scheduled rate: the schedule input lr, or, in work spmd-unroll moved,
+// the state input that carries it from the previous iteration (f64[]).
+bool isRateInput(const Graph& g, ValueId v) {
+  const GraphInput* in = g.inputOf(v);
+  const Value& value = g.value(v);
+  return in && (in->kind == InputKind::Schedule || in->kind == InputKind::State) &&
+         value.dtype == c10::ScalarType::Double && value.shape.empty();
+}
+
+// AdamW's decay under a schedule, param * (1 - lr * wd): wd, else nullopt.
+std::optional<double> scheduledDecay(const Graph& g, ValueId decayed, ValueId param, ValueId lr) {
+  const Node* mul = producedBy(g, decayed, "aten::mul.Tensor");
+  if (lr == kNoValue || !mul || !isValue(mul->args[0], param) || mul->args[1].kind != Arg::Kind::Value) return std::nullopt;
+  const Node* rsub = producedBy(g, mul->args[1].value, "aten::rsub.Scalar");
+  const Node* lrWd = rsub ? producedBy(g, rsub->args[0].value, "aten::mul.Scalar") : nullptr;
+  if (!lrWd || !isValue(lrWd->args[0], lr) || scalar(rsub->args[1]) != 1.0) return std::nullopt;
+  return scalar(lrWd->args[1]);
+}
 
 // Reads `param`'s Adam update back; nullopt where it is not the optimizer pass's.
 std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
@@ -101,15 +121,23 @@ std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
   u.hyper.eps = scalar(denom->args[1]);
   const Node* neg = producedBy(g, scaled->args[1].value, "aten::neg");
   const Node* div = neg ? producedBy(g, neg->args[0].value, "aten::div.Tensor") : nullptr;
-  const Node* lr = div ? producedBy(g, div->args[0].value, "aten::full_like") : nullptr;
-  if (!lr) return std::nullopt;
-  u.hyper.lr = scalar(lr->args[1]);
+  if (!div) return std::nullopt;
+  if (const Node* lr = producedBy(g, div->args[0].value, "aten::full_like")) {
+    u.hyper.lr = scalar(lr->args[1]);
+  } else if (isRateInput(g, div->args[0].value)) {
+    u.hyper.lrInput = div->args[0].value;
+  } else {
+    return std::nullopt;
+  }
   if (isValue(upd->args[0], param)) {
     u.hyper.adamw = false;
   } else if (const Node* decay = producedBy(g, upd->args[0].value, "aten::mul.Scalar");
-             decay && isValue(decay->args[0], param)) {
+             decay && isValue(decay->args[0], param) && u.hyper.lrInput == kNoValue) {
     u.hyper.adamw = true;
     u.hyper.weightDecay = (1.0 - scalar(decay->args[1])) / u.hyper.lr;
+  } else if (std::optional<double> wd = scheduledDecay(g, upd->args[0].value, param, u.hyper.lrInput)) {
+    u.hyper.adamw = true;
+    u.hyper.weightDecay = *wd;
   } else {
     return std::nullopt;
   }
@@ -153,11 +181,12 @@ void emit(Graph& g, const std::vector<Update>& group) {
     return a;
   };
   const Hyper& h = group.front().hyper;
+  const bool scheduled = h.lrInput != kNoValue;
   const std::vector<ValueId> out = b.callMulti(
-      "spmd::fused_adam",
+      scheduled ? "spmd::fused_adam.tensor_lr" : "spmd::fused_adam",
       {list(&Update::param), list(&Update::grad), list(&Update::expAvg), list(&Update::expAvgSq), list(&Update::step),
-       Arg::ofFloat(h.lr), Arg::ofFloat(h.beta1), Arg::ofFloat(h.beta2), Arg::ofFloat(h.weightDecay),
-       Arg::ofFloat(h.eps), Arg::ofBool(h.adamw)},
+       scheduled ? Arg::tensor(h.lrInput) : Arg::ofFloat(h.lr), Arg::ofFloat(h.beta1), Arg::ofFloat(h.beta2),
+       Arg::ofFloat(h.weightDecay), Arg::ofFloat(h.eps), Arg::ofBool(h.adamw)},
       "adam");
   const size_t n = group.size();
   for (size_t k = 0; k < n; ++k) {
@@ -204,13 +233,14 @@ class FusedAdamPass final : public Pass {
       return false;
     }
     // Groups: the same point of the step (the update's bucket and iteration tag) and hyperparameters.
-    std::map<std::tuple<int, int, std::tuple<bool, double, double, double, double, double>>, std::vector<Update>> groups;
+    std::map<std::tuple<int, int, std::tuple<bool, double, double, double, double, double, ValueId>>, std::vector<Update>> groups;
     for (const Update& u : updates) {
       groups[{u.last->meta.bucket, static_cast<int>(u.last->meta.iteration), u.hyper.key()}].push_back(u);
     }
     size_t fused = 0;
+    const bool tensorLr = findOperator("aten::_fused_adam_", "tensor_lr") && findOperator("aten::_fused_adamw_", "tensor_lr");
     for (auto& [key, group] : groups) {
-      if (!onlyUpdatesRead(g, group)) {
+      if (!onlyUpdatesRead(g, group) || (group.front().hyper.lrInput != kNoValue && !tensorLr)) {
         for (const Update& u : group) left.push_back(g.value(u.param).name);
         continue;
       }

@@ -24,7 +24,8 @@ std::optional<c10::OperatorHandle> findOperator(const std::string& op, const std
 // {op, overload}; nullopt when `inPlace` is not named `..._` or has none.
 std::optional<std::pair<std::string, std::string>> outOfPlaceOverload(const c10::FunctionSchema& inPlace);
 
-// Calls the operator `name` (default overload) boxed, each argument taken
+// Calls the operator `name` ("aten::_fused_adam_", or with an overload:
+// "aten::_fused_adam_.tensor_lr") boxed, each argument taken
 // from `named` by its schema name, else its default: for ATen ops whose
 // argument lists differ between LibTorch versions (fused attention, fused
 // Adam). Returns its results; throws c10::Error when the op is missing or an
