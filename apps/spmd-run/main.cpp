@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--data", o.dataFile, "torch.save'd {input: tensor [S, G, ...]}; rank r takes rows [r*G/N, (r+1)*G/N) of slice s % S");
   app.add_option("--save-params", o.saveParams, "write rank 0's parameters {name: tensor} (torch.load reads it)");
+  app.add_option("--metrics", o.metrics,
+                 "append one JSON object per step to FILE.jsonl (step, loss, lr, grad_norm, ms, samples_per_s, "
+                 "peak_bytes), flushed after each step");
   app.add_option("--device", o.device, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the random inputs used without --data")->capture_default_str();
   app.add_flag("--json", o.json, "print the run's losses and timings as one JSON object");

@@ -4,6 +4,7 @@ refused before step 1; a kernel that fails names its node.
 
   check_run.py BIN_DIR        (run from the repository root; python3 with torch)
 """
+import json
 import os
 import re
 import signal
@@ -179,6 +180,29 @@ def main():
                               capture_output=True, text=True, timeout=60)
         report(flag + " to a missing directory", proc.returncode == 1 and "step 1" not in proc.stdout and
                one_line_error(proc.stderr, "cannot write to /nonexistent-dir"), proc.stderr)
+
+    # --metrics: one JSON object per step, appended (a second run adds its own
+    # lines), with the schedule's rate and the clipped step's norm; a path that
+    # cannot be opened is refused before step 1.
+    sched = build_artifact("sched.spmd", expand_flags=("--lr-schedule", "cosine", "--warmup-steps", "1", "--decay-steps",
+                                                       "3", "--clip-grad-norm", "0.5"))
+    metrics = os.path.join(TMP, "metrics.jsonl")
+    for _ in range(2):
+        proc = subprocess.run([tool("spmd-run"), sched, "--nproc", "2", "--steps", "3", "--metrics", metrics],
+                              capture_output=True, text=True, timeout=60)
+    try:
+        lines = [json.loads(line) for line in open(metrics)]
+    except (OSError, ValueError) as e:
+        lines = [str(e)]
+    keys = {"step", "loss", "lr", "grad_norm", "ms", "samples_per_s"}
+    report("--metrics appends a JSON line per step", proc.returncode == 0 and len(lines) == 6 and
+           all(isinstance(m, dict) and keys <= set(m) for m in lines) and [m["step"] for m in lines] == [1, 2, 3] * 2 and
+           lines[0]["lr"] == 0.005 and lines[1]["lr"] == 0.01 and lines[0]["samples_per_s"] > 0,
+           proc.stderr + repr(lines[:2]))
+    proc = subprocess.run([tool("spmd-run"), sched, "--steps", "1", "--metrics", "/nonexistent-dir/m.jsonl"],
+                          capture_output=True, text=True, timeout=60)
+    report("--metrics to a missing directory", proc.returncode == 1 and "step 1" not in proc.stdout and
+           one_line_error(proc.stderr, "--metrics /nonexistent-dir/m.jsonl: cannot open for appending"), proc.stderr)
 
     # Gradients sent as bf16 on Gloo, which cannot sum them in LibTorch 1.13: every rank
     # stops at its first all-reduce with an error that says what to change.

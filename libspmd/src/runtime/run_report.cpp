@@ -48,6 +48,40 @@ void saveParameters(const Graph& g, const TensorMap& state, const std::string& p
   writeOutput(path, saveTorchSave(params));
 }
 
+MetricsLog::MetricsLog(const std::string& path, int64_t samplesPerStep) : path_(path), samplesPerStep_(samplesPerStep) {
+  file_ = std::fopen(path.c_str(), "a");
+  if (!file_) throw Diagnostic("--metrics " + path, std::string("cannot open for appending: ") + std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_) std::fclose(file_);
+}
+
+namespace {
+
+std::string jsonNumber(double v) { return std::isfinite(v) ? floatText(v) : "null"; }
+
+}  // namespace
+
+void MetricsLog::write(int step, const StepReport& r, int64_t peakBytes) {
+  std::string line = "{\"step\": " + std::to_string(step) + ", \"loss\": " + jsonNumber(r.loss);
+  if (r.lr) line += ", \"lr\": " + jsonNumber(*r.lr);
+  if (r.gradNorm) line += ", \"grad_norm\": " + jsonNumber(*r.gradNorm);
+  char ms[64];
+  std::snprintf(ms, sizeof ms, ", \"ms\": %.4f", r.ms);
+  line += ms;
+  if (samplesPerStep_ > 0 && r.ms > 0) {
+    char rate[64];
+    std::snprintf(rate, sizeof rate, ", \"samples_per_s\": %.2f", samplesPerStep_ * 1000.0 / r.ms);
+    line += rate;
+  }
+  if (peakBytes > 0) line += ", \"peak_bytes\": " + std::to_string(peakBytes);
+  line += "}\n";
+  if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) {
+    throw Diagnostic("--metrics " + path_, std::string("cannot write: ") + std::strerror(errno));
+  }
+}
+
 void RunRecord::addStep(const StepReport& step, bool timed) {
   losses_.push_back(step.loss);
   if (step.lr) lrs_.push_back(*step.lr);

@@ -8,6 +8,7 @@
 #include "spmd/runtime/executor.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -22,6 +23,28 @@ void requireWritableDirectory(const std::string& path, const std::string& flag);
 // The graph's parameters in `state`, on the CPU, saved as torch.save's
 // {name: tensor} at `path` (torch.load reads it).
 void saveParameters(const Graph& g, const TensorMap& state, const std::string& path);
+
+// --metrics FILE.jsonl: one JSON object per step (step, loss, lr and
+// grad_norm where the step has them, ms, samples_per_s, peak_bytes on CUDA),
+// appended and flushed after each step, so that a run that crashes keeps
+// what it logged. Non-finite numbers are written as null.
+class MetricsLog {
+ public:
+  // Opens `path` for appending (Diagnostic if it cannot); `samplesPerStep`:
+  // the global batch's rows (0: not known, left out).
+  MetricsLog(const std::string& path, int64_t samplesPerStep);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+
+  // Step `step` (1-based); throws Diagnostic when the line cannot be written.
+  void write(int step, const StepReport& report, int64_t peakBytes);
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+  int64_t samplesPerStep_;
+};
 
 // Each step's loss and time, and what the summary says about the run.
 class RunRecord {

@@ -41,6 +41,15 @@ std::optional<double> scalarOutput(const std::vector<at::Tensor>& outputs, size_
   return outputs[k].to(at::kCPU).to(at::kDouble).item<double>();
 }
 
+// The global batch's rows: the first data input's, on every rank.
+int64_t samplesPerStep(const Graph& g, int worldSize) {
+  for (const auto& in : g.inputs()) {
+    const Value& v = g.value(in.value);
+    if (in.kind == InputKind::Data && !v.shape.empty()) return v.shape[0] * worldSize;
+  }
+  return 0;
+}
+
 }  // namespace
 
 void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankInfo, const RunOptions& o,
@@ -70,6 +79,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   if (rankInfo) comm = joinProcessGroup(info, device.name(), o.timeout);
 
   const Progress progress(lead, o.json);
+  std::optional<MetricsLog> metrics;
+  if (lead && !o.metrics.empty()) metrics.emplace(o.metrics, samplesPerStep(g, info.worldSize));
   RunRecord record(info.worldSize, device.name(), steps);
   for (int step = 0; step < steps; ++step) {
     const bool timed = step >= o.warmup;
@@ -91,6 +102,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (g.training().clips()) report.gradNorm = scalarOutput(outputs, 1);
     record.addStep(report, timed);
     progress.stepDone(step + 1, steps, report, out);
+    if (metrics) metrics->write(step + 1, report, device.peakBytes());
   }
   record.setPeakBytes(device.peakBytes());
   device.synchronize();
