@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   app.add_flag("--eager", o.eager, "run every step through the interpreter, even for an artifact lowered with --cudagraphs");
   app.add_option("--profile", o.profile,
                  "write rank 0's time per operator to FILE (runs eagerly, the device synchronized after every node)");
+  app.add_flag("--allow-nonfinite", o.allowNonfinite, "keep training after a NaN or infinite loss (else an error naming the step)");
   app.add_flag("--tf32", o.tf32, "allow TF32 matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32)");
   app.add_option("--timeout", timeoutSec, "seconds to wait for a peer (joining, or in a collective) before failing")
       ->check(CLI::PositiveNumber)

@@ -137,6 +137,14 @@ def main():
     data_case("data lacks an input", {"y": torch.zeros(1, 16, 100)}, "'x': the data file has no tensor", "1")
     data_case("data of the wrong shape", {"x": torch.zeros(1, 16, 99)}, "the graph takes f32[8,100]", "1")
     data_case("batch not divisible by N", {"x": torch.zeros(1, 15, 100)}, "does not divide among 2 ranks")
+    data_case("data of zero steps", {"x": torch.zeros(0, 16, 100)}, "'x': the data file holds no steps")
+    # A NaN loss stops the run at its step, unless --allow-nonfinite.
+    data_case("NaN loss", {"x": torch.full((1, 8, 100), float("nan"))}, "step 1: rank 0's loss is nan (--allow-nonfinite", "1")
+    nan_data = os.path.join(TMP, "NaN loss.pt")
+    proc = subprocess.run([tool("spmd-run"), step, "--steps", "2", "--data", nan_data, "--allow-nonfinite"],
+                          capture_output=True, text=True, timeout=60)
+    report("NaN loss with --allow-nonfinite", proc.returncode == 0 and "step 2/2  loss nan" in proc.stdout,
+           proc.stdout + proc.stderr)
     # With --micro-batches 4 each rank takes 4 x 8 rows.
     micro = build_artifact("micro.spmd", expand_flags=("--micro-batches", "4"))
     def micro_case(name, rows, fragment):

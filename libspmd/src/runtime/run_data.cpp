@@ -31,6 +31,9 @@ StepData::StepData(const Graph& g, const std::string& file, uint64_t seed, const
       throw Diagnostic("'" + v.name + "'", "expected shape " + want + " for per-rank " + typeText(v) + ", got " +
                                                std::to_string(t.dim()) + " dimensions").inFile(file);
     }
+    if (t.size(0) == 0) {
+      throw Diagnostic("'" + v.name + "'", "the data file holds no steps (dimension 0 of [S, G, ...] is 0)").inFile(file);
+    }
     if (t.size(1) % worldSize != 0) {
       throw Diagnostic("'" + v.name + "'", "the batch of " + std::to_string(t.size(1)) + " rows does not divide among " +
                                                std::to_string(worldSize) + " ranks").inFile(file);

@@ -15,11 +15,13 @@
 
 #include "spmd/io/load.h"
 #include "spmd/ir/iter_graph.h"
+#include "spmd/ir/printer.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -100,6 +102,11 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     report.loss = scalarOutput(outputs, 0).value_or(0.0);
     report.lr = lr;
     if (g.training().clips()) report.gradNorm = scalarOutput(outputs, 1);
+    if (!std::isfinite(report.loss) && !o.allowNonfinite) {
+      throw Diagnostic("step " + std::to_string(step + 1), "rank " + std::to_string(info.rank) + "'s loss is " +
+                                                              floatText(report.loss) +
+                                                              " (--allow-nonfinite trains on)");
+    }
     record.addStep(report, timed);
     progress.stepDone(step + 1, steps, report, out);
     if (metrics) metrics->write(step + 1, report, device.peakBytes());

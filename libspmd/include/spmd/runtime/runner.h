@@ -21,6 +21,7 @@ struct RunOptions {
   bool json = false;
   bool tf32 = false;  // TF32 matmuls on CUDA, as torch.backends.cuda.matmul.allow_tf32
   bool eager = false; // no CUDA graphs, even for an artifact lowered with --cudagraphs
+  bool allowNonfinite = false;  // --allow-nonfinite: train on after a NaN or infinite loss
   std::string profile;  // --profile: rank 0's time per op, the device synchronized after each node
   std::string metrics;  // --metrics: rank 0 appends one JSON line per step
   std::chrono::milliseconds timeout{300000};
