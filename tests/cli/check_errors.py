@@ -15,6 +15,7 @@ BIN_DIR = sys.argv[1]
 BIN = os.path.join(BIN_DIR, "spmd-inspect")
 EXPAND = os.path.join(BIN_DIR, "spmd-expand")
 UNROLL = os.path.join(BIN_DIR, "spmd-unroll")
+SPLIT = os.path.join(BIN_DIR, "spmd-split")
 MLP = ["samples/mlp.pt", "--input", "x:f32[100,100]"]
 passed = failed = 0
 
@@ -149,6 +150,22 @@ def unroll_errors(write, graph_json):
     unroll("tags without iters", [write("noiters.json", json.dumps(doc))], 1,
            E + r".*/noiters\.json: /nodes/\d+/meta/iteration: iteration tag in a graph that is not unrolled")
     unroll("usage: --iters 0", ["--iters", "0"], 2, r"iters")
+    # spmd-split after spmd-unroll is refused; on a split graph it changes nothing.
+    check("spmd-split on an unrolled graph", [write("unrolled.json", unrolled)], 1,
+          r"spmd-split: error: .*/unrolled\.json: /iters: the graph is unrolled already: run spmd-split before spmd-unroll",
+          tool=SPLIT)
+    global passed, failed
+    once = subprocess.run([EXPAND] + MLP + ["--optimizer", "adam"], capture_output=True).stdout
+    once = subprocess.run([SPLIT], input=once, capture_output=True).stdout
+    twice = subprocess.run([SPLIT], input=once, capture_output=True)
+    note = twice.stderr.decode(errors="replace")
+    if twice.returncode == 0 and twice.stdout == once and "bucketed already" in note and note.count("\n") == 1:
+        passed += 1
+        print("PASS spmd-split twice leaves the buckets")
+    else:
+        failed += 1
+        print(f"FAIL spmd-split twice leaves the buckets: exit {twice.returncode}, same output {twice.stdout == once}, "
+              f"stderr {note!r}")
 
 
 def main():

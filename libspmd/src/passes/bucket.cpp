@@ -16,7 +16,8 @@
 // them is produced, spmd::bucket_start launches its all-reduce there, and
 // spmd::bucket_wait plus the unpack come just before the first node that
 // reads one of them (the optimizer). Ignored parameters' gradients stay
-// local. Forward graphs without gradients only get the plan.
+// local. Forward graphs without gradients only get the plan. A graph bucketed
+// already is left alone (a note says so); an unrolled one is an error.
 #include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -338,7 +339,16 @@ std::unique_ptr<Pass> createBucketPass(const PipelineOptions& options) {
   return std::make_unique<BucketPass>(options.buckets, options.gradReduce);
 }
 
-bool BucketPass::run(Graph& g, DiagnosticEngine&) {
+bool BucketPass::run(Graph& g, DiagnosticEngine& diagnostics) {
+  // Bucketing twice would put a second all-reduce on every bucket; an
+  // unrolled graph's moved work reads values from the previous iteration.
+  if (g.iters() > 0) throw Diagnostic("/iters", "the graph is unrolled already: run spmd-split before spmd-unroll");
+  for (const Node& n : g.nodes()) {
+    if (n.op == "spmd::bucket_start") {
+      diagnostics.note("the graph is bucketed already (spmd-split ran on it); it is left as it is");
+      return false;
+    }
+  }
   std::vector<PlanBucket> plan = planBuckets(g, options_);
   std::vector<Bucket> table;
   for (auto& b : plan) table.push_back(Bucket{inForwardOrder(g, b.params), b.bytes});
