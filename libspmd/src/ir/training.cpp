@@ -56,13 +56,6 @@ double learningRateAt(const LrSchedule& s, int64_t it) {
   return s.lr;
 }
 
-bool TrainingConfig::operator==(const TrainingConfig& o) const {
-  const LrSchedule &a = schedule, &b = o.schedule;
-  return scheduled == o.scheduled && a.kind == b.kind && a.lr == b.lr && a.warmupSteps == b.warmupSteps &&
-         a.decaySteps == b.decaySteps && a.minLr == b.minLr && a.stepSize == b.stepSize && a.gamma == b.gamma &&
-         clipMaxNorm == o.clipMaxNorm && clipNormType == o.clipNormType && microBatches == o.microBatches;
-}
-
 void validateTraining(const TrainingConfig& c) {
   const LrSchedule& s = c.schedule;
   if (s.warmupSteps < 0) throw Diagnostic("--warmup-steps", "must not be negative");

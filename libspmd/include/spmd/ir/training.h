@@ -49,7 +49,6 @@ struct TrainingConfig {
   int64_t microBatches = 1;
 
   bool clips() const { return clipMaxNorm > 0.0; }
-  bool operator==(const TrainingConfig& o) const;
 };
 
 // Rejects what makes no schedule: negative step counts, decay ending before
