@@ -24,11 +24,38 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", o.warmup, "steps left out of the timing summary (they still train)")
       ->check(CLI::Range(0, 100000000))
       ->capture_default_str();
-  app.add_option("--data", o.dataFile, "torch.save'd {input: tensor [S, G, ...]}; rank r takes rows [r*G/N, (r+1)*G/N) of slice s % S");
+  auto* dataOption = app.add_option(
+      "--data", o.dataFile,
+      "{input: tensor [S, G, ...] or rows [N, ...]}: a torch.save'd dict, an uncompressed .npz (numpy.savez) or a "
+      "folder of NAME.npy (memory-mapped); rank r takes rows [r*G/W, (r+1)*G/W) of slice s % S");
+  app.add_option("--tokens", o.tokens,
+                 "a token stream (nanoGPT's train.bin, memory-mapped): the first two data inputs, integer [B, T], get "
+                 "B windows of T tokens and the windows one token later, at offsets seeded by --seed, rank and step")
+      ->excludes(dataOption);
+  app.add_option("--token-dtype", o.tokenDtype, "uint16 or uint32 (--tokens)")
+      ->check(CLI::IsMember({"uint16", "uint32"}))
+      ->capture_default_str();
   app.add_option("--save-params", o.saveParams, "write rank 0's parameters {name: tensor} (torch.load reads it)");
   app.add_option("--metrics", o.metrics,
                  "append one JSON object per step to FILE.jsonl (step, loss, lr, grad_norm, ms, samples_per_s, "
                  "peak_bytes), flushed after each step");
+  auto* checkpointOption = app.add_option("--checkpoint", o.checkpoint,
+                 "write checkpoints into DIR (step-NNNNNNNN folders PyTorch reads, and DIR/latest): at the end, and "
+                 "with --checkpoint-every K after every K-th step");
+  app.add_option("--checkpoint-every", o.checkpointEvery, "steps between checkpoints (with --checkpoint)")
+      ->check(CLI::Range(1, 100000000))
+      ->needs(checkpointOption);
+  app.add_option("--keep", o.keep, "checkpoints kept in --checkpoint's DIR, the newest")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  auto* resumeOption = app.add_option("--resume", o.resume,
+                 "continue from a checkpoint (a step-NNNNNNNN folder, or a --checkpoint DIR: its latest) up to "
+                 "--steps, bit for bit as an uninterrupted run");
+  app.add_flag("--resume-weights-only", o.resumeWeightsOnly,
+               "take only the checkpoint's parameters and buffers and start at step 1 (another artifact or world size)")
+      ->needs(resumeOption);
+  app.add_option("--init-from", o.initFrom,
+                 "start from the parameters (and buffers) of a PyTorch state_dict file (torch.save(model.state_dict()))");
   app.add_option("--device", o.device, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the random inputs used without --data")->capture_default_str();
   app.add_flag("--json", o.json, "print the run's losses and timings as one JSON object");

@@ -520,3 +520,50 @@ TEST_CASE("saveTorchSave rejects what it cannot write", "[torch_save]") {
              "cannot save tensor 'a': the name is given twice");
   checkError([] { saveTorchSave({{"u", at::Tensor()}}); }, "cannot save tensor 'u': it is undefined");
 }
+
+// ---- saveTorchSaveValue: nested objects (an optimizer's state_dict) -------------
+
+TEST_CASE("saveTorchSaveValue: nested dicts, lists, tuples and scalars read back", "[torch_save]") {
+  c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+  entry.insert("step", at::scalar_tensor(3.0));
+  entry.insert("exp_avg", at::arange(6, at::kFloat).reshape({2, 3}).t());  // not contiguous: saved as a copy
+  c10::impl::GenericDict state(c10::IntType::get(), c10::AnyType::get());
+  state.insert(int64_t{0}, entry);
+  state.insert(int64_t{300}, c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()));
+  c10::impl::GenericList params(c10::IntType::get());
+  for (int64_t i = 0; i < 1002; ++i) params.push_back(i);  // more than one SETITEMS/APPENDS batch
+  c10::impl::GenericDict group(c10::StringType::get(), c10::AnyType::get());
+  group.insert("lr", 0.125);
+  group.insert("betas", c10::ivalue::Tuple::create({0.9, 0.95}));
+  group.insert("amsgrad", false);
+  group.insert("foreach", c10::IValue());
+  group.insert("name", std::string("decay"));
+  group.insert("params", params);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(group);
+  c10::impl::GenericDict top(c10::StringType::get(), c10::AnyType::get());
+  top.insert("state", state);
+  top.insert("param_groups", groups);
+
+  const c10::IValue back = loadTorchSaveBytes(saveTorchSaveValue(top));
+  const auto readState = back.toGenericDict().at("state").toGenericDict();
+  REQUIRE(readState.size() == 2);
+  const auto readEntry = readState.at(int64_t{0}).toGenericDict();
+  CHECK(at::equal(readEntry.at("step").toTensor(), at::scalar_tensor(3.0)));
+  CHECK(at::equal(readEntry.at("exp_avg").toTensor(), at::arange(6, at::kFloat).reshape({2, 3}).t()));
+  CHECK(readState.at(int64_t{300}).toGenericDict().empty());
+  const auto readGroup = back.toGenericDict().at("param_groups").toListRef().at(0).toGenericDict();
+  CHECK(readGroup.at("lr").toDouble() == 0.125);
+  const auto betas = readGroup.at("betas").toTupleRef().elements();
+  CHECK((betas.size() == 2 && betas[0].toDouble() == 0.9 && betas[1].toDouble() == 0.95));
+  CHECK(readGroup.at("amsgrad").toBool() == false);
+  CHECK(readGroup.at("foreach").isNone());
+  CHECK(readGroup.at("name").toStringRef() == "decay");
+  const auto readParams = readGroup.at("params").toListRef();
+  REQUIRE(readParams.size() == 1002);
+  CHECK(readParams[1001].toInt() == 1001);
+}
+
+TEST_CASE("saveTorchSaveValue refuses what torch.save's state dicts do not hold", "[torch_save]") {
+  checkError([] { saveTorchSaveValue(c10::IValue(c10::complex<double>(1, 2))); }, "cannot save a ComplexDouble");
+}

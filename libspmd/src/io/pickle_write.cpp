@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <unordered_map>
@@ -50,6 +51,39 @@ class Pickler {
     return std::move(out_);
   }
 
+  // Any object torch.save writes for a state dict: dicts (str or int keys),
+  // lists, tuples, ints, floats, bools, None, strings and tensors, nested.
+  // Tensors must be prepared (contiguous CPU tensors); the k-th tensor met
+  // in depth-first order gets storage data/<k>.
+  void value(const c10::IValue& v) {
+    if (v.isTensor()) {
+      tensor(v.toTensor(), std::to_string(tensorsSeen_++));
+    } else if (v.isGenericDict()) {
+      dict(v.toGenericDict());
+    } else if (v.isList()) {
+      list(v.toListRef());
+    } else if (v.isTuple()) {
+      const auto& elements = v.toTupleRef().elements();
+      tuple(std::vector<c10::IValue>(elements.begin(), elements.end()));
+    } else if (v.isDouble()) {
+      opcode(op::BINFLOAT);
+      const double d = v.toDouble();
+      uint64_t bits = 0;
+      std::memcpy(&bits, &d, sizeof bits);
+      for (int i = 7; i >= 0; --i) out_.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));  // big-endian
+    } else if (v.isBool()) {
+      opcode(v.toBool() ? op::NEWTRUE : op::NEWFALSE);
+    } else if (v.isInt()) {
+      integer(v.toInt());
+    } else if (v.isNone()) {
+      opcode(op::NONE);
+    } else if (v.isString()) {
+      string(v.toStringRef());
+    } else {
+      fail("cannot save a " + v.tagKind() + " in a torch.save file");
+    }
+  }
+
   // A dict of the tensors (already contiguous CPU tensors, each with its own
   // storage data/<i>). Like CPython's C pickler (batch_dict_exact): SETITEM
   // for a dict of one, else MARK ... SETITEMS for each 1000 items, and one
@@ -74,6 +108,52 @@ class Pickler {
   }
 
  private:
+  // Items as CPython's batched SETITEMS/APPENDS: one item alone with
+  // SETITEM/APPEND, else MARK ... per 1000 items.
+  template <typename Emit>
+  void batched(size_t count, uint8_t single, uint8_t many, const Emit& emit) {
+    if (count == 1) {
+      emit(0);
+      opcode(single);
+      return;
+    }
+    for (size_t start = 0; start < count; start += 1000) {
+      opcode(op::MARK);
+      for (size_t i = start; i < std::min(start + 1000, count); ++i) emit(i);
+      opcode(many);
+    }
+  }
+
+  void dict(const c10::impl::GenericDict& d) {
+    opcode(op::EMPTY_DICT);
+    memoize();
+    std::vector<std::pair<c10::IValue, c10::IValue>> items;
+    for (const auto& item : d) items.emplace_back(item.key(), item.value());
+    if (items.empty()) return;
+    batched(items.size(), op::SETITEM, op::SETITEMS, [&](size_t i) {
+      value(items[i].first);
+      value(items[i].second);
+    });
+  }
+
+  void list(c10::ArrayRef<c10::IValue> elements) {
+    opcode(op::EMPTY_LIST);
+    memoize();
+    if (elements.empty()) return;
+    batched(elements.size(), op::APPEND, op::APPENDS, [&](size_t i) { value(elements[i]); });
+  }
+
+  void tuple(const std::vector<c10::IValue>& elements) {
+    if (elements.empty()) {
+      opcode(op::EMPTY_TUPLE);
+      return;
+    }
+    if (elements.size() > 3) opcode(op::MARK);
+    for (const auto& e : elements) value(e);
+    opcode(elements.size() > 3 ? uint8_t(op::TUPLE) : uint8_t(op::TUPLE1 + elements.size() - 1));
+    memoize();
+  }
+
   void entry(const std::pair<std::string, at::Tensor>& named, size_t index) {
     string(named.first);
     tensor(named.second, std::to_string(index));
@@ -209,6 +289,7 @@ class Pickler {
 
   std::string out_;
   uint64_t memoSize_ = 0;
+  size_t tensorsSeen_ = 0;
   std::unordered_map<std::string, uint64_t> shared_;  // "global <name>" or "str <text>": its memo index
 };
 
@@ -232,6 +313,39 @@ std::vector<std::pair<std::string, at::Tensor>> prepare(const std::vector<std::p
 std::string pickleTensorDict(const std::vector<std::pair<std::string, at::Tensor>>& prepared) {
   Pickler pickler;
   pickler.tensorDict(prepared);
+  return pickler.finish();
+}
+
+c10::IValue prepareValue(const c10::IValue& v, std::vector<at::Tensor>& tensors) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!storageGlobal(t.scalar_type())) {
+      fail("cannot save a tensor of dtype " + std::string(c10::toString(t.scalar_type())));
+    }
+    tensors.push_back(t.detach().to(at::kCPU).contiguous());
+    return tensors.back();
+  }
+  if (v.isGenericDict()) {
+    c10::impl::GenericDict out(v.toGenericDict().keyType(), v.toGenericDict().valueType());
+    for (const auto& item : v.toGenericDict()) out.insert(item.key(), prepareValue(item.value(), tensors));
+    return out;
+  }
+  if (v.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const auto& e : v.toListRef()) out.push_back(prepareValue(e, tensors));
+    return out;
+  }
+  if (v.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const auto& e : v.toTupleRef().elements()) elements.push_back(prepareValue(e, tensors));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return v;
+}
+
+std::string pickleValue(const c10::IValue& prepared) {
+  Pickler pickler;
+  pickler.value(prepared);
   return pickler.finish();
 }
 

@@ -109,14 +109,15 @@ c10::IValue loadTorchSave(const std::string& path) {
   }
 }
 
-std::string saveTorchSave(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  const std::vector<std::pair<std::string, at::Tensor>> prepared = prepare(tensors);
-  const std::string pickle = pickleTensorDict(prepared);
+namespace {
+
+// The zip archive torch.save writes around `pickle`: records in the order
+// Python writes them; writeEndOfFile adds "version" ("3\n", what LibTorch
+// 1.13 and Python's torch.save of 1.13 write, which PyTorch 2.x reads as
+// well). Storage data/<i> is tensors[i]'s bytes.
+std::string archive(const std::string& pickle, const std::vector<at::Tensor>& tensors) {
   std::string bytes;
   try {
-    // Records in the order Python writes them; writeEndOfFile adds "version"
-    // ("3\n", what LibTorch 1.13 and Python's torch.save of 1.13 write, which
-    // PyTorch 2.x reads as well).
     PyTorchStreamWriter writer([&bytes](const void* data, size_t size) {
       bytes.append(static_cast<const char*>(data), size);
       return size;
@@ -124,8 +125,8 @@ std::string saveTorchSave(const std::vector<std::pair<std::string, at::Tensor>>&
     writer.writeRecord("data.pkl", pickle.data(), pickle.size());
     const std::string order = "little";
     writer.writeRecord("byteorder", order.data(), order.size());
-    for (size_t i = 0; i < prepared.size(); ++i) {
-      const at::Tensor& t = prepared[i].second;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const at::Tensor& t = tensors[i];
       writer.writeRecord("data/" + std::to_string(i), t.numel() > 0 ? t.data_ptr() : nullptr, t.nbytes());
     }
     writer.writeEndOfFile();
@@ -133,6 +134,21 @@ std::string saveTorchSave(const std::vector<std::pair<std::string, at::Tensor>>&
     fail("cannot write torch.save file: " + firstLine(e));
   }
   return bytes;
+}
+
+}  // namespace
+
+std::string saveTorchSave(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  const std::vector<std::pair<std::string, at::Tensor>> prepared = prepare(tensors);
+  std::vector<at::Tensor> storages;
+  for (const auto& named : prepared) storages.push_back(named.second);
+  return archive(pickleTensorDict(prepared), storages);
+}
+
+std::string saveTorchSaveValue(const c10::IValue& value) {
+  std::vector<at::Tensor> storages;
+  const c10::IValue prepared = torch_save_detail::prepareValue(value, storages);
+  return archive(torch_save_detail::pickleValue(prepared), storages);
 }
 
 }  // namespace spmd

@@ -61,5 +61,11 @@ std::vector<std::pair<std::string, at::Tensor>> prepare(const std::vector<std::p
 // data/<i> (pickle_write.cpp).
 std::string pickleTensorDict(const std::vector<std::pair<std::string, at::Tensor>>& prepared);
 
+// `v` with each tensor replaced by a contiguous CPU copy, also appended to
+// `tensors` in depth-first order (the order pickleValue names storages in).
+c10::IValue prepareValue(const c10::IValue& v, std::vector<at::Tensor>& tensors);
+// The pickle of a prepared object (pickle_write.cpp).
+std::string pickleValue(const c10::IValue& prepared);
+
 }  // namespace torch_save_detail
 }  // namespace spmd

@@ -18,6 +18,7 @@ struct CapturedStep {
   at::cuda::CUDAGraph graph;
 #endif
   TensorMap staticData;  // the data inputs the graph reads: refilled each step
+  TensorMap staticState;  // the state tensors the graph reads and writes in place
   std::vector<at::Tensor> outputs;  // the graph's outputs, rewritten by each replay
 };
 
@@ -35,6 +36,7 @@ std::vector<at::Tensor> StepExecutor::run(TensorMap& state, const TensorMap& dat
   if (afterNode) return runEagerly(state, data, comm, afterNode);
   if (captured_) {
     for (auto& [name, t] : captured_->staticData) t.copy_(data.at(name));
+    rebindCapturedState(state);
 #ifdef SPMD_WITH_CUDA
     captured_->graph.replay();
 #endif
@@ -46,6 +48,19 @@ std::vector<at::Tensor> StepExecutor::run(TensorMap& state, const TensorMap& dat
   captured_->graph.replay();
 #endif
   return captured_->outputs;
+}
+
+// Another iteration's graph (run eagerly between replays: a checkpoint's
+// cleanup and the setup after it) may have left new tensors in `state`:
+// their values go into the tensors the captured graph reads, which become
+// the state again.
+void StepExecutor::rebindCapturedState(TensorMap& state) const {
+  for (auto& [name, fixed] : captured_->staticState) {
+    at::Tensor& current = state.at(name);
+    if (current.is_same(fixed)) continue;
+    fixed.copy_(current);
+    current = fixed;
+  }
 }
 
 // The interpreter writes over some state inputs: none of them may share its
@@ -115,6 +130,7 @@ void StepExecutor::capture(TensorMap& state, const TensorMap& data, Collectives*
     }
     step->outputs = result.outputs;
     step->graph.capture_end();
+    step->staticState = state;
   }
   c10::cuda::getCurrentCUDAStream().synchronize();
   captured_ = std::move(step);

@@ -1,6 +1,7 @@
 #include "run_data.h"
 
-#include "spmd/io/torch_save.h"
+#include "data_files.h"
+
 #include "spmd/ir/printer.h"
 #include "spmd/support/diagnostic.h"
 
@@ -9,70 +10,120 @@
 #include <map>
 
 namespace spmd {
+namespace {
 
-StepData::StepData(const Graph& g, const std::string& file, uint64_t seed, const RankInfo& rank, at::Device device)
-    : graph_(g), seed_(seed), rank_(rank), device_(device) {
-  if (file.empty()) return;
-  const int worldSize = rank.worldSize;
-  auto dict = loadTorchSave(file);
-  if (!dict.isGenericDict()) throw Diagnostic("", "expected a dict {input name: tensor}").inFile(file);
-  std::map<std::string, at::Tensor> tensors;
-  for (const auto& item : dict.toGenericDict()) {
-    if (item.key().isString() && item.value().isTensor()) tensors[item.key().toStringRef()] = item.value().toTensor();
-  }
+std::vector<const Value*> dataInputs(const Graph& g) {
+  std::vector<const Value*> out;
   for (const auto& in : g.inputs()) {
-    if (in.kind != InputKind::Data) continue;
-    const Value& v = g.value(in.value);
-    auto it = tensors.find(v.name);
-    if (it == tensors.end()) throw Diagnostic("'" + v.name + "'", "the data file has no tensor for this graph input").inFile(file);
-    const at::Tensor& t = it->second;
-    const std::string want = "[S, " + std::to_string(v.shape.empty() ? 1 : v.shape[0] * worldSize) + ", ...]";
-    if (v.shape.empty() || t.dim() != static_cast<int64_t>(v.shape.size()) + 1) {
-      throw Diagnostic("'" + v.name + "'", "expected shape " + want + " for per-rank " + typeText(v) + ", got " +
-                                               std::to_string(t.dim()) + " dimensions").inFile(file);
-    }
-    if (t.size(0) == 0) {
-      throw Diagnostic("'" + v.name + "'", "the data file holds no steps (dimension 0 of [S, G, ...] is 0)").inFile(file);
-    }
-    if (t.size(1) % worldSize != 0) {
-      throw Diagnostic("'" + v.name + "'", "the batch of " + std::to_string(t.size(1)) + " rows does not divide among " +
-                                               std::to_string(worldSize) + " ranks").inFile(file);
-    }
-    std::vector<int64_t> perRank = t.sizes().slice(1).vec();
-    perRank[0] /= worldSize;
-    const int64_t micro = g.training().microBatches;
-    if (micro > 1 && perRank[0] % micro != 0) {
-      throw Diagnostic("'" + v.name + "'", "each rank's " + std::to_string(perRank[0]) + " rows do not divide into the step's " +
-                                               std::to_string(micro) + " micro-batches").inFile(file);
-    }
-    if (perRank != v.shape || t.scalar_type() != v.dtype) {
-      Value got{v.name, t.scalar_type(), perRank};
-      const std::string perMicroBatch =
-          micro > 1 ? " (" + std::to_string(micro) + " micro-batches of " + std::to_string(v.shape[0] / micro) + " rows)" : "";
-      throw Diagnostic("'" + v.name + "'", "each rank's slice would be " + typeText(got) + ", the graph takes " + typeText(v) +
-                                               perMicroBatch)
-          .inFile(file);
-    }
-    data_.push_back({v.name, t});
+    if (in.kind == InputKind::Data) out.push_back(&g.value(in.value));
+  }
+  return out;
+}
+
+// `t` as [S, G, ...]: as it is, or rows [N, ...] cut into N // G batches of
+// G rows (a view: nothing is read).
+at::Tensor asSteps(const at::Tensor& t, const Value& v, int64_t globalRows, const std::string& file) {
+  if (v.shape.empty() || (t.dim() != static_cast<int64_t>(v.shape.size()) + 1 && t.dim() != static_cast<int64_t>(v.shape.size()))) {
+    const std::string want = "[S, " + std::to_string(v.shape.empty() ? 1 : globalRows) + ", ...] or [N, ...]";
+    throw Diagnostic("'" + v.name + "'", "expected shape " + want + " for per-rank " + typeText(v) + ", got " +
+                                             std::to_string(t.dim()) + " dimensions").inFile(file);
+  }
+  if (t.dim() == static_cast<int64_t>(v.shape.size()) + 1) return t;
+  const int64_t batches = t.size(0) / globalRows;
+  if (batches == 0) {
+    throw Diagnostic("'" + v.name + "'", "holds " + std::to_string(t.size(0)) + " rows, fewer than one step's " +
+                                             std::to_string(globalRows)).inFile(file);
+  }
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[0] = globalRows;
+  shape.insert(shape.begin(), batches);
+  return t.narrow(0, 0, batches * globalRows).view(shape);
+}
+
+void checkSteps(const at::Tensor& t, const Value& v, const RankInfo& rank, int64_t micro, const std::string& file) {
+  if (t.size(0) == 0) {
+    throw Diagnostic("'" + v.name + "'", "the data file holds no steps (dimension 0 of [S, G, ...] is 0)").inFile(file);
+  }
+  if (t.size(1) % rank.worldSize != 0) {
+    throw Diagnostic("'" + v.name + "'", "the batch of " + std::to_string(t.size(1)) + " rows does not divide among " +
+                                             std::to_string(rank.worldSize) + " ranks").inFile(file);
+  }
+  std::vector<int64_t> perRank = t.sizes().slice(1).vec();
+  perRank[0] /= rank.worldSize;
+  if (micro > 1 && perRank[0] % micro != 0) {
+    throw Diagnostic("'" + v.name + "'", "each rank's " + std::to_string(perRank[0]) + " rows do not divide into the step's " +
+                                             std::to_string(micro) + " micro-batches").inFile(file);
+  }
+  if (perRank != v.shape || t.scalar_type() != v.dtype) {
+    Value got{v.name, t.scalar_type(), perRank};
+    const std::string perMicroBatch =
+        micro > 1 ? " (" + std::to_string(micro) + " micro-batches of " + std::to_string(v.shape[0] / micro) + " rows)" : "";
+    throw Diagnostic("'" + v.name + "'", "each rank's slice would be " + typeText(got) + ", the graph takes " + typeText(v) +
+                                             perMicroBatch).inFile(file);
+  }
+}
+
+}  // namespace
+
+StepData::StepData(const Graph& g, const DataSource& source, uint64_t seed, const RankInfo& rank, at::Device device)
+    : graph_(g), seed_(seed), rank_(rank), device_(device) {
+  if (!source.tokens.empty()) {
+    tokens_ = std::make_unique<TokenFile>(source.tokens, source.tokenDtype);
+    checkTokenInputs();
+  }
+  if (source.file.empty()) return;
+  const std::string& file = source.file;
+  const std::map<std::string, at::Tensor> tensors = openDataTensors(file);
+  for (const Value* v : dataInputs(g)) {
+    auto it = tensors.find(v->name);
+    if (it == tensors.end()) throw Diagnostic("'" + v->name + "'", "the data file has no tensor for this graph input").inFile(file);
+    const int64_t globalRows = v->shape.empty() ? 1 : v->shape[0] * rank.worldSize;
+    const at::Tensor steps = asSteps(it->second, *v, globalRows, file);
+    checkSteps(steps, *v, rank, g.training().microBatches, file);
+    data_.push_back({v->name, steps});
+  }
+}
+
+StepData::~StepData() = default;
+
+void StepData::checkTokenInputs() const {
+  const std::vector<const Value*> inputs = dataInputs(graph_);
+  const auto isWindow = [](const Value* v) { return v->shape.size() == 2 && !c10::isFloatingType(v->dtype); };
+  if (inputs.size() < 2 || !isWindow(inputs[0]) || !isWindow(inputs[1]) || inputs[0]->shape != inputs[1]->shape) {
+    throw Diagnostic("--tokens", "the graph's first two data inputs must be integer [B, T] (tokens and targets)");
+  }
+  if (inputs.size() > 2) throw Diagnostic("--tokens", "the graph has data inputs besides tokens and targets ('" + inputs[2]->name + "')");
+  if (tokens_->size() <= inputs[0]->shape[1]) {
+    throw Diagnostic("", "holds " + std::to_string(tokens_->size()) + " tokens, not more than one window of " +
+                             std::to_string(inputs[0]->shape[1])).inFile(tokens_->path());
   }
 }
 
 TensorMap StepData::forStep(int step) const {
   TensorMap inputs;
+  at::Generator gen = at::detail::createCPUGenerator(seed_ * 1000003 + rank_.rank * 7919 + step);
+  if (tokens_) {
+    const std::vector<const Value*> pair = dataInputs(graph_);
+    const int64_t rows = pair[0]->shape[0], length = pair[0]->shape[1];
+    const at::Tensor offsets = at::randint(tokens_->size() - length, {rows}, gen, at::kLong);
+    const std::vector<int64_t> starts(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + rows);
+    inputs[pair[0]->name] = tokens_->windows(starts, length, 0).to(pair[0]->dtype).to(device_);
+    inputs[pair[1]->name] = tokens_->windows(starts, length, 1).to(pair[1]->dtype).to(device_);
+    return inputs;
+  }
   if (data_.empty()) {
-    at::Generator gen = at::detail::createCPUGenerator(seed_ * 1000003 + rank_.rank * 7919 + step);
-    for (const auto& in : graph_.inputs()) {
-      if (in.kind != InputKind::Data) continue;
-      const Value& v = graph_.value(in.value);
-      auto opts = at::TensorOptions().dtype(v.dtype);
-      at::Tensor t = c10::isFloatingType(v.dtype) ? at::randn(v.shape, gen, opts) : at::randint(0, 2, v.shape, gen, opts);
-      inputs[v.name] = t.to(device_);
+    for (const Value* v : dataInputs(graph_)) {
+      auto opts = at::TensorOptions().dtype(v->dtype);
+      at::Tensor t = c10::isFloatingType(v->dtype) ? at::randn(v->shape, gen, opts) : at::randint(0, 2, v->shape, gen, opts);
+      inputs[v->name] = t.to(device_);
     }
     return inputs;
   }
   for (const auto& d : data_) {
     const int64_t rows = d.all.size(1) / rank_.worldSize;
-    inputs[d.name] = d.all[step % d.all.size(0)].narrow(0, rank_.rank * rows, rows).contiguous().to(device_);
+    // A copy: the rows may lie in a read-only mapping of the file.
+    inputs[d.name] = d.all[step % d.all.size(0)].narrow(0, rank_.rank * rows, rows).to(device_, false, /*copy=*/true)
+                         .contiguous();
   }
   return inputs;
 }

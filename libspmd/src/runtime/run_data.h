@@ -1,5 +1,5 @@
 // The data inputs of each training step on one rank: its rows of a slice of
-// --data, or seeded random tensors without it.
+// --data, windows of a --tokens stream, or seeded random tensors.
 #pragma once
 
 #include "spmd/ir/graph.h"
@@ -10,22 +10,38 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace spmd {
 
+class TokenFile;
+
+// Where a run's data comes from (spmd-run's flags).
+struct DataSource {
+  std::string file;        // --data: a torch.save'd dict, a .npz or a folder of .npy files
+  std::string tokens;      // --tokens: a token stream (nanoGPT's train.bin)
+  std::string tokenDtype = "uint16";  // --token-dtype
+};
+
 class StepData {
  public:
-  // `file`: --data, a torch.save'd {input name: tensor [S, G, ...]}, or empty
-  // for random inputs seeded by `seed`, the rank and the step. The file is
-  // read and checked against the graph's data inputs here, before step 1:
-  // throws Diagnostic (in `file`) for a missing tensor or one that does not
-  // slice into G / world-size rows of the graph's per-rank type.
-  StepData(const Graph& g, const std::string& file, uint64_t seed, const RankInfo& rank, at::Device device);
+  // Opens and checks the source against the graph's data inputs here,
+  // before step 1 (Diagnostic naming the file):
+  //  --data: one tensor per data input, [S, G, ...] (S steps of G rows, the
+  //    global batch) or [N, ...] (rows: step s takes the s-th G rows, cycling
+  //    over the N // G whole batches); rank r takes rows [r*G/W, (r+1)*G/W)
+  //    of world size W. NumPy files are mapped, not read.
+  //  --tokens: the graph's first two data inputs, integer [B, T], get B
+  //    windows of T tokens and the same windows shifted by one (inputs and
+  //    targets), from offsets drawn by a generator seeded by `seed`, the rank
+  //    and the step (nanoGPT's get_batch).
+  //  neither: random inputs seeded by `seed`, the rank and the step.
+  StepData(const Graph& g, const DataSource& source, uint64_t seed, const RankInfo& rank, at::Device device);
+  ~StepData();
 
-  // Step `step`'s data inputs on the device: rank r takes rows
-  // [r*G/N, (r+1)*G/N) of slice step % S.
+  // Step `step`'s data inputs on the device.
   TensorMap forStep(int step) const;
 
  private:
@@ -33,12 +49,15 @@ class StepData {
     std::string name;
     at::Tensor all;  // [S, G, ...]
   };
+  void checkTokenInputs() const;
 
   const Graph& graph_;
   uint64_t seed_;
   RankInfo rank_;
   at::Device device_;
-  std::vector<Input> data_;  // empty: random inputs
+  std::vector<Input> data_;             // --data
+  std::unique_ptr<TokenFile> tokens_;  // --tokens
+  std::vector<const Value*> tokenInputs_;
 };
 
 }  // namespace spmd

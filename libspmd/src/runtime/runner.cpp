@@ -5,6 +5,7 @@
 // last step (run_report).
 #include "spmd/runtime/runner.h"
 
+#include "checkpoint.h"
 #include "iteration_plans.h"
 #include "op_profile.h"
 #include "run_data.h"
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
 
@@ -52,6 +54,57 @@ int64_t samplesPerStep(const Graph& g, int worldSize) {
   return 0;
 }
 
+// Which iteration of the unrolled schedule step `step` runs, in a run from
+// `start` to `steps` with a checkpoint after every `every`-th step (0: only
+// at the end). A checkpoint ends a segment with the cleanup iteration, so
+// that it holds finished state, and the next step (or a resumed run) begins
+// a segment with the setup iteration. Segments change no bits: the work
+// moved to the next iteration runs on the same values either way, at the
+// end of this iteration instead of the start of the next.
+Iteration iterationOf(int step, int start, int steps, int every) {
+  int first = start, end = steps;
+  if (every > 0) {
+    first = std::max(start, step / every * every);
+    end = std::min(steps, (step / every + 1) * every);
+  }
+  return iterationAt(step - first, end - first);
+}
+
+// The state a run starts from: the artifact's, with --init-from's weights,
+// or a checkpoint's (--resume). Returns the step it starts at; `seed` becomes
+// the checkpoint's (its random inputs and dropout masks go on as they were).
+int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo& info, TensorMap& state,
+                  uint64_t& seed) {
+  const Graph& g = artifact.graph;
+  if (!o.initFrom.empty()) {
+    const std::vector<std::string> unused = initFromStateDict(g, o.initFrom, state);
+    if (info.rank == 0 && !unused.empty()) {
+      std::cerr << "spmd-run: note: " << o.initFrom << ": " << unused.size()
+                << " entries the step has no input for were left out (first: '" << unused.front() << "')\n";
+    }
+  }
+  if (o.resume.empty()) return 0;
+  const Checkpoint c = readCheckpoint(g, o.resume);
+  if (o.resumeWeightsOnly) {
+    restoreState(g, c, /*weightsOnly=*/true, state);
+    return 0;
+  }
+  const std::string fingerprint = stepFingerprint(artifact);
+  if (c.info.fingerprint != fingerprint) {
+    throw Diagnostic("--resume " + c.folder, "was written by another step (fingerprint " + c.info.fingerprint +
+                                                 ", this artifact's " + fingerprint +
+                                                 "); --resume-weights-only takes its weights alone");
+  }
+  if (c.info.worldSize != info.worldSize) {
+    throw Diagnostic("--resume " + c.folder, "was written by a run of " + std::to_string(c.info.worldSize) +
+                                                 " ranks, this one has " + std::to_string(info.worldSize) +
+                                                 "; --resume-weights-only takes its weights alone");
+  }
+  restoreState(g, c, /*weightsOnly=*/false, state);
+  seed = c.info.seed;
+  return static_cast<int>(c.info.step);
+}
+
 }  // namespace
 
 void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankInfo, const RunOptions& o,
@@ -62,16 +115,27 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
 
   // Bad input is refused before step 1.
   const RunDevice device(artifact, o.device, info.localRank);
-  const StepData data(g, o.dataFile, o.seed, info, device.device());
   const int steps = o.steps > 0 ? o.steps : (g.iters() > 0 ? g.iters() : 10);
-  if (o.warmup >= steps) throw Diagnostic("--warmup", "must be fewer than the " + std::to_string(steps) + " steps");
   if (lead) {
     requireWritableDirectory(o.saveParams, "--save-params");
     requireWritableDirectory(o.profile, "--profile");
   }
+  std::optional<CheckpointWriter> checkpoints;
+  if (lead && !o.checkpoint.empty()) checkpoints.emplace(o.checkpoint, o.keep);
+  const int every = o.checkpoint.empty() ? 0 : o.checkpointEvery;
+  const std::string fingerprint = checkpoints ? stepFingerprint(artifact) : "";
 
   device.makeCurrent();
   TensorMap state = placeState(artifact, device.device());
+  uint64_t seed = o.seed;
+  const int start = startingState(artifact, o, info, state, seed);
+  if (start >= steps) {
+    throw Diagnostic("--steps", "the checkpoint is at step " + std::to_string(start) + " already: ask for more steps");
+  }
+  const StepData data(g, DataSource{o.dataFile, o.tokens, o.tokenDtype}, seed, info, device.device());
+  if (o.warmup >= steps - start) {
+    throw Diagnostic("--warmup", "must be fewer than the " + std::to_string(steps - start) + " steps to run");
+  }
   device.allowTF32(o.tf32);
   std::optional<OpProfile> profile;
   if (!o.profile.empty()) profile.emplace(device);
@@ -83,19 +147,20 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const Progress progress(lead, o.json);
   std::optional<MetricsLog> metrics;
   if (lead && !o.metrics.empty()) metrics.emplace(o.metrics, samplesPerStep(g, info.worldSize));
-  RunRecord record(info.worldSize, device.name(), steps);
-  for (int step = 0; step < steps; ++step) {
-    const bool timed = step >= o.warmup;
+  RunRecord record(info.worldSize, device.name(), steps - start);
+  for (int step = start; step < steps; ++step) {
+    const bool timed = step - start >= o.warmup;
     TensorMap inputs = data.forStep(step);
     const std::optional<double> lr = scheduledRate(g, step, device.device(), inputs);
     // Dropout masks: a stream per rank and step, reproducible from --seed
     // (not PyTorch's stream: README, "Dropout").
-    device.seedRandomOps((o.seed * 1000003 + static_cast<uint64_t>(info.rank) * 7919 + static_cast<uint64_t>(step)) ^
+    device.seedRandomOps((seed * 1000003 + static_cast<uint64_t>(info.rank) * 7919 + static_cast<uint64_t>(step)) ^
                          0x9E3779B97F4A7C15ull);
     device.synchronize();
     const auto begin = std::chrono::steady_clock::now();
     auto afterNode = profile ? profile->startStep(timed) : std::function<void(const Node&)>();
-    const std::vector<at::Tensor> outputs = plans->at(iterationAt(step, steps)).run(state, inputs, comm.get(), afterNode);
+    const Iteration iteration = iterationOf(step, start, steps, every);
+    const std::vector<at::Tensor> outputs = plans->at(iteration).run(state, inputs, comm.get(), afterNode);
     device.synchronize();
     StepReport report;
     report.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
@@ -110,6 +175,10 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     record.addStep(report, timed);
     progress.stepDone(step + 1, steps, report, out);
     if (metrics) metrics->write(step + 1, report, device.peakBytes());
+    const bool segmentEnds = iteration == Iteration::Last || iteration == Iteration::Only;
+    if (checkpoints && segmentEnds) {
+      checkpoints->write(g, state, CheckpointInfo{step + 1, info.worldSize, fingerprint, seed, lr});
+    }
   }
   record.setPeakBytes(device.peakBytes());
   device.synchronize();

@@ -31,4 +31,10 @@ c10::IValue loadTorchSaveBytes(const std::string& bytes);
 // Throws Diagnostic (where "") for other dtypes and for a name given twice.
 std::string saveTorchSave(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
+// The bytes of a torch.save zip file holding `value`: dicts (str or int
+// keys), lists, tuples, ints, floats, bools, None, strings and tensors,
+// nested (an optimizer's state_dict()), with the same globals and tensor
+// handling as saveTorchSave. Throws Diagnostic (where "") for anything else.
+std::string saveTorchSaveValue(const c10::IValue& value);
+
 }  // namespace spmd

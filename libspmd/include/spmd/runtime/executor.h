@@ -45,6 +45,7 @@ class StepExecutor {
                         const std::function<void(const Node&)>& afterNode = {});
   void capture(TensorMap& state, const TensorMap& data, Collectives* comm);
   void separateOverwrittenState(TensorMap& state) const;
+  void rebindCapturedState(TensorMap& state) const;
 
   Graph graph_;
   Interpreter interpreter_;

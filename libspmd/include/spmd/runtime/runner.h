@@ -12,9 +12,11 @@
 namespace spmd {
 
 struct RunOptions {
-  int steps = 0;   // 0: the unrolled graph's iterations, else 10
+  int steps = 0;   // the step the run ends at (0: the unrolled graph's iterations, else 10), also when resumed
   int warmup = 0;  // steps left out of the timing summary
-  std::string dataFile;    // --data: {input: [S, G, ...]} saved with torch.save
+  std::string dataFile;    // --data: {input: [S, G, ...] or [N, ...]}: torch.save'd, .npz, or a folder of .npy
+  std::string tokens;      // --tokens: a token stream (nanoGPT's train.bin) for the first two data inputs
+  std::string tokenDtype = "uint16";  // --token-dtype: uint16 or uint32
   std::string saveParams;  // --save-params: rank 0's parameters after the run
   std::string device = "auto";
   uint64_t seed = 0;
@@ -24,6 +26,12 @@ struct RunOptions {
   bool allowNonfinite = false;  // --allow-nonfinite: train on after a NaN or infinite loss
   std::string profile;  // --profile: rank 0's time per op, the device synchronized after each node
   std::string metrics;  // --metrics: rank 0 appends one JSON line per step
+  std::string checkpoint;   // --checkpoint DIR: rank 0 writes checkpoints there (runtime/checkpoint.h)
+  int checkpointEvery = 0;  // --checkpoint-every K: also after every K-th step (0: only at the end)
+  int keep = 3;             // --keep N: checkpoints kept in DIR
+  std::string resume;       // --resume DIR: continue from a checkpoint (a folder, or DIR's latest)
+  bool resumeWeightsOnly = false;  // --resume-weights-only: take its parameters and buffers, start at step 0
+  std::string initFrom;     // --init-from FILE: parameters and buffers from a PyTorch state_dict file
   std::chrono::milliseconds timeout{300000};
 };
 

@@ -1,0 +1,385 @@
+#include "checkpoint.h"
+
+#include "spmd/io/graph_json.h"
+#include "spmd/io/torch_save.h"
+#include "spmd/ir/printer.h"
+#include "spmd/passes/optimizer_state.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+namespace spmd {
+namespace {
+
+constexpr const char* kFormat = "spmd-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kFolderPrefix = "step-";
+constexpr const char* kTempPrefix = ".tmp-";
+
+// The optimizer.pt keys of each kind of state, as torch.optim names them.
+const char* torchOptimKey(OptimizerState s) {
+  switch (s) {
+    case OptimizerState::Step: return "step";
+    case OptimizerState::ExpAvg: return "exp_avg";
+    case OptimizerState::ExpAvgSq: return "exp_avg_sq";
+    case OptimizerState::MaxExpAvgSq: return "max_exp_avg_sq";
+    case OptimizerState::MomentumBuffer: return "momentum_buffer";
+  }
+  return "";
+}
+
+constexpr OptimizerState kAllStates[] = {OptimizerState::Step, OptimizerState::ExpAvg, OptimizerState::ExpAvgSq,
+                                         OptimizerState::MaxExpAvgSq, OptimizerState::MomentumBuffer};
+
+std::string errnoText() { return std::strerror(errno); }
+
+std::string folderName(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%s%08lld", kFolderPrefix, static_cast<long long>(step));
+  return name;
+}
+
+bool startsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
+
+std::vector<std::string> entriesOf(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool isDirectory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void removeTree(const std::string& path) {
+  for (const std::string& name : entriesOf(path)) {
+    if (name == "." || name == "..") continue;
+    const std::string child = path + "/" + name;
+    if (isDirectory(child)) {
+      removeTree(child);
+    } else {
+      ::unlink(child.c_str());
+    }
+  }
+  ::rmdir(path.c_str());
+}
+
+void syncPath(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Writes `bytes` to a new file and syncs it; a short write (a full disk, a
+// file size limit) is an error naming the file.
+void writeSynced(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw Diagnostic("--checkpoint", "cannot create " + path + ": " + errnoText());
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = n < 0 ? errnoText() : "nothing written";
+      ::close(fd);
+      throw Diagnostic("--checkpoint", "cannot write " + path + ": " + why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) throw Diagnostic("--checkpoint", "cannot write " + path + ": " + errnoText());
+}
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Diagnostic("", "cannot open: " + errnoText()).inFile(path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> inputsOfKind(const Graph& g, const TensorMap& state,
+                                                             std::initializer_list<InputKind> kinds) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (InputKind kind : kinds) {
+    for (const auto& in : g.inputs()) {
+      if (in.kind == kind) {
+        const std::string& name = g.value(in.value).name;
+        out.emplace_back(name, state.at(name));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> parameterNames(const Graph& g) {
+  std::vector<std::string> names;
+  for (const auto& in : g.inputs()) {
+    if (in.kind == InputKind::Parameter) names.push_back(g.value(in.value).name);
+  }
+  return names;
+}
+
+// The state inputs that are optimizer state of a parameter: (parameter
+// index, kind) by name.
+std::map<std::string, std::pair<size_t, OptimizerState>> optimizerInputs(const Graph& g) {
+  const std::vector<std::string> params = parameterNames(g);
+  std::map<std::string, size_t> indexOf;
+  for (size_t i = 0; i < params.size(); ++i) indexOf[params[i]] = i;
+  std::map<std::string, std::pair<size_t, OptimizerState>> out;
+  for (const auto& in : g.inputs()) {
+    const std::string& name = g.value(in.value).name;
+    const std::optional<OptimizerState> kind = in.kind == InputKind::State ? optimizerStateOf(name) : std::nullopt;
+    if (!kind) continue;
+    const std::string suffix = optimizerStateName("", *kind);
+    auto param = indexOf.find(name.substr(0, name.size() - suffix.size()));
+    if (param != indexOf.end()) out[name] = {param->second, *kind};
+  }
+  return out;
+}
+
+c10::IValue optimizerStateDict(const Graph& g, const TensorMap& state, std::optional<double> lr) {
+  const std::vector<std::string> params = parameterNames(g);
+  std::map<size_t, c10::impl::GenericDict> perParam;
+  for (const auto& [name, where] : optimizerInputs(g)) {
+    auto it = perParam.find(where.first);
+    if (it == perParam.end()) {
+      it = perParam.emplace(where.first, c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get())).first;
+    }
+    it->second.insert(torchOptimKey(where.second), state.at(name));
+  }
+  c10::impl::GenericDict perIndex(c10::IntType::get(), c10::AnyType::get());
+  for (auto& [index, entry] : perParam) perIndex.insert(static_cast<int64_t>(index), entry);
+  c10::impl::GenericList indices(c10::IntType::get());
+  for (size_t i = 0; i < params.size(); ++i) indices.push_back(static_cast<int64_t>(i));
+  c10::impl::GenericDict group(c10::StringType::get(), c10::AnyType::get());
+  if (lr) group.insert("lr", *lr);
+  group.insert("params", indices);
+  c10::impl::GenericList groups(c10::AnyType::get());
+  groups.push_back(group);
+  c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
+  out.insert("state", perIndex);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+std::string manifestText(const CheckpointInfo& info) {
+  nlohmann::ordered_json j = {{"format", kFormat},          {"version", kVersion},
+                              {"step", info.step},          {"world_size", info.worldSize},
+                              {"fingerprint", info.fingerprint}, {"seed", info.seed}};
+  if (info.lr) j["lr"] = *info.lr;
+  return j.dump(2) + "\n";
+}
+
+CheckpointInfo parseManifest(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(readText(path));
+    if (j.value("format", "") != kFormat) throw Diagnostic("/format", "not an spmd checkpoint manifest");
+    if (j.value("version", 0) != kVersion) {
+      throw Diagnostic("/version", "version " + std::to_string(j.value("version", 0)) + " is not " +
+                                       std::to_string(kVersion) + ", the one this spmd-run reads");
+    }
+    CheckpointInfo info;
+    info.step = j.at("step").get<int64_t>();
+    info.worldSize = j.at("world_size").get<int>();
+    info.fingerprint = j.at("fingerprint").get<std::string>();
+    info.seed = j.at("seed").get<uint64_t>();
+    if (j.contains("lr")) info.lr = j.at("lr").get<double>();
+    if (info.step < 0 || info.worldSize < 1) throw Diagnostic("/step", "negative step or world size");
+    return info;
+  } catch (Diagnostic& d) {
+    throw d.inFile(path);
+  } catch (const nlohmann::json::exception& e) {
+    throw Diagnostic("", std::string("damaged manifest: ") + e.what()).inFile(path);
+  }
+}
+
+TensorMap tensorDict(const std::string& path) {
+  const c10::IValue v = loadTorchSave(path);
+  if (!v.isGenericDict()) throw Diagnostic("", "expected a dict {name: tensor}").inFile(path);
+  TensorMap out;
+  for (const auto& item : v.toGenericDict()) {
+    if (!item.key().isString() || !item.value().isTensor()) {
+      throw Diagnostic("", "expected a dict {name: tensor}").inFile(path);
+    }
+    out[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return out;
+}
+
+// optimizer.pt back to the step's state names.
+TensorMap optimizerTensors(const Graph& g, const std::string& path) {
+  const c10::IValue v = loadTorchSave(path);
+  const auto bad = [&](const std::string& what) { return Diagnostic("", what).inFile(path); };
+  if (!v.isGenericDict()) throw bad("expected torch.optim's state_dict layout");
+  c10::impl::GenericDict top = v.toGenericDict();
+  if (!top.contains("state") || !top.at("state").isGenericDict()) throw bad("no 'state' dict");
+  const std::vector<std::string> params = parameterNames(g);
+  TensorMap out;
+  for (const auto& item : top.at("state").toGenericDict()) {
+    if (!item.key().isInt() || item.key().toInt() < 0 || item.key().toInt() >= static_cast<int64_t>(params.size()) ||
+        !item.value().isGenericDict()) {
+      throw bad("'state' holds an entry that is not a parameter index of this step");
+    }
+    const std::string& param = params[static_cast<size_t>(item.key().toInt())];
+    for (const auto& field : item.value().toGenericDict()) {
+      for (OptimizerState s : kAllStates) {
+        if (field.key().isString() && field.key().toStringRef() == torchOptimKey(s) && field.value().isTensor()) {
+          out[optimizerStateName(param, s)] = field.value().toTensor();
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Where a --resume path's checkpoint is: the path itself, or the folder
+// its `latest` names.
+std::string checkpointFolder(const std::string& path) {
+  if (!isDirectory(path)) throw Diagnostic("--resume " + path, "no such checkpoint folder");
+  if (::access((path + "/manifest.json").c_str(), F_OK) == 0) return path;
+  std::ifstream latest(path + "/latest");
+  std::string name;
+  if (!(latest >> name) || !startsWith(name, kFolderPrefix) || !isDirectory(path + "/" + name)) {
+    throw Diagnostic("--resume " + path, "holds no checkpoint (no manifest.json, no valid 'latest')");
+  }
+  return path + "/" + name;
+}
+
+void requireSameType(const std::string& name, const at::Tensor& have, const Value& want, const std::string& file) {
+  if (have.sizes().vec() != want.shape || have.scalar_type() != want.dtype) {
+    const Value got{name, have.scalar_type(), have.sizes().vec()};
+    throw Diagnostic("'" + name + "'", "holds " + typeText(got) + ", the step takes " + typeText(want)).inFile(file);
+  }
+}
+
+}  // namespace
+
+std::string stepFingerprint(const Artifact& artifact) {
+  const std::string text = writeGraphJson(artifact.graph) + "\ndevice " + artifact.device;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+CheckpointWriter::CheckpointWriter(std::string root, int keep) : root_(std::move(root)), keep_(keep) {
+  if (keep_ < 1) throw Diagnostic("--keep", "must be at least 1");
+  if (!isDirectory(root_) && ::mkdir(root_.c_str(), 0755) != 0) {
+    throw Diagnostic("--checkpoint " + root_, "cannot create the folder: " + errnoText());
+  }
+  if (::access(root_.c_str(), W_OK) != 0) throw Diagnostic("--checkpoint " + root_, "cannot write to it: " + errnoText());
+  for (const std::string& name : entriesOf(root_)) {
+    if (startsWith(name, kTempPrefix)) removeTree(root_ + "/" + name);
+  }
+}
+
+void CheckpointWriter::write(const Graph& g, const TensorMap& state, const CheckpointInfo& info) const {
+  const std::string name = folderName(info.step);
+  const std::string temp = root_ + "/" + kTempPrefix + name + "." + std::to_string(::getpid());
+  removeTree(temp);
+  if (::mkdir(temp.c_str(), 0755) != 0) throw Diagnostic("--checkpoint", "cannot create " + temp + ": " + errnoText());
+  try {
+    const auto optimizerNames = optimizerInputs(g);
+    std::vector<std::pair<std::string, at::Tensor>> extra;
+    for (const auto& [n, t] : inputsOfKind(g, state, {InputKind::State})) {
+      if (!optimizerNames.count(n)) extra.emplace_back(n, t);
+    }
+    writeSynced(temp + "/model.pt", saveTorchSave(inputsOfKind(g, state, {InputKind::Parameter, InputKind::Buffer})));
+    writeSynced(temp + "/optimizer.pt", saveTorchSaveValue(optimizerStateDict(g, state, info.lr)));
+    writeSynced(temp + "/extra.pt", saveTorchSave(extra));
+    writeSynced(temp + "/manifest.json", manifestText(info));
+    syncPath(temp);
+  } catch (...) {
+    removeTree(temp);
+    throw;
+  }
+  // A folder of this step from an earlier run goes only once the new one is complete.
+  const std::string folder = root_ + "/" + name, old = temp + ".old";
+  const bool replacing = isDirectory(folder);
+  if ((replacing && ::rename(folder.c_str(), old.c_str()) != 0) || ::rename(temp.c_str(), folder.c_str()) != 0) {
+    const std::string why = errnoText();
+    removeTree(temp);
+    throw Diagnostic("--checkpoint", "cannot rename " + temp + " to " + folder + ": " + why);
+  }
+  if (replacing) removeTree(old);
+  writeSynced(root_ + "/" + kTempPrefix + "latest", name + "\n");
+  if (::rename((root_ + "/" + kTempPrefix + "latest").c_str(), (root_ + "/latest").c_str()) != 0) {
+    throw Diagnostic("--checkpoint", "cannot update " + root_ + "/latest: " + errnoText());
+  }
+  syncPath(root_);
+  std::vector<std::string> folders;
+  for (const std::string& entry : entriesOf(root_)) {
+    if (startsWith(entry, kFolderPrefix) && entry != name) folders.push_back(entry);
+  }
+  // Keep the newest: this one and the keep - 1 before it (names sort by step).
+  const size_t older = static_cast<size_t>(keep_ - 1);
+  for (size_t i = 0; i + older < folders.size(); ++i) removeTree(root_ + "/" + folders[i]);
+}
+
+Checkpoint readCheckpoint(const Graph& g, const std::string& path) {
+  Checkpoint c;
+  c.folder = checkpointFolder(path);
+  c.info = parseManifest(c.folder + "/manifest.json");
+  c.model = tensorDict(c.folder + "/model.pt");
+  c.optimizer = optimizerTensors(g, c.folder + "/optimizer.pt");
+  c.extra = tensorDict(c.folder + "/extra.pt");
+  return c;
+}
+
+void restoreState(const Graph& g, const Checkpoint& c, bool weightsOnly, TensorMap& state) {
+  for (const auto& in : g.inputs()) {
+    if (isPerStepInput(in.kind)) continue;
+    const bool weight = in.kind == InputKind::Parameter || in.kind == InputKind::Buffer;
+    if (weightsOnly && !weight) continue;
+    const Value& v = g.value(in.value);
+    const TensorMap& from = weight ? c.model : optimizerInputs(g).count(v.name) ? c.optimizer : c.extra;
+    const std::string file = c.folder + (weight ? "/model.pt" : &from == &c.optimizer ? "/optimizer.pt" : "/extra.pt");
+    auto it = from.find(v.name);
+    if (it == from.end()) throw Diagnostic("'" + v.name + "'", "the checkpoint holds no value for it").inFile(file);
+    requireSameType(v.name, it->second, v, file);
+    state[v.name].copy_(it->second);
+  }
+}
+
+std::vector<std::string> initFromStateDict(const Graph& g, const std::string& file, TensorMap& state) {
+  TensorMap loaded = tensorDict(file);
+  for (const auto& in : g.inputs()) {
+    if (in.kind != InputKind::Parameter && in.kind != InputKind::Buffer) continue;
+    const Value& v = g.value(in.value);
+    auto it = loaded.find(v.name);
+    if (it == loaded.end()) {
+      if (in.kind == InputKind::Buffer) continue;  // buffers keep the artifact's values
+      throw Diagnostic("'" + v.name + "'", "the state dict has no value for this parameter").inFile(file);
+    }
+    requireSameType(v.name, it->second, v, file);
+    state[v.name].copy_(it->second);
+    loaded.erase(it);
+  }
+  std::vector<std::string> unused;
+  for (const auto& [name, tensor] : loaded) unused.push_back(name);
+  return unused;
+}
+
+}  // namespace spmd

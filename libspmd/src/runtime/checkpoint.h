@@ -1,0 +1,85 @@
+// Checkpoints of a run (spmd-run --checkpoint DIR, --resume DIR): every
+// value a rank's step reads and updates, saved as files PyTorch reads, and
+// read back so that a resumed run continues bit for bit.
+//
+// DIR holds one folder per checkpoint, step-NNNNNNNN (the steps done), and
+// `latest` (the name of the newest). A folder holds
+//   model.pt       {name: tensor}: parameters, then buffers, as the module's
+//                  named_parameters() / named_buffers() name them
+//                  (model.load_state_dict reads it)
+//   optimizer.pt   torch.optim's state_dict() layout: {"state": {index:
+//                  {"step", "exp_avg", ...} or {"momentum_buffer"}},
+//                  "param_groups": [{"params": [indices], "lr": rate}]},
+//                  indices in named_parameters() order
+//   extra.pt       {name: tensor}: the rest of the step's state (values an
+//                  unrolled graph carries, flags such as SGD's first step)
+//   manifest.json  format, version, step, world size, the step's
+//                  fingerprint, seed, learning rate
+// A folder is written under a temporary name, synced and renamed, so a crash
+// while writing leaves the previous checkpoints as they were.
+#pragma once
+
+#include "spmd/io/artifact.h"
+#include "spmd/runtime/executor.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace spmd {
+
+// What a checkpoint says about the run it was taken from.
+struct CheckpointInfo {
+  int64_t step = 0;       // steps done
+  int worldSize = 1;
+  std::string fingerprint;  // stepFingerprint() of the artifact
+  uint64_t seed = 0;        // spmd-run --seed (random inputs, dropout)
+  std::optional<double> lr;  // the last step's scheduled learning rate
+};
+
+// A digest of what a step computes: the artifact's graph (as its canonical
+// JSON) and device. Artifacts lowered again from the same graph agree; any
+// edit to the step does not.
+std::string stepFingerprint(const Artifact& artifact);
+
+class CheckpointWriter {
+ public:
+  // Creates `root` if needed, refuses one it cannot write (Diagnostic naming
+  // --checkpoint), and removes temporary folders a crashed writer left.
+  // `keep`: how many checkpoints stay (older ones are removed), >= 1.
+  CheckpointWriter(std::string root, int keep);
+
+  // Writes the checkpoint of `state` after `info.step` steps. Throws
+  // Diagnostic when it cannot; the previous checkpoints are then intact.
+  void write(const Graph& g, const TensorMap& state, const CheckpointInfo& info) const;
+
+ private:
+  std::string root_;
+  int keep_;
+};
+
+struct Checkpoint {
+  std::string folder;  // the step-NNNNNNNN folder read
+  CheckpointInfo info;
+  TensorMap model;      // model.pt
+  TensorMap optimizer;  // optimizer.pt's tensors by the step's state names (<param>.exp_avg, ...)
+  TensorMap extra;      // extra.pt
+};
+
+// Reads `path`: a checkpoint folder, or a --checkpoint root (its latest).
+// Throws Diagnostic naming the file for anything missing or damaged.
+Checkpoint readCheckpoint(const Graph& g, const std::string& path);
+
+// Puts a checkpoint's values into `state` (the run's state, every graph
+// input that is not per-step). With `weightsOnly`, only the parameters and
+// buffers; else every value, and the checkpoint must hold each one. Shapes
+// and dtypes must match the graph's (Diagnostic naming the value).
+void restoreState(const Graph& g, const Checkpoint& checkpoint, bool weightsOnly, TensorMap& state);
+
+// Replaces parameters and buffers in `state` with those of a PyTorch
+// state_dict file (torch.save(model.state_dict())): every parameter must be
+// there with the graph's shape; names the graph does not have are ignored
+// (returned, for a note).
+std::vector<std::string> initFromStateDict(const Graph& g, const std::string& file, TensorMap& state);
+
+}  // namespace spmd
