@@ -230,7 +230,8 @@ def crash_while_writing(artifacts):
     """SIGKILL at random moments of runs that checkpoint after every step:
     every folder left is whole, and resuming from the latest equals the
     uninterrupted run."""
-    artifact, data = artifacts["mlp unrolled, Adam, cosine"]
+    artifact, _ = artifacts["mlp unrolled, Adam, cosine"]
+    data, _ = make_data("crash.data.pt", {"x": (8, 100)}, 5, 1)  # one rank: SIGKILL reaches the process that writes
     root, steps = path("crash.ckpt"), "60"
     run(artifact, "--steps", steps, "--data", data, "--save-params", path("crash_full.pt"))
     rng = random.Random(5)
@@ -265,7 +266,8 @@ def crash_while_writing(artifacts):
 def failed_write(artifacts):
     """A checkpoint that cannot be written (a file size limit, as a full disk
     would) is an error, and the previous checkpoint stays."""
-    artifact, data = artifacts["cnn plain, SGD momentum, step schedule"]
+    artifact, _ = artifacts["cnn plain, SGD momentum, step schedule"]
+    data, _ = make_data("disk.data.pt", {"x": (8, 3, 16, 16), "y": (8, 4)}, 5, 1)
     root = path("full_disk.ckpt")
     run(artifact, "--steps", "2", "--data", data, "--checkpoint", root)
 

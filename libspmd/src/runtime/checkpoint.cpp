@@ -276,7 +276,10 @@ void requireSameType(const std::string& name, const at::Tensor& have, const Valu
 }  // namespace
 
 std::string stepFingerprint(const Artifact& artifact) {
-  const std::string text = writeGraphJson(artifact.graph) + "\ndevice " + artifact.device;
+  // Where the weights were first read from is no part of the step.
+  Graph step = artifact.graph;
+  step.setWeights(WeightsRef{});
+  const std::string text = writeGraphJson(step) + "\ndevice " + artifact.device;
   uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
   char hex[17];
@@ -318,8 +321,14 @@ void CheckpointWriter::write(const Graph& g, const TensorMap& state, const Check
   // A folder of this step from an earlier run goes only once the new one is complete.
   const std::string folder = root_ + "/" + name, old = temp + ".old";
   const bool replacing = isDirectory(folder);
-  if ((replacing && ::rename(folder.c_str(), old.c_str()) != 0) || ::rename(temp.c_str(), folder.c_str()) != 0) {
+  if (replacing && ::rename(folder.c_str(), old.c_str()) != 0) {
     const std::string why = errnoText();
+    removeTree(temp);
+    throw Diagnostic("--checkpoint", "cannot move " + folder + " aside: " + why);
+  }
+  if (::rename(temp.c_str(), folder.c_str()) != 0) {
+    const std::string why = errnoText();
+    if (replacing) ::rename(old.c_str(), folder.c_str());
     removeTree(temp);
     throw Diagnostic("--checkpoint", "cannot rename " + temp + " to " + folder + ": " + why);
   }
@@ -338,24 +347,27 @@ void CheckpointWriter::write(const Graph& g, const TensorMap& state, const Check
   for (size_t i = 0; i + older < folders.size(); ++i) removeTree(root_ + "/" + folders[i]);
 }
 
-Checkpoint readCheckpoint(const Graph& g, const std::string& path) {
+Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsOnly) {
   Checkpoint c;
   c.folder = checkpointFolder(path);
   c.info = parseManifest(c.folder + "/manifest.json");
   c.model = tensorDict(c.folder + "/model.pt");
+  if (weightsOnly) return c;
   c.optimizer = optimizerTensors(g, c.folder + "/optimizer.pt");
   c.extra = tensorDict(c.folder + "/extra.pt");
   return c;
 }
 
 void restoreState(const Graph& g, const Checkpoint& c, bool weightsOnly, TensorMap& state) {
+  const auto optimizerNames = optimizerInputs(g);
   for (const auto& in : g.inputs()) {
     if (isPerStepInput(in.kind)) continue;
     const bool weight = in.kind == InputKind::Parameter || in.kind == InputKind::Buffer;
     if (weightsOnly && !weight) continue;
     const Value& v = g.value(in.value);
-    const TensorMap& from = weight ? c.model : optimizerInputs(g).count(v.name) ? c.optimizer : c.extra;
-    const std::string file = c.folder + (weight ? "/model.pt" : &from == &c.optimizer ? "/optimizer.pt" : "/extra.pt");
+    const bool optimizer = !weight && optimizerNames.count(v.name);
+    const TensorMap& from = weight ? c.model : optimizer ? c.optimizer : c.extra;
+    const std::string file = c.folder + (weight ? "/model.pt" : optimizer ? "/optimizer.pt" : "/extra.pt");
     auto it = from.find(v.name);
     if (it == from.end()) throw Diagnostic("'" + v.name + "'", "the checkpoint holds no value for it").inFile(file);
     requireSameType(v.name, it->second, v, file);

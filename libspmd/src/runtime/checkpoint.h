@@ -66,9 +66,10 @@ struct Checkpoint {
   TensorMap extra;      // extra.pt
 };
 
-// Reads `path`: a checkpoint folder, or a --checkpoint root (its latest).
-// Throws Diagnostic naming the file for anything missing or damaged.
-Checkpoint readCheckpoint(const Graph& g, const std::string& path);
+// Reads `path`: a checkpoint folder, or a --checkpoint root (its latest);
+// with `weightsOnly`, only the manifest and model.pt. Throws Diagnostic
+// naming the file for anything missing or damaged.
+Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsOnly);
 
 // Puts a checkpoint's values into `state` (the run's state, every graph
 // input that is not per-step). With `weightsOnly`, only the parameters and

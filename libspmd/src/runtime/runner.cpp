@@ -84,7 +84,7 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
     }
   }
   if (o.resume.empty()) return 0;
-  const Checkpoint c = readCheckpoint(g, o.resume);
+  const Checkpoint c = readCheckpoint(g, o.resume, o.resumeWeightsOnly);
   if (o.resumeWeightsOnly) {
     restoreState(g, c, /*weightsOnly=*/true, state);
     return 0;
