@@ -13,7 +13,7 @@ W=${2:-$B/data_rss}
 mkdir -p "$W"
 "$B/spmd-expand" samples/mlp.pt --input x:f32[8,100] --optimizer sgd --lr 0.01 | "$B/spmd-split" \
   | "$B/spmd-lower" -o "$W/mlp.spmd"
-python3 - "$B" "$W" <<'PY'
+"${PYTHON:-/usr/bin/python3}" - "$B" "$W" <<'PY'
 import os, resource, subprocess, sys
 import numpy as np
 b, w = sys.argv[1], sys.argv[2]
