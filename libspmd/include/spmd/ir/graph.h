@@ -144,8 +144,12 @@ struct Bucket {
 
 // Where parameter and buffer values live: weights are referenced, not inlined.
 struct WeightsRef {
-  std::string file;    // as given by the user, resolved against cwd
+  std::string file;    // as written: absolute, or relative (see baseDir)
   std::string format;  // "torchscript"
+  // The directory of the JSON dump or listing that named `file` ("" for
+  // stdin, TorchScript, artifacts): a relative `file` is looked for there
+  // first, then in the working directory. Never written out.
+  std::string baseDir;
 };
 
 // The nodes of a graph in program order, as a read-only random-access range
