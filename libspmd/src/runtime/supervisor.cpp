@@ -100,9 +100,18 @@ class Supervisor {
       : tool_(std::move(tool)), argv_(argv), ranks_(nproc) {}
 
   int run() {
-    installSignalHandlers();
     const int port = freeLocalPort();
-    for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) spawn(r, port);
+    installSignalHandlers();
+    try {
+      for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) spawn(r, port);
+    } catch (...) {  // no fork or pipe left: the ranks started go, as they would with us
+      killRemaining();
+      for (const auto& rank : ranks_) {
+        if (rank.running) ::waitpid(rank.pid, nullptr, 0);
+      }
+      restoreSignalHandlers();
+      throw;
+    }
     while (anyRunning()) {
       waitForEvents();
       readWakeups();

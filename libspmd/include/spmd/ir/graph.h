@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -144,6 +145,9 @@ struct Bucket {
 
 // Where parameter and buffer values live: weights are referenced, not inlined.
 struct WeightsRef {
+  WeightsRef() = default;
+  WeightsRef(std::string file, std::string format) : file(std::move(file)), format(std::move(format)) {}
+
   std::string file;    // as written: absolute, or relative (see baseDir)
   std::string format;  // "torchscript"
   // The directory of the JSON dump or listing that named `file` ("" for
