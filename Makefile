@@ -51,17 +51,19 @@ demo: deps build
 	$(INSPECT) samples/lm.pt $$(cat samples/lm.inputs) --json | $(INSPECT) - --stats
 	@echo "== spmd-expand: the MLP's data-parallel train step with Adam (forward, backward, all-reduce, update)"
 	$(EXPAND) samples/mlp.pt $$(cat samples/mlp.inputs) --optimizer adam --lr 1e-2 | $(INSPECT) - --stats
-	@echo "== the pipeline: expand | split | unroll | lower, then 20 steps on 2 local ranks (Gloo, CPU)"
+	@echo "== the pipeline: expand | split | unroll | lower, then 20 steps on 2 local ranks (Gloo, CPU),"
+	@echo "   every step on the same batch (--data), so the loss falls"
+	$(PYTHON) samples/demo_data.py $(BUILD)
 	$(EXPAND) samples/cnn.pt $$(cat samples/cnn.inputs) --optimizer sgd --lr 0.05 --momentum 0.9 \
 	  | $(BUILD)/spmd-split --bucket-cap-mb 0.002 | $(BUILD)/spmd-unroll --iters 20 | $(BUILD)/spmd-lower -o $(BUILD)/cnn.spmd
 	$(INSPECT) $(BUILD)/cnn.spmd --buckets
-	$(BUILD)/spmd-run $(BUILD)/cnn.spmd --nproc 2 --steps 20
+	$(BUILD)/spmd-run $(BUILD)/cnn.spmd --nproc 2 --steps 20 --data $(BUILD)/cnn_data.pt
 	@echo "== a nanoGPT-like step: AdamW, cosine schedule after warmup, clipping, 4 micro-batches"
 	$(EXPAND) samples/lm.pt --input tokens:i64[4,16] --input targets:i64[4,16] --optimizer adamw --lr 6e-4 \
 	  --weight-decay 0.1 --betas 0.9,0.95 --lr-schedule cosine --warmup-steps 2 --decay-steps 8 --min-lr 6e-5 \
 	  --clip-grad-norm 1.0 --micro-batches 4 | $(BUILD)/spmd-split | $(BUILD)/spmd-unroll --iters 10 \
 	  | $(BUILD)/spmd-lower -o $(BUILD)/nano.spmd
-	$(BUILD)/spmd-run $(BUILD)/nano.spmd --nproc 2
+	$(BUILD)/spmd-run $(BUILD)/nano.spmd --nproc 2 --data $(BUILD)/lm_data.pt
 
 # Rewrites every golden file from the current build; review `git diff` after.
 golden: build

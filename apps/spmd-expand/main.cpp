@@ -14,6 +14,9 @@
 int main(int argc, char** argv) {
   const std::string tool = "spmd-expand";
   CLI::App app{"Expand a forward graph (first output: the loss) into a data-parallel training step."};
+  app.footer("Examples:\n"
+             "  spmd-expand samples/mlp.pt --input x:f32[100,100] --optimizer adam --lr 1e-2 -o step.json\n"
+             "  spmd-expand fwd.json --optimizer sgd --lr 0.1 --momentum 0.9 | spmd-split");
   std::string in = "-", out = "-";
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;
@@ -30,18 +33,19 @@ int main(int argc, char** argv) {
   spmd::addTrainingFlags(app, trainingFlags);
   spmd::addDebugFlags(app, debug);
   spmd::addListPassesFlag(app);
-  bool listOps = false;
-  app.add_flag("--list-ops", listOps,
-               "list every operator of the linked LibTorch with where its derivative comes from "
-               "(autograd: LibTorch's derivatives.yaml; composite: through the ops it calls; none) and exit");
+  // A callback, as --list-passes: it needs no IN, so runs before IN is looked at.
+  app.add_flag_callback(
+      "--list-ops",
+      [] {
+        for (const auto& line : spmd::derivativeSources()) std::cout << line << "\n";
+        throw CLI::Success();
+      },
+      "list every operator of the linked LibTorch with where its derivative comes from "
+      "(autograd: LibTorch's derivatives.yaml; composite: through the ops it calls; none) and exit");
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(tool);
     options.diagnostics = &diagnostics;
-    if (listOps) {
-      for (const auto& line : spmd::derivativeSources()) std::cout << line << "\n";
-      return 0;
-    }
     spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/true);
     spmd::finishPrecisionFlags(precisionFlags, options);
     spmd::finishTrainingFlags(trainingFlags, options);

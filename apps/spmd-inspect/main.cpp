@@ -12,6 +12,11 @@
 int main(int argc, char** argv) {
   const std::string tool = "spmd-inspect";
   CLI::App app{"Print an spmd graph: a TorchScript module, a JSON graph dump or an artifact."};
+  app.footer("Examples:\n"
+             "  spmd-inspect samples/mlp.pt --input x:f32[100,100]\n"
+             "  spmd-inspect step.json --verify\n"
+             "  spmd-inspect step.spmd --buckets --json\n"
+             "  spmd-expand ... | spmd-inspect - --stats");
   std::string in = "-";
   std::string out = "-";
   std::vector<std::string> inputSpecs;

@@ -12,6 +12,9 @@
 int main(int argc, char** argv) {
   const std::string tool = "spmd-lower";
   CLI::App app{"Lower a graph into a self-contained artifact for spmd-run."};
+  app.footer("Examples:\n"
+             "  spmd-lower unrolled.json -o step.spmd\n"
+             "  spmd-unroll ... | spmd-lower --device cuda --cudagraphs -o step.spmd");
   std::string in = "-", out;
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;

@@ -60,6 +60,9 @@ std::vector<std::string> splitInput(const std::string& text) {
 
 int main(int argc, char** argv) {
   CLI::App app{"Run the named passes on a graph and print it (listing or JSON), as mlir-opt."};
+  app.footer("Examples:\n"
+             "  spmd-opt --list-passes\n"
+             "  spmd-opt tests/passes/bucket.spmd --passes bucket --split-input-file");
   std::string in = "-", out = "-", passes;
   std::vector<std::string> inputSpecs;
   bool json = false, split = false;

@@ -4,6 +4,7 @@
 #include "spmd/runtime/errors.h"
 #include "spmd/runtime/launch.h"
 #include "spmd/pipelines/lower.h"
+#include "spmd/runtime/run_notes.h"
 #include "spmd/runtime/runner.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
@@ -13,6 +14,9 @@
 int main(int argc, char** argv) {
   const std::string tool = "spmd-run";
   CLI::App app{"Run a compiled training step on N data-parallel ranks (Gloo on CPU, NCCL on CUDA)."};
+  app.footer("Examples:\n"
+             "  spmd-run step.spmd --nproc 2 --steps 100 --data batches.pt --save-params params.pt\n"
+             "  torchrun --nproc_per_node 2 --no_python spmd-run step.spmd   (as rank RANK of WORLD_SIZE)");
   std::string in;
   int nproc = 0;
   double timeoutSec = 300;
@@ -73,7 +77,7 @@ int main(int argc, char** argv) {
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSec * 1000));
     auto rank = spmd::rankFromEnvironment();
     if (!rank && nproc > 1) {
-      return spmd::launchLocalRanks(tool, nproc, std::vector<std::string>(argv, argv + argc), std::cerr);
+      return spmd::launchLocalRanks(tool, nproc, std::vector<std::string>(argv, argv + argc));
     }
     // Every line a rank prints names it: several ranks share one terminal.
     const std::string prefix = rank ? "rank " + std::to_string(rank->rank) + ": " : "";
@@ -81,20 +85,34 @@ int main(int argc, char** argv) {
       auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
       spmd::Artifact artifact = loaded.artifact ? *loaded.artifact
                                                 : spmd::lowerGraph(std::move(loaded.graph), spmd::loweringDevice(o.device));
+      if (!rank || rank->rank == 0) {  // once, not once per rank
+        spmd::DiagnosticEngine notes = spmd::printingDiagnostics(tool);
+        notes.setFile(loaded.displayName);
+        spmd::noteRunOddities(artifact.graph, notes);
+      }
       try {
         spmd::runTraining(artifact, rank && rank->worldSize > 1 ? rank : std::nullopt, o, std::cout);
       } catch (spmd::Diagnostic& d) {
-        throw d.inFile(loaded.displayName);
+        d.inFile(loaded.displayName);
+        throw;  // as it is: a JoinError stays one
       } catch (const spmd::KernelError& e) {
         const std::string node = "/nodes/" + std::to_string(e.node()) + " (" + e.op() + ")";
         throw spmd::Diagnostic(node, e.what()).inFile(loaded.displayName);
+      } catch (const c10::Error& e) {
+        // Not a collective's (those are CollectiveError) nor a node's: LibTorch's
+        // own words (out of memory, a device error), naming the run's file.
+        const std::string what = e.what_without_backtrace();
+        throw spmd::Diagnostic("", what.substr(0, what.find('\n'))).inFile(loaded.displayName);
       }
+    } catch (const spmd::JoinError& d) {
+      spmd::printError(tool, prefix + d.format());
+      return spmd::peerFailureExitCode();
     } catch (const spmd::Diagnostic& d) {
       spmd::printError(tool, prefix + d.format());
       return 1;
     } catch (const spmd::CollectiveError& e) {
       spmd::printError(tool, prefix + "a collective failed (did a peer stop?): " + e.what());
-      return 1;
+      return spmd::peerFailureExitCode();
     } catch (const c10::Error& e) {
       std::string what = e.what_without_backtrace();
       spmd::printError(tool, prefix + what.substr(0, what.find('\n')));

@@ -10,6 +10,9 @@
 int main(int argc, char** argv) {
   const std::string tool = "spmd-split";
   CLI::App app{"Bucket a train step's gradients as DDP does: one flat all-reduce per bucket."};
+  app.footer("Examples:\n"
+             "  spmd-split step.json --bucket-cap-mb 25 -o split.json\n"
+             "  spmd-expand ... | spmd-split | spmd-unroll");
   std::string in = "-", out = "-";
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;

@@ -13,6 +13,9 @@
 int main(int argc, char** argv) {
   const std::string tool = "spmd-unroll";
   CLI::App app{"Unroll a train step into setup, main and cleanup iterations (IterGraphModule)."};
+  app.footer("Examples:\n"
+             "  spmd-unroll split.json --iters 100 -o unrolled.json\n"
+             "  spmd-split ... | spmd-unroll --iters 10 | spmd-lower -o step.spmd");
   std::string in = "-", out = "-";
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;

@@ -345,7 +345,9 @@ def export(train_step, model, optimizer, batch, path, weights_path=None):
     except Exception as e:  # a bug of ours; still one line, with where it happened
         raise SpmdExportError("internal error converting the traced step (please report): "
                               + describe(e, skip_ours=False)) from e
-    doc["weights"] = {"file": weights_path, "format": "torch.save"}
+    # spmd reads a relative weights path relative to the dump's directory.
+    named = weights_path if os.path.isabs(weights_path) else os.path.relpath(weights_path, os.path.dirname(path) or ".")
+    doc["weights"] = {"file": named, "format": "torch.save"}
     writes = ((weights_path, lambda f: torch.save(tensors, f)), (path, lambda f: f.write(_dump(doc).encode())))
     try:
         for target, write in writes:

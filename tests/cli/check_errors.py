@@ -168,6 +168,38 @@ def unroll_errors(write, graph_json):
               f"stderr {note!r}")
 
 
+def help_and_terminal():
+    """Every tool's --help ends with examples and the exit codes; a tool whose IN
+    defaults to stdin refuses a terminal rather than wait on it."""
+    global passed, failed
+    tools = ["spmd-inspect", "spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-opt", "spmd-run"]
+    for name in tools:
+        proc = subprocess.run([os.path.join(BIN_DIR, name), "--help"], capture_output=True, text=True)
+        text = proc.stdout
+        ok = (proc.returncode == 0 and "Examples:\n  " + name in text and "Exit codes:" in text and
+              "0  success" in text and "1  failure" in text and "2  usage error" in text)
+        passed, failed = passed + ok, failed + (not ok)
+        print(("PASS " if ok else "FAIL ") + f"{name} --help has examples and exit codes" +
+              ("" if ok else f": {text[-400:]!r}"))
+    import pty
+    for name, args in (("spmd-inspect", []), ("spmd-split", []), ("spmd-unroll", ["--iters", "2"])):
+        master, slave = pty.openpty()
+        try:
+            proc = subprocess.run([os.path.join(BIN_DIR, name)] + args, stdin=slave, capture_output=True, text=True,
+                                  timeout=20)
+            code, err = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired:
+            code, err = None, "waited on the terminal"
+        finally:
+            os.close(master)
+            os.close(slave)
+        ok = code == 2 and err.count("\n") == 1 and err.startswith(
+            f"{name}: error: no input: IN is stdin, a terminal; name a file, pipe one in, or give '-' to type it")
+        passed, failed = passed + ok, failed + (not ok)
+        print(("PASS " if ok else "FAIL ") + f"{name} on a terminal with no input" +
+              ("" if ok else f": exit {code}, {err!r}"))
+
+
 def main():
     tmp = tempfile.mkdtemp()
 
@@ -245,6 +277,7 @@ def main():
     check("usage: exclusive modes", MLP + ["--json", "--dot"], 2, r"excludes")
     expand_errors(write, graph_json)
     unroll_errors(write, graph_json)
+    help_and_terminal()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

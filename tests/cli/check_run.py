@@ -69,6 +69,163 @@ def wait_for_step(proc, step, limit=30):
     return text.decode()
 
 
+def children_of(pid):
+    return [int(p) for p in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()]
+
+
+def running(pid):
+    """Whether `pid` is a live process (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def gone_within(pids, seconds):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if not any(running(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def start_launcher(step, *extra, timeout="30"):
+    """spmd-run --nproc 2, training until stopped; returns (process, rank pids) once step 3 ran."""
+    proc = subprocess.Popen([tool("spmd-run"), step, "--nproc", "2", "--steps", "100000", "--timeout", timeout, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for_step(proc, 3)
+    return proc, children_of(proc.pid)
+
+
+def finish(proc, limit):
+    """Waits up to `limit` s for proc; returns (exit code or None if it hung, seconds, stderr)."""
+    start = time.time()
+    try:
+        proc.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None, time.time() - start, proc.stderr.read().decode()
+    return proc.returncode, time.time() - start, proc.stderr.read().decode()
+
+
+def error_lines(stderr):
+    return [l for l in stderr.split("\n") if l]
+
+
+def check_supervision(step):
+    """spmd-run --nproc: the launcher ends its whole group, whatever a rank or the user does."""
+    # A hung rank (stopped): the group ends well before the peers' --timeout of 30 s.
+    proc, ranks = start_launcher(step)
+    if len(ranks) == 2:
+        os.kill(ranks[1], signal.SIGSTOP)
+    code, took, err = finish(proc, 45)
+    report("stopped rank under --nproc", code == 1 and took < 12 and gone_within(ranks, 2) and
+           len(error_lines(err)) == 1 and "rank 1 of 2 failed first: it was stopped (SIGSTOP)" in err,
+           f"exit {code} after {took:.1f}s, ranks left {[r for r in ranks if running(r)]}: {err!r}")
+    for r in ranks:
+        if running(r):
+            os.kill(r, signal.SIGKILL)
+
+    # SIGTERM (a scheduler's) and SIGINT to the launcher reach the ranks.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        proc, ranks = start_launcher(step)
+        proc.send_signal(sig)
+        code, took, err = finish(proc, 30)
+        report(f"{sig.name} to the launcher", code == 1 and took < 8 and gone_within(ranks, 2) and
+               error_lines(err) == [l for l in error_lines(err) if f"interrupted by signal {sig.value}" in l] and
+               len(error_lines(err)) == 1, f"exit {code} after {took:.1f}s, ranks left "
+               f"{[r for r in ranks if running(r)]}: {err!r}")
+        for r in ranks:
+            if running(r):
+                os.kill(r, signal.SIGKILL)
+
+    # A launcher killed outright takes its ranks with it.
+    proc, ranks = start_launcher(step)
+    proc.kill()
+    proc.wait()
+    report("SIGKILL to the launcher", len(ranks) == 2 and gone_within(ranks, 5),
+           f"ranks left {[r for r in ranks if running(r)]}")
+    for r in ranks:
+        if running(r):
+            os.kill(r, signal.SIGKILL)
+
+
+def check_oddities():
+    """Graphs that run but would surprise: each says so."""
+    # A forward graph (TorchScript, lowered in-process): a note that nothing trains.
+    proc = subprocess.run([tool("spmd-run"), "samples/mlp.pt", "--input", "x:f32[8,100]", "--steps", "1"],
+                          capture_output=True, text=True, timeout=120)
+    report("forward graph: a note", proc.returncode == 0 and error_lines(proc.stderr) == [
+        "spmd-run: note: samples/mlp.pt: /updates: the graph updates no parameter (a forward graph?): it runs, but "
+        "trains nothing; spmd-expand makes a train step of it"], proc.stderr)
+
+    with open("tests/golden/inspect/mlp.json") as f:
+        forward = json.load(f)
+    # No outputs: no loss, said as much (was "loss 0").
+    doc = dict(forward, outputs=[])
+    path = os.path.join(TMP, "nooutputs.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    proc = subprocess.run([tool("spmd-run"), path, "--steps", "1"], capture_output=True, text=True, timeout=120)
+    report("no outputs: no loss", proc.returncode == 0 and "step 1/1  no loss (the graph has no outputs)" in proc.stdout
+           and "loss 0" not in proc.stdout and "/outputs: the graph has no outputs: there is no loss to print" in
+           proc.stderr, proc.stdout + proc.stderr)
+
+    # A relative weights path is the dump's, not the working directory's.
+    beside = os.path.join(TMP, "beside")
+    os.makedirs(beside, exist_ok=True)
+    with open("samples/mlp.pt", "rb") as src, open(os.path.join(beside, "weights.pt"), "wb") as dst:
+        dst.write(src.read())
+    doc = dict(forward, weights={"file": "weights.pt", "format": "torchscript"})
+    path = os.path.join(beside, "fwd.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    proc = subprocess.run([tool("spmd-run"), path, "--steps", "1"], capture_output=True, text=True, timeout=120)
+    report("relative weights path beside the dump", proc.returncode == 0 and "step 1/1  loss" in proc.stdout,
+           proc.stderr)
+
+
+def check_newcomer(step):
+    """The progress bar on a terminal; make demo's fixed data."""
+    import pty
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([tool("spmd-run"), step, "--steps", "30"], stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the other side closed
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(master)
+    proc.wait(timeout=60)
+    last = shown.decode(errors="replace").replace("\r\n", "\n").split("\r")[-1]  # the tty writes \n as \r\n
+    report("progress bar shows loss, rate, ETA", proc.returncode == 0 and
+           re.search(r"\] 30/30  loss \S+  \S+ steps/s  ETA 0:00", last) is not None, repr(last))
+
+    # make demo: every step on one fixed batch (was fresh random inputs), so the loss falls.
+    with open("Makefile") as f:
+        runs = [line for line in f if "spmd-run " in line]
+    report("make demo trains on --data", len(runs) == 2 and all("--data $(BUILD)/" in r for r in runs), repr(runs))
+    subprocess.run([sys.executable, "samples/demo_data.py", TMP], check=True)
+    cnn = build_artifact("cnn.spmd", sample="samples/cnn.pt", inputs=("x:f32[8,3,16,16]", "y:f32[8,4]"))
+    proc = subprocess.run([tool("spmd-run"), cnn, "--nproc", "2", "--steps", "20", "--json", "--data",
+                           os.path.join(TMP, "cnn_data.pt")], capture_output=True, text=True, timeout=120)
+    try:
+        losses = json.loads(proc.stdout)["losses"]
+    except (ValueError, KeyError):
+        losses = []
+    report("demo data: the loss falls", proc.returncode == 0 and len(losses) == 20 and
+           all(b < a for a, b in zip(losses, losses[1:])),
+           proc.stderr + repr(losses))
+
+
 def one_line_error(stderr, fragment):
     lines = [l for l in stderr.strip().split("\n") if l]
     return len(lines) >= 1 and all(l.startswith("spmd-run: error: ") for l in lines) and fragment in stderr
@@ -77,13 +234,16 @@ def one_line_error(stderr, fragment):
 def main():
     step = build_artifact("mlp.spmd")
 
-    # A peer that never joins: rank 0 of 2 alone gives up after --timeout.
-    start = time.time()
-    proc = subprocess.run([tool("spmd-run"), step, "--steps", "2", "--timeout", "3"], env=rank_env(0, 2, free_port()),
-                          capture_output=True, text=True, timeout=60)
-    took = time.time() - start
-    report("peer never joins", proc.returncode == 1 and took < 20 and one_line_error(proc.stderr, "rank 0"),
-           f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
+    # A peer that never joins: rank 0 of 2 alone gives up after --timeout (not twice
+    # that), naming the missing rank; so does rank 1 alone, whose store never answers.
+    for rank, fragment in ((0, "rank 1 of 2 did not join within 4 s"), (1, "rank 0's store did not answer within 4 s")):
+        start = time.time()
+        proc = subprocess.run([tool("spmd-run"), step, "--steps", "2", "--timeout", "4"],
+                              env=rank_env(rank, 2, free_port()), capture_output=True, text=True, timeout=60)
+        took = time.time() - start
+        report(f"peer never joins rank {rank}", proc.returncode == 1 and took < 6.5 and
+               one_line_error(proc.stderr, f"rank {rank}: ") and fragment in proc.stderr,
+               f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
 
     # A busy port.
     with socket.socket() as busy:
@@ -94,7 +254,12 @@ def main():
                               capture_output=True, text=True, timeout=60)
         report("busy port", proc.returncode == 1 and one_line_error(proc.stderr, "busy"), proc.stderr)
 
-    # A rank killed mid-run under --nproc: the launcher stops the others and names it.
+    check_supervision(step)
+    check_oddities()
+    check_newcomer(step)
+
+    # A rank killed mid-run under --nproc: the launcher stops the others and names it,
+    # in one line (rank 0's failed collective is no news).
     proc = subprocess.Popen([tool("spmd-run"), step, "--nproc", "2", "--steps", "100000", "--timeout", "20"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for_step(proc, 3)
@@ -105,7 +270,9 @@ def main():
     try:
         proc.wait(timeout=30)
         err = proc.stderr.read().decode()
-        report("rank killed under --nproc", proc.returncode == 1 and "was killed by signal 9" in err, err)
+        report("rank killed under --nproc", proc.returncode == 1 and error_lines(err) == [
+            "spmd-run: error: rank 1 of 2 failed first: it was killed by signal 9 (Killed); the other ranks were stopped"],
+            err)
     except subprocess.TimeoutExpired:
         proc.kill()
         report("rank killed under --nproc", False, "the launcher hung")
@@ -126,13 +293,18 @@ def main():
         ranks[0].kill()
         report("peer killed mid-run", False, "rank 0 hung")
 
-    # Bad data: each refused before step 1, naming the input.
+    # Bad data: each refused before step 1, naming the input; with 2 ranks, both
+    # fail alike, and the error is printed once, with the launcher's line after it.
     def data_case(name, data, fragment, nproc="2"):
         path = os.path.join(TMP, name + ".pt")
         torch.save(data, path)
         proc = subprocess.run([tool("spmd-run"), step, "--nproc", nproc, "--steps", "1", "--data", path],
                               capture_output=True, text=True, timeout=60)
-        report(name, proc.returncode == 1 and "step 1" not in proc.stdout and fragment in proc.stderr, proc.stderr)
+        lines = error_lines(proc.stderr)
+        once = len(lines) == 1 if nproc == "1" else (len(lines) == 2 and fragment in lines[0] and
+                                                     " of 2 failed first: it exited with code 1" in lines[1])
+        report(name, proc.returncode == 1 and "step 1" not in proc.stdout and fragment in proc.stderr and once,
+               proc.stderr)
 
     data_case("data lacks an input", {"y": torch.zeros(1, 16, 100)}, "'x': the data file has no tensor", "1")
     data_case("data of the wrong shape", {"x": torch.zeros(1, 16, 99)}, "the graph takes f32[8,100]", "1")
@@ -169,6 +341,20 @@ def main():
                          proc.stderr)
     report("kernel error names its node", proc.returncode == 1 and match is not None and match.group(1) == lm and
            "step 1" not in proc.stdout, proc.stderr)
+    # Only rank 1's rows are bad: its error, whole, then the launcher's line; rank 0,
+    # whose all-reduce fails for want of rank 1, says nothing.
+    half = os.path.join(TMP, "bad_rank1_tokens.pt")
+    tokens = torch.zeros(1, 8, 16, dtype=torch.int64)
+    tokens[:, 4:] = 1000
+    torch.save({"tokens": tokens, "targets": torch.zeros(1, 8, 16, dtype=torch.int64)}, half)
+    proc = subprocess.run([tool("spmd-run"), lm, "--nproc", "2", "--steps", "1", "--data", half, "--timeout", "20"],
+                          capture_output=True, text=True, timeout=60)
+    lines = error_lines(proc.stderr)
+    report("one report per failure", proc.returncode == 1 and len(lines) == 2 and
+           re.fullmatch(r"spmd-run: error: rank 1: .*: /nodes/\d+ \(aten::embedding\): index out of range in self",
+                        lines[0]) is not None and
+           lines[1] == "spmd-run: error: rank 1 of 2 failed first: it exited with code 1; the other ranks were stopped",
+           proc.stderr)
 
     # An artifact lowered for CUDA, on a machine without CUDA.
     if not torch.cuda.is_available():
@@ -188,6 +374,20 @@ def main():
                               capture_output=True, text=True, timeout=60)
         report(flag + " to a missing directory", proc.returncode == 1 and "step 1" not in proc.stdout and
                one_line_error(proc.stderr, "cannot write to /nonexistent-dir"), proc.stderr)
+
+    # Files written after the last step are checked before step 1, by making one beside
+    # them: an existing directory, a path under a regular file, /proc (root may write
+    # everywhere else, so access() is not a test).
+    regular = os.path.join(TMP, "regular.txt")
+    open(regular, "w").close()
+    for flag in ("--save-params", "--profile", "--metrics"):
+        for target, fragment in ((TMP, "is a directory"), (os.path.join(regular, "out"), "Not a directory"),
+                                 ("/proc/spmd-out", "/proc")):
+            proc = subprocess.run([tool("spmd-run"), step, "--steps", "1", flag, target], capture_output=True, text=True,
+                                  timeout=60)
+            report(f"{flag} {target}", proc.returncode == 1 and "step 1" not in proc.stdout and
+                   one_line_error(proc.stderr, f"{flag} {target}") and fragment.lower() in proc.stderr.lower(),
+                   proc.stderr)
 
     # --metrics: one JSON object per step, appended (a second run adds its own
     # lines), with the schedule's rate and the clipped step's norm; a path that

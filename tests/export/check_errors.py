@@ -6,6 +6,7 @@ torch.optim's foreach ops computes exactly what the foreach ops compute.
 """
 import copy
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -210,6 +211,17 @@ def main():
                           text=True, env=env)
     report("CLI: FILE.py:FUNCTION writes the dump and weights", proc.returncode == 0 and os.path.exists(out) and
            os.path.exists(os.path.join(tmp, "cli.weights.pt")), proc.stderr)
+    # A relative -o: the dump names its weights relative to itself, where spmd looks first.
+    os.makedirs(os.path.join(tmp, "sub"), exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "spmd_export", target + ":make", "-o", "sub/rel.json"],
+                          capture_output=True, text=True, env=env, cwd=tmp)
+    try:
+        with open(os.path.join(tmp, "sub", "rel.json")) as f:
+            named = json.load(f)["weights"]["file"]
+    except (OSError, ValueError, KeyError) as e:
+        named = repr(e)
+    report("CLI: a relative weights path is the dump's", proc.returncode == 0 and named == "rel.weights.pt" and
+           os.path.exists(os.path.join(tmp, "sub", "rel.weights.pt")), proc.stderr + named)
 
     # Every failure on the command line is one line, whatever raised it.
     bad = os.path.join(tmp, "bad.py")

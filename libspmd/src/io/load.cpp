@@ -52,7 +52,16 @@ std::string readInput(const std::string& path) {
 }
 
 LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& specs) {
-  return loadGraphFrom(readInput(path), displayNameOf(path), specs);
+  LoadedGraph loaded = loadGraphFrom(readInput(path), displayNameOf(path), specs);
+  // A dump's relative weights path is relative to the dump, wherever it is read from.
+  const bool names = loaded.format == InputFormat::Json || loaded.format == InputFormat::Listing;
+  if (names && path != "-" && !loaded.graph.weights().file.empty()) {
+    WeightsRef w = loaded.graph.weights();
+    const size_t slash = path.find_last_of('/');
+    w.baseDir = slash == std::string::npos ? "" : slash == 0 ? "/" : path.substr(0, slash);
+    loaded.graph.setWeights(std::move(w));
+  }
+  return loaded;
 }
 
 LoadedGraph loadGraphFrom(const std::string& bytes, const std::string& displayName, const std::vector<InputSpec>& specs) {

@@ -5,6 +5,8 @@
 
 #include <torch/script.h>
 
+#include <unistd.h>
+
 namespace spmd {
 namespace {
 
@@ -29,11 +31,20 @@ std::map<std::string, at::Tensor> fromPickle(const std::string& file) {
   return weights;
 }
 
+// A relative path is the dump's: beside it first, then (dumps written to
+// stdout name files relative to where the pipeline ran) the working directory.
+std::string resolvedPath(const WeightsRef& ref) {
+  if (ref.file.empty() || ref.file[0] == '/' || ref.baseDir.empty()) return ref.file;
+  const std::string beside = ref.baseDir + "/" + ref.file;
+  return ::access(beside.c_str(), F_OK) == 0 ? beside : ref.file;
+}
+
 }  // namespace
 
 std::map<std::string, at::Tensor> loadWeights(const WeightsRef& ref) {
   try {
-    return ref.format == "torchscript" ? fromModule(ref.file) : fromPickle(ref.file);
+    const std::string file = resolvedPath(ref);
+    return ref.format == "torchscript" ? fromModule(file) : fromPickle(file);
   } catch (Diagnostic& d) {
     throw d.inFile(ref.file);
   } catch (const c10::Error& e) {

@@ -14,12 +14,20 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+// Debian's LibTorch logs through glog; pip's does not.
+#if defined(C10_USE_GLOG) && __has_include(<glog/logging.h>)
+#include <glog/logging.h>
+#define SPMD_HAVE_GLOG 1
+#endif
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <map>
 #include <type_traits>
 
@@ -139,21 +147,78 @@ void requirePortFree(const RankInfo& info) {
   }
 }
 
+std::string secondsText(std::chrono::milliseconds t) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g s", static_cast<double>(t.count()) / 1000);
+  return text;
+}
+
+// c10d logs a store that does not answer (at ERROR, through glog) before it
+// throws; the one-line error spmd-run reports says the same. Quiet while
+// connecting only.
+class QuietConnectLogs {
+ public:
+#ifdef SPMD_HAVE_GLOG
+  QuietConnectLogs() : saved_(FLAGS_minloglevel) { FLAGS_minloglevel = google::GLOG_FATAL; }
+  ~QuietConnectLogs() { FLAGS_minloglevel = saved_; }
+
+ private:
+  int saved_;
+#endif
+};
+
+std::string joinedKey(int rank) { return "spmd/joined/" + std::to_string(rank); }
+
+// Every rank marks itself joined, then waits for the others' marks: one
+// deadline for the whole join, and the ranks that did not come are named.
+// (c10d's waitWorkers names none, and its time adds to the process group's.)
+void waitForPeers(c10d::Store& store, const RankInfo& info, std::chrono::milliseconds timeout,
+                  const std::string& where) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  store.set(joinedKey(info.rank), std::vector<uint8_t>{1});
+  for (int r = 0; r < info.worldSize; ++r) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      store.wait({joinedKey(r)}, std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception&) {
+      std::string missing;
+      int count = 0;
+      for (int m = r; m < info.worldSize; ++m) {
+        if (m != r && store.check({joinedKey(m)})) continue;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+        ++count;
+      }
+      throw JoinError(where, (count == 1 ? "rank " : "ranks ") + missing + " of " + std::to_string(info.worldSize) +
+                                 (count == 1 ? " did" : " did") + " not join within " + secondsText(timeout));
+    }
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout) {
   if (info.rank == 0) requirePortFree(info);
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(info.masterPort);
   opts.isServer = info.rank == 0;
   opts.numWorkers = static_cast<size_t>(info.worldSize);
-  opts.waitWorkers = true;
+  opts.waitWorkers = false;  // waitForPeers waits, and names who is missing
   opts.timeout = timeout;
+  const std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
+  c10::intrusive_ptr<c10d::Store> store;
   try {
-    return c10::make_intrusive<c10d::TCPStore>(info.masterAddr, opts);
+    QuietConnectLogs quiet;
+    store = c10::make_intrusive<c10d::TCPStore>(info.masterAddr, opts);
   } catch (const std::exception& e) {
-    std::string what = firstLine(e.what());
-    std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
-    throw Diagnostic(where, "rank " + std::to_string(info.rank) + " could not join the group within the timeout: " + what);
+    if (info.rank == 0) throw Diagnostic(where, "cannot serve the group's store: " + firstLine(e.what()));
+    throw JoinError(where, "rank 0's store did not answer within " + secondsText(timeout) + ": " + firstLine(e.what()));
   }
+  try {
+    waitForPeers(*store, info, timeout, where);
+  } catch (const JoinError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw JoinError(where, "the group's store failed while ranks joined: " + firstLine(e.what()));
+  }
+  return store;
 }
 
 bool isLoopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }

@@ -7,12 +7,14 @@
 
 #include <ATen/ATen.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -28,11 +30,19 @@ double percentile(std::vector<double> v, double q) {
 
 void requireWritableDirectory(const std::string& path, const std::string& flag) {
   if (path.empty() || path == "-") return;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw Diagnostic(flag + " " + path, "is a directory; name a file");
+  }
+  // access() is not enough: root passes it for /proc, and a regular file
+  // passes it where a directory was meant. Making a file there is the test.
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  if (::access(dir.c_str(), W_OK) != 0) {
-    throw Diagnostic(flag + " " + path, "cannot write to " + dir + ": " + std::strerror(errno));
-  }
+  std::string probe = dir + "/.spmd-probe-XXXXXX";
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) throw Diagnostic(flag + " " + path, "cannot write to " + dir + ": " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 void saveParameters(const Graph& g, const TensorMap& state, const std::string& path) {
@@ -64,7 +74,7 @@ std::string jsonNumber(double v) { return std::isfinite(v) ? floatText(v) : "nul
 }  // namespace
 
 void MetricsLog::write(int step, const StepReport& r, int64_t peakBytes) {
-  std::string line = "{\"step\": " + std::to_string(step) + ", \"loss\": " + jsonNumber(r.loss);
+  std::string line = "{\"step\": " + std::to_string(step) + ", \"loss\": " + (r.loss ? jsonNumber(*r.loss) : "null");
   if (r.lr) line += ", \"lr\": " + jsonNumber(*r.lr);
   if (r.gradNorm) line += ", \"grad_norm\": " + jsonNumber(*r.gradNorm);
   char ms[64];
@@ -83,7 +93,7 @@ void MetricsLog::write(int step, const StepReport& r, int64_t peakBytes) {
 }
 
 void RunRecord::addStep(const StepReport& step, bool timed) {
-  losses_.push_back(step.loss);
+  if (step.loss) losses_.push_back(*step.loss);
   if (step.lr) lrs_.push_back(*step.lr);
   if (step.gradNorm) gradNorms_.push_back(*step.gradNorm);
   if (timed) ms_.push_back(step.ms);
@@ -113,7 +123,7 @@ void RunRecord::writeJson(std::ostream& out) const {
 void RunRecord::writeSummary(std::ostream& out, bool finalLoss) const {
   const double median = percentile(ms_, 0.5), lo = *std::min_element(ms_.begin(), ms_.end()),
                hi = *std::max_element(ms_.begin(), ms_.end());
-  if (finalLoss) out << "final loss " << floatText(losses_.back()) << "\n";
+  if (finalLoss && !losses_.empty()) out << "final loss " << floatText(losses_.back()) << "\n";
   char summary[256];
   std::snprintf(summary, sizeof summary,
                 "%d steps on %d rank%s (%s): median %.3f ms, min %.3f ms, max %.3f ms per step, %.1f steps/s\n", steps_,

@@ -15,9 +15,11 @@
 
 namespace spmd {
 
-// Refuses (Diagnostic naming `flag`) a file in a directory this process
-// cannot write to: a file written after the last step is checked before
-// step 1, not after the whole run. "" and "-" pass.
+// Refuses (Diagnostic naming `flag`) a path where no file can be written: an
+// existing directory, a path under a regular file, a directory where a
+// probe file cannot be made (/proc, read-only, missing). A file written
+// after the last step is checked before step 1, not after the whole run.
+// "" and "-" pass.
 void requireWritableDirectory(const std::string& path, const std::string& flag);
 
 // The graph's parameters in `state`, on the CPU, saved as torch.save's

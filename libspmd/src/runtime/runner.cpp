@@ -164,12 +164,12 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     device.synchronize();
     StepReport report;
     report.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
-    report.loss = scalarOutput(outputs, 0).value_or(0.0);
+    report.loss = scalarOutput(outputs, 0);  // none: a graph without outputs
     report.lr = lr;
     if (g.training().clips()) report.gradNorm = scalarOutput(outputs, 1);
-    if (!std::isfinite(report.loss) && !o.allowNonfinite) {
+    if (report.loss && !std::isfinite(*report.loss) && !o.allowNonfinite) {
       throw Diagnostic("step " + std::to_string(step + 1), "rank " + std::to_string(info.rank) + "'s loss is " +
-                                                              floatText(report.loss) +
+                                                              floatText(*report.loss) +
                                                               " (--allow-nonfinite trains on)");
     }
     record.addStep(report, timed);

@@ -4,6 +4,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 #include <iostream>
 
 #ifndef SPMD_VERSION
@@ -15,15 +20,58 @@ namespace spmd {
 const char* versionString() { return SPMD_VERSION; }
 
 DiagnosticEngine printingDiagnostics(const std::string& tool) {
-  return DiagnosticEngine([tool](const Diagnostic& note) { std::cerr << tool << ": note: " << note.format() << "\n"; });
+  // One string, so one write on unbuffered stderr: lines never interleave.
+  return DiagnosticEngine([tool](const Diagnostic& note) { std::cerr << (tool + ": note: " + note.format() + "\n"); });
+}
+
+int errorReportFd() {
+  static const int fd = [] {
+    const char* v = std::getenv("SPMD_ERROR_FD");
+    if (!v || !*v) return STDERR_FILENO;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    const bool open = *end == '\0' && n > STDERR_FILENO && n < 65536 && ::fcntl(static_cast<int>(n), F_GETFD) != -1;
+    return open ? static_cast<int>(n) : STDERR_FILENO;
+  }();
+  return fd;
 }
 
 void printError(const std::string& tool, const std::string& message) {
-  std::cerr << tool << ": error: " << message << std::endl;
+  std::cerr.flush();
+  const std::string line = tool + ": error: " + message + "\n";
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(errorReportFd(), line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
 }
+
+namespace {
+
+// --help ends with the tool's examples (its footer) and the exit codes.
+void addExitCodes(CLI::App& app) {
+  const std::string examples = app.get_footer();
+  app.footer(examples + (examples.empty() ? "" : "\n\n") +
+             "Exit codes:\n"
+             "  0  success\n"
+             "  1  failure: one line on stderr, <tool>: error: <file>: <where>: <what>\n"
+             "  2  usage error (a flag unknown or malformed)");
+}
+
+// A tool whose IN defaults to stdin, started on a terminal with no input:
+// refused, rather than waiting silently for the user to type a graph.
+bool waitsOnTerminal(CLI::App& app) {
+  const CLI::Option* in = app.get_option_no_throw("IN");
+  return in && in->count() == 0 && ::isatty(STDIN_FILENO);
+}
+
+}  // namespace
 
 int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
   app.set_version_flag("--version", std::string(tool) + " " + versionString());
+  addExitCodes(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -37,6 +85,10 @@ int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const
   } catch (const CLI::ParseError& e) {
     printError(tool, e.what());
     std::cerr << "Run with --help for more information." << std::endl;
+    return 2;
+  }
+  if (waitsOnTerminal(app)) {
+    printError(tool, "no input: IN is stdin, a terminal; name a file, pipe one in, or give '-' to type it");
     return 2;
   }
   try {

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <unordered_map>
 #include <vector>
 
@@ -144,8 +145,15 @@ struct Bucket {
 
 // Where parameter and buffer values live: weights are referenced, not inlined.
 struct WeightsRef {
-  std::string file;    // as given by the user, resolved against cwd
+  WeightsRef() = default;
+  WeightsRef(std::string file, std::string format) : file(std::move(file)), format(std::move(format)) {}
+
+  std::string file;    // as written: absolute, or relative (see baseDir)
   std::string format;  // "torchscript"
+  // The directory of the JSON dump or listing that named `file` ("" for
+  // stdin, TorchScript, artifacts): a relative `file` is looked for there
+  // first, then in the working directory. Never written out.
+  std::string baseDir;
 };
 
 // The nodes of a graph in program order, as a read-only random-access range

@@ -3,6 +3,8 @@
 // reset connection) or a kernel at a known node.
 #pragma once
 
+#include "spmd/support/diagnostic.h"
+
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -14,6 +16,14 @@ namespace spmd {
 class CollectiveError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// A rank could not form the group: a peer did not join within the timeout,
+// or rank 0's store did not answer. Like CollectiveError, it most often
+// follows a peer's own failure.
+class JoinError : public Diagnostic {
+ public:
+  using Diagnostic::Diagnostic;
 };
 
 // A kernel threw while the interpreter ran node `node()`, an op named

@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <optional>
-#include <ostream>
 #include <string>
 #include <vector>
 
@@ -21,9 +20,16 @@ std::optional<RankInfo> rankFromEnvironment();
 int freeLocalPort();
 
 // Runs `argv` (this program's own arguments) as `nproc` local ranks, each
-// with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set, and waits. When
-// one rank fails, the others are stopped at once; the return value is 0 when
-// all succeeded, else 1, with a line on `err` naming the rank.
-int launchLocalRanks(const std::string& tool, int nproc, const std::vector<std::string>& argv, std::ostream& err);
+// with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set, and supervises
+// them (supervisor.cpp says what it guarantees). Returns 0 when every rank
+// succeeded; else 1, after printing the error lines of the rank that failed
+// first and one summary line naming it.
+int launchLocalRanks(const std::string& tool, int nproc, const std::vector<std::string>& argv);
+
+// The exit code of a rank under launchLocalRanks whose failure follows a
+// peer's (a collective or the join failed): the launcher then reports the
+// peer. Elsewhere (torchrun, Slurm) such a rank exits 1, as every failure.
+constexpr int kPeerFailureExit = 3;
+int peerFailureExitCode();
 
 }  // namespace spmd

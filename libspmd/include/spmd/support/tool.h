@@ -22,7 +22,12 @@ int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const
 // on stderr as it comes.
 DiagnosticEngine printingDiagnostics(const std::string& tool);
 
-// "<tool>: error: <message>" on stderr.
+// "<tool>: error: <message>" as one write() (lines of ranks sharing a
+// terminal never interleave), on errorReportFd().
 void printError(const std::string& tool, const std::string& message);
+
+// Where error lines go: stderr, or in a rank started by spmd-run --nproc the
+// pipe its launcher reads (SPMD_ERROR_FD), so that a failure is reported once.
+int errorReportFd();
 
 }  // namespace spmd
