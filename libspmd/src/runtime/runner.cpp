@@ -79,8 +79,9 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
   if (!o.initFrom.empty()) {
     const std::vector<std::string> unused = initFromStateDict(g, o.initFrom, state);
     if (info.rank == 0 && !unused.empty()) {
-      std::cerr << "spmd-run: note: " << o.initFrom << ": " << unused.size()
-                << " entries the step has no input for were left out (first: '" << unused.front() << "')\n";
+      // One string, one write: ranks share the terminal.
+      std::cerr << ("spmd-run: note: " + o.initFrom + ": " + std::to_string(unused.size()) +
+                    " entries the step has no input for were left out (first: '" + unused.front() + "')\n");
     }
   }
   if (o.resume.empty()) return 0;
