@@ -236,12 +236,20 @@ def crash_while_writing(artifacts):
     run(artifact, "--steps", steps, "--data", data, "--save-params", path("crash_full.pt"))
     rng = random.Random(5)
     kills, whole = 0, True
+    latest_file = os.path.join(root, "latest")
+    read_latest = lambda: open(latest_file).read() if os.path.exists(latest_file) else ""
     for _ in range(5):
-        resume = ["--resume", root] if os.path.exists(os.path.join(root, "latest")) else []
+        resume = ["--resume", root] if os.path.exists(latest_file) else []
+        before = read_latest()
         proc = subprocess.Popen([tool("spmd-run"), artifact, "--device", "cpu", "--steps", steps, "--data", data,
                                  "--checkpoint", root, "--checkpoint-every", "1", "--keep", "1000", *resume],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.5, 2.0))
+        # Once this run has written a checkpoint it writes one every step:
+        # a kill a moment later lands in a step or in a write.
+        deadline = time.time() + 120
+        while read_latest() == before and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.3))
         finished = proc.poll() is not None
         if not finished:
             proc.send_signal(signal.SIGKILL)
