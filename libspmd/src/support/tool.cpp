@@ -1,6 +1,7 @@
 #include "spmd/support/tool.h"
 
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/echo.h"
 
 #include <c10/util/Exception.h>
 
@@ -19,7 +20,8 @@ DiagnosticEngine printingDiagnostics(const std::string& tool) {
 }
 
 void printError(const std::string& tool, const std::string& message) {
-  std::cerr << tool << ": error: " << message << std::endl;
+  // One line, whatever the message holds (a value echoed whole, a newline).
+  std::cerr << tool << ": error: " << oneLine(message) << std::endl;
 }
 
 int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const std::function<int()>& body) {
