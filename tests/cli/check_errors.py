@@ -296,6 +296,23 @@ def shape_inference_memory(write, tmp):
              ("expand 2e6 rows", [EXPAND, "samples/mlp.pt", "--input", "x:f32[2000000,100]", "--optimizer", "adam"]),
              ("verify cnn 65536 images", [BIN, big_cnn, "--verify"]),
              ("expand cnn 65536 images", [EXPAND, big_cnn, "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"])]
+    # An op without a meta kernel and without a batch rule: refused above the
+    # bound, naming the file, the node and the op, before allocating.
+    costly = {"format": "spmd-graph", "version": 1, "outputs": ["hardtanh_backward"],
+              "inputs": [{"name": n, "dtype": "float32", "shape": [200000000], "kind": "data"} for n in ("g", "x")],
+              "nodes": [{"op": "aten::hardtanh_backward", "args": [{"value": "g"}, {"value": "x"}, {"float": -1.0},
+                                                                   {"float": 1.0}],
+                         "outputs": [{"name": "hardtanh_backward", "dtype": "float32", "shape": [200000000]}]}]}
+    code, err, rss = peak_rss_mib([BIN, write("costly.json", json.dumps(costly)), "--verify"])
+    want = (r"spmd-inspect: error: .*/costly\.json: /nodes/0: aten::hardtanh_backward rejects its arguments: "
+            r"shape inference for aten::hardtanh_backward would need 1525 MiB of zero-filled CPU tensors "
+            r"\(this LibTorch has no meta kernel for it; the bound is 512 MiB\): give smaller per-rank shapes\n")
+    if code == 1 and rss < 600 and re.fullmatch(want, err):
+        passed += 1
+        print(f"PASS shape inference refused above the bound ({rss} MiB)")
+    else:
+        failed += 1
+        print(f"FAIL shape inference refused above the bound: exit {code}, {rss} MiB, stderr {err[:400]!r}")
     for name, args in cases:
         code, err, rss = peak_rss_mib(args)
         if code == 0 and rss < 600:

@@ -1,9 +1,9 @@
 #include "meta_standins.h"
 
+#include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <optional>
@@ -85,9 +85,12 @@ void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IV
       }
     }
   }
-  TORCH_CHECK(bytes <= kMaxStandInBytes, "shape inference for ", op.schema().name(),
-              " would need ", bytes >> 20, " MiB of zero-filled CPU tensors (this LibTorch has no meta kernel for it; "
-              "the bound is ", kMaxStandInBytes >> 20, " MiB): give smaller per-rank shapes");
+  if (bytes <= kMaxStandInBytes) return;
+  // A Diagnostic, not a c10::Error: the input is too large, nothing is
+  // wrong inside; callers name the file and node.
+  throw Diagnostic("", "shape inference for " + op.schema().name() + " would need " + std::to_string(bytes >> 20) +
+                           " MiB of zero-filled CPU tensors (this LibTorch has no meta kernel for it; the bound is " +
+                           std::to_string(kMaxStandInBytes >> 20) + " MiB): give smaller per-rank shapes");
 }
 
 bool runOnSmallBatch(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack,

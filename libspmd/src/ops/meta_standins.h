@@ -11,7 +11,7 @@
 
 namespace spmd {
 
-// Refuses (a c10::Error naming the op, the bytes and the bound) when zero-
+// Refuses (a Diagnostic naming the op, the bytes and the bound) when zero-
 // filled CPU copies of the meta tensors on `args` would exceed
 // kMaxStandInBytes (support/limits.h).
 void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
