@@ -123,10 +123,13 @@ Bytes mutate(const std::vector<Bytes>& seeds, std::mt19937& rng) {
   return data;
 }
 
-// The outcome of one input: "" when it met the bar, else what went wrong.
-std::string runOne(const std::function<void(const Bytes&)>& reader, const Bytes& input) {
+// The outcome of one input: "" when it met the bar, else what went wrong;
+// `accepted` tells a read input from a refused one.
+std::string runOne(const std::function<void(const Bytes&)>& reader, const Bytes& input, bool& accepted) {
+  accepted = false;
   try {
     reader(input);
+    accepted = true;
     return "";
   } catch (const spmd::Diagnostic& d) {
     const std::string line = d.format();
@@ -198,14 +201,16 @@ std::vector<Target> targets(const Options& o) {
 // Fuzzes one target; returns how many inputs failed the bar.
 int fuzz(const Target& t, const Options& o) {
   std::mt19937 rng(o.seed);
-  int failures = 0;
+  int failures = 0, accepted = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < o.rounds; ++round) {
     const Bytes input = round < static_cast<int>(t.seeds.size()) ? t.seeds[round] : mutate(t.seeds, rng);
     std::ofstream(o.crashFile, std::ios::binary | std::ios::trunc) << input;
     const bool isSeed = round < static_cast<int>(t.seeds.size());
     const auto before = std::chrono::steady_clock::now();
-    std::string problem = isSeed ? seedProblem(t.reader, input) : runOne(t.reader, input);
+    bool wasAccepted = isSeed;
+    std::string problem = isSeed ? seedProblem(t.reader, input) : runOne(t.reader, input, wasAccepted);
+    accepted += wasAccepted ? 1 : 0;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before).count();
     if (problem.empty() && ms > o.slowMs) problem = "took " + std::to_string(ms) + " ms";
     if (!problem.empty()) {
@@ -216,7 +221,8 @@ int fuzz(const Target& t, const Options& o) {
     }
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << t.name << ": " << o.rounds << " inputs, " << failures << " failures, " << s << " s" << std::endl;
+  std::cout << t.name << ": " << o.rounds << " inputs (" << accepted << " read, the rest refused), " << failures
+            << " failures, " << s << " s" << std::endl;
   return failures;
 }
 
