@@ -83,8 +83,7 @@ int main(int argc, char** argv) {
     const std::string prefix = rank ? "rank " + std::to_string(rank->rank) + ": " : "";
     try {
       auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
-      spmd::Artifact artifact = loaded.artifact ? *loaded.artifact
-                                                : spmd::lowerGraph(std::move(loaded.graph), spmd::loweringDevice(o.device));
+      spmd::Artifact artifact = spmd::artifactOf(loaded, spmd::loweringDevice(o.device));
       if (!rank || rank->rank == 0) {  // once, not once per rank
         spmd::DiagnosticEngine notes = spmd::printingDiagnostics(tool);
         notes.setFile(loaded.displayName);

@@ -7,6 +7,7 @@ file.
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,8 @@ BIN = os.path.join(BIN_DIR, "spmd-inspect")
 EXPAND = os.path.join(BIN_DIR, "spmd-expand")
 UNROLL = os.path.join(BIN_DIR, "spmd-unroll")
 SPLIT = os.path.join(BIN_DIR, "spmd-split")
+LOWER = os.path.join(BIN_DIR, "spmd-lower")
+RUN = os.path.join(BIN_DIR, "spmd-run")
 MLP = ["samples/mlp.pt", "--input", "x:f32[100,100]"]
 passed = failed = 0
 
@@ -200,6 +203,158 @@ def help_and_terminal():
               ("" if ok else f": exit {code}, {err!r}"))
 
 
+def reader_errors(write, graph_json, tmp):
+    """Issue #19: inputs that crashed the readers or gave errors naming no file."""
+    global passed, failed
+    tools = [(BIN, []), (EXPAND, ["--optimizer", "adam"]), (SPLIT, []), (UNROLL, []),
+             (LOWER, ["-o", os.path.join(tmp, "deep.spmd")]), (RUN, [])]
+
+    # JSON nested 60k deep (120 KB): a SIGSEGV in every tool before.
+    deep = write("deep.json", '{"format": ' + "[" * 60000 + "]" * 60000 + "}")
+    for tool, extra in tools:
+        name = os.path.basename(tool)
+        check(name + " deep nesting", [deep] + extra, 1,
+              name + r": error: .*/deep\.json: invalid JSON: nesting deeper than 64 levels at line 1, column 75",
+              tool=tool)
+    if os.path.exists(os.path.join(tmp, "deep.spmd")):
+        failed += 1
+        print("FAIL deep nesting: spmd-lower left an output file")
+
+    # Bad values are echoed cut short, on one line.
+    E = r"spmd-inspect: error: "
+    long_name = "x" * 100000
+
+    def long_value(d):
+        d["nodes"][1]["args"][0] = {"value": long_name}
+    check("long bad value echoed short", [write("long.json", graph_json(long_value))], 1,
+          E + r".*/long\.json: /nodes/1/args/0/value: unknown value '" + "x" * 60 + r"\.\.\.'")
+
+    def newline_value(d):
+        d["nodes"][1]["args"][0] = {"value": "x\ny"}
+    check("newline in a bad value", [write("newline.json", graph_json(newline_value))], 1,
+          E + r".*/newline\.json: /nodes/1/args/0/value: unknown value 'x\\ny'")
+
+    def huge_string(d):
+        d["nodes"][1]["op"] = "y" * (3 << 20)
+    check("string over the bound", [write("huge.json", graph_json(huge_string))], 1,
+          E + r".*/huge\.json: invalid JSON: a string longer than 1048576 characters at line \d+, column \d+")
+
+    def bad_version(d):
+        d["version"] = [[[1]]]
+    check("array echoed by its type", [write("version.json", graph_json(bad_version))], 1,
+          E + r".*/version\.json: /version: unsupported version an array \(this build reads 1\)")
+
+    # Numbers beyond double's range: was nlohmann's raw exception text.
+    text = graph_json(lambda d: d.update(iters=12345)).replace("12345", "1e999")
+    check("number out of range", [write("inf.json", text)], 1,
+          E + r".*/inf\.json: invalid JSON: number 1e999 is out of range at line \d+, column \d+")
+
+    # Errors that named no file.
+    check("directory as input", [tmp], 1, E + re.escape(tmp) + r": is a directory, not a file")
+    check("--input shape overflow", ["samples/mlp.pt", "--input", "x:f32[99999999999,99999999999]"], 1,
+          E + r"--input 'x:f32\[99999999999,99999999999\]': shape with more than 2\^48 elements in one tensor")
+
+    def overflow_shape(d):
+        d["inputs"][0]["shape"] = [99999999999, 99999999999]
+    check("dump shape overflow", [write("overflow.json", graph_json(overflow_shape))], 1,
+          E + r".*/overflow\.json: /inputs/0/shape: shape with more than 2\^48 elements in one tensor")
+
+    def unknown_op(d):
+        d["nodes"][1]["op"] = "aten::frobnicate"
+    check("spmd-run lowering error names the file", [write("runop.json", graph_json(unknown_op))], 1,
+          r"spmd-run: error: .*/runop\.json: /nodes/1/op: unknown operator 'aten::frobnicate' in this LibTorch",
+          tool=RUN)
+
+    artifact_header_errors(write, tmp)
+    shape_inference_memory(write, tmp)
+
+
+def rezip(src, dst, edit_header):
+    """Copies the artifact `src` to `dst` with header.json edited (and a zip
+    rewritten as a user's zip tool would, so that the zip's own CRCs hold)."""
+    import zipfile
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info.filename)
+            if info.filename.endswith("/header.json"):
+                header = json.loads(data)
+                edit_header(header)
+                data = json.dumps(header, indent=2).encode() + b"\n"
+            zout.writestr(info.filename, data)
+    return dst
+
+
+def artifact_header_errors(write, tmp):
+    step = subprocess.run([EXPAND] + MLP + ["--optimizer", "adam"], capture_output=True).stdout
+    artifact = os.path.join(tmp, "step.spmd")
+    subprocess.run([LOWER, "-", "-o", artifact], input=step, capture_output=True)
+    E = r"spmd-inspect: error: "
+    same = rezip(artifact, os.path.join(tmp, "same.spmd"), lambda h: None)
+    check("artifact rezipped unchanged", [same, "--stats", "-o", os.path.join(tmp, "stats.txt")], 0, "", tool=BIN)
+    for field, value in (("device", "gpu"), ("cudagraphs", True)):
+        edited = rezip(artifact, os.path.join(tmp, "edited.spmd"), lambda h: h.update({field: value}))
+        check("artifact header " + field + " edited", [edited, "--stats"], 1,
+              E + r".*/edited\.spmd: header\.json: checksum mismatch: the artifact was altered or is damaged")
+    old = rezip(artifact, os.path.join(tmp, "old.spmd"), lambda h: h.update(version=1))
+    check("artifact of version 1", [old], 1,
+          E + r".*/old\.spmd: header\.json/version: unsupported artifact version 1 \(this build reads 2\): "
+          r"lower the graph again with spmd-lower")
+
+
+def peak_rss_mib(args):
+    """Runs ARGS in a child of a fresh python, returning (exit code, stderr, max RSS in MiB)."""
+    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, "
+             "stderr=subprocess.PIPE); sys.stderr.write(p.stderr.decode(errors='replace')); "
+             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)")
+    proc = subprocess.run([sys.executable, "-c", probe] + args, capture_output=True, text=True)
+    code, rss = proc.stdout.split()
+    return int(code), proc.stderr, int(rss)
+
+
+def shape_inference_memory(write, tmp):
+    """Shape inference must not allocate memory proportional to the tensors
+    (LibTorch 1.13 ran ops without meta kernels on zero-filled CPU tensors)."""
+    global passed, failed
+    # The CNN's forward as a dump with a batch of 65536 (its TorchScript import
+    # traces on CPU tensors: see README): batch norm, relu, convolution_backward.
+    cnn = json.loads(subprocess.run([BIN, "samples/cnn.pt", "--input", "x:f32[5,3,16,16]", "--input", "y:f32[5,4]",
+                                     "--json"], capture_output=True).stdout)
+    for v in cnn["inputs"] + [o for n in cnn["nodes"] for o in n["outputs"] if o]:
+        if v["shape"][:1] == [5]:
+            v["shape"][0] = 65536
+    big_cnn = write("cnn65536.json", json.dumps(cnn))
+    cases = [("inspect 2e6 rows", [BIN, "samples/mlp.pt", "--input", "x:f32[2000000,100]", "--stats"]),
+             ("inspect 1e9 rows", [BIN, "samples/mlp.pt", "--input", "x:f32[1000000000,100]", "--verify"]),
+             ("expand 2e6 rows", [EXPAND, "samples/mlp.pt", "--input", "x:f32[2000000,100]", "--optimizer", "adam"]),
+             ("verify cnn 65536 images", [BIN, big_cnn, "--verify"]),
+             ("expand cnn 65536 images", [EXPAND, big_cnn, "--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9"])]
+    # An op without a meta kernel and without a batch rule: refused above the
+    # bound, naming the file, the node and the op, before allocating.
+    costly = {"format": "spmd-graph", "version": 1, "outputs": ["hardtanh_backward"],
+              "inputs": [{"name": n, "dtype": "float32", "shape": [200000000], "kind": "data"} for n in ("g", "x")],
+              "nodes": [{"op": "aten::hardtanh_backward", "args": [{"value": "g"}, {"value": "x"}, {"float": -1.0},
+                                                                   {"float": 1.0}],
+                         "outputs": [{"name": "hardtanh_backward", "dtype": "float32", "shape": [200000000]}]}]}
+    code, err, rss = peak_rss_mib([BIN, write("costly.json", json.dumps(costly)), "--verify"])
+    want = (r"spmd-inspect: error: .*/costly\.json: /nodes/0: aten::hardtanh_backward rejects its arguments: "
+            r"shape inference for aten::hardtanh_backward would need 1525 MiB of zero-filled CPU tensors "
+            r"\(this LibTorch has no meta kernel for it; the bound is 512 MiB\): give smaller per-rank shapes\n")
+    if code == 1 and rss < 600 and re.fullmatch(want, err):
+        passed += 1
+        print(f"PASS shape inference refused above the bound ({rss} MiB)")
+    else:
+        failed += 1
+        print(f"FAIL shape inference refused above the bound: exit {code}, {rss} MiB, stderr {err[:400]!r}")
+    for name, args in cases:
+        code, err, rss = peak_rss_mib(args)
+        if code == 0 and rss < 600:
+            passed += 1
+            print(f"PASS shape inference memory: {name} ({rss} MiB)")
+        else:
+            failed += 1
+            print(f"FAIL shape inference memory: {name}: exit {code}, {rss} MiB (want < 600), stderr {err[:300]!r}")
+
+
 def main():
     tmp = tempfile.mkdtemp()
 
@@ -278,6 +433,7 @@ def main():
     expand_errors(write, graph_json)
     unroll_errors(write, graph_json)
     help_and_terminal()
+    reader_errors(write, graph_json, tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

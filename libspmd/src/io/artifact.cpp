@@ -3,6 +3,10 @@
 #include "spmd/io/graph_json.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/echo.h"
+#include "spmd/support/limits.h"
+
+#include "json_read.h"
 
 #include <ATen/ATen.h>
 #include <caffe2/serialize/in_memory_adapter.h>
@@ -34,6 +38,15 @@ struct Checksum {
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+// The header's fields as the checksum sees them: every field but the
+// checksum itself, keys sorted (nlohmann::json sorts), so that an edited
+// device or cudagraphs flag no longer matches.
+std::string headerFieldsText(const nlohmann::json& header) {
+  nlohmann::json fields = header;
+  fields.erase("checksum");
+  return fields.dump();
+}
+
 }  // namespace
 
 std::string writeArtifact(const Artifact& artifact) {
@@ -61,9 +74,10 @@ std::string writeArtifact(const Artifact& artifact) {
   }
   const std::string indexText = index.dump();
   sum.add(indexText);
-  json header{{"format", kArtifactFormat}, {"version", kArtifactVersion}, {"device", artifact.device},
-              {"cudagraphs", artifact.cudagraphs},
-              {"nodes", artifact.graph.nodes().size()}, {"checksum", sum.hex()}};
+  nlohmann::json header{{"format", kArtifactFormat}, {"version", kArtifactVersion}, {"device", artifact.device},
+                        {"cudagraphs", artifact.cudagraphs}, {"nodes", artifact.graph.nodes().size()}};
+  sum.add(headerFieldsText(header));
+  header["checksum"] = sum.hex();
   const std::string headerText = header.dump(2) + "\n";
   writer.writeRecord("header.json", headerText.data(), headerText.size());
   writer.writeRecord("graph.json", graph.data(), graph.size());
@@ -75,10 +89,138 @@ std::string writeArtifact(const Artifact& artifact) {
 
 namespace {
 
-std::string record(caffe2::serialize::PyTorchStreamReader& zip, const std::string& name) {
-  if (!zip.hasRecord(name)) throw Diagnostic("", "not an spmd artifact: no record '" + name + "'");
+using Zip = caffe2::serialize::PyTorchStreamReader;
+
+std::string record(Zip& zip, const std::string& name) {
+  if (!zip.hasRecord(name)) throw Diagnostic("", "not an spmd artifact: no record '" + echo(name) + "'");
   auto [data, size] = zip.getRecord(name);
   return std::string(static_cast<const char*>(data.get()), size);
+}
+
+// A JSON record, parsed within bounds; errors name the record.
+nlohmann::json jsonRecord(Zip& zip, const std::string& name) {
+  const std::string text = record(zip, name);
+  try {
+    return parseJson(text);
+  } catch (const Diagnostic& d) {
+    throw Diagnostic(name, d.message());
+  }
+}
+
+nlohmann::json readHeader(Zip& zip) {
+  nlohmann::json header = jsonRecord(zip, "header.json");
+  if (!header.is_object() || header.value("format", nlohmann::json()) != kArtifactFormat) {
+    throw Diagnostic("header.json", "not an spmd artifact");
+  }
+  const nlohmann::json version = header.value("version", nlohmann::json());
+  if (version != kArtifactVersion) {
+    throw Diagnostic("header.json/version", "unsupported artifact version " + briefJson(version) + " (this build reads " +
+                                                std::to_string(kArtifactVersion) + "): lower the graph again with spmd-lower");
+  }
+  for (const char* key : {"device", "checksum"}) {
+    if (!header.contains(key) || !header[key].is_string()) {
+      throw Diagnostic(std::string("header.json/") + key, "expected a string");
+    }
+  }
+  if (!header.contains("cudagraphs") || !header["cudagraphs"].is_boolean()) {
+    throw Diagnostic("header.json/cudagraphs", "expected a boolean");
+  }
+  return header;
+}
+
+// One entry of tensors.json, checked before anything is allocated for it.
+struct IndexEntry {
+  std::string name;
+  c10::ScalarType dtype;
+  std::vector<int64_t> shape;
+  bool zeros = false;
+  std::string record;  // the data's record, unless zeros
+};
+
+IndexEntry indexEntry(const nlohmann::json& j, const std::string& where) {
+  auto field = [&](const char* key) -> const nlohmann::json& {
+    if (!j.contains(key)) throw Diagnostic(where, std::string("missing key '") + key + "'");
+    return j[key];
+  };
+  if (!j.is_object()) throw Diagnostic(where, "expected an object");
+  IndexEntry e;
+  const nlohmann::json& name = field("name");
+  const nlohmann::json& dtype = field("dtype");
+  const nlohmann::json& shape = field("shape");
+  if (!name.is_string()) throw Diagnostic(where + "/name", "expected a string");
+  e.name = name.get<std::string>();
+  auto parsed = dtype.is_string() ? parseDtype(dtype.get<std::string>()) : std::nullopt;
+  if (!parsed) throw Diagnostic(where + "/dtype", "unknown dtype " + briefJson(dtype));
+  e.dtype = *parsed;
+  if (!shape.is_array()) throw Diagnostic(where + "/shape", "expected an array");
+  for (const auto& d : shape) {
+    if (!d.is_number_integer()) throw Diagnostic(where + "/shape", "expected integers, got " + briefJson(d));
+    e.shape.push_back(d.get<int64_t>());
+  }
+  const std::string problem = shapeBoundProblem(e.shape);
+  if (!problem.empty()) throw Diagnostic(where + "/shape", "shape with " + problem);
+  e.zeros = j.value("zeros", nlohmann::json(false)) == true;
+  if (!e.zeros) {
+    const nlohmann::json& rec = field("record");
+    if (!rec.is_string()) throw Diagnostic(where + "/record", "expected a string");
+    e.record = rec.get<std::string>();
+  }
+  return e;
+}
+
+at::Tensor tensorFrom(const IndexEntry& e, const std::string& data) {
+  const int64_t bytes = *boundedNumel(e.shape) * static_cast<int64_t>(c10::elementSize(e.dtype));
+  if (static_cast<size_t>(bytes) != data.size()) throw Diagnostic(e.record, "tensor data has the wrong size");
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+  if (!data.empty()) std::memcpy(t.data_ptr(), data.data(), data.size());
+  return t;
+}
+
+Artifact readVerified(Zip& zip) {
+  const nlohmann::json header = readHeader(zip);
+  // Everything the checksum covers is read and summed before any of it is
+  // believed: an altered size or shape must not allocate first.
+  Checksum sum;
+  const std::string graphText = record(zip, "graph.json");
+  sum.add(graphText);
+  const std::string indexText = record(zip, "tensors.json");
+  nlohmann::json index;
+  try {
+    index = parseJson(indexText);
+  } catch (const Diagnostic& d) {
+    throw Diagnostic("tensors.json", d.message());
+  }
+  if (!index.is_array()) throw Diagnostic("tensors.json", "expected an array");
+  std::vector<IndexEntry> entries;
+  std::vector<std::string> data;
+  for (size_t i = 0; i < index.size(); ++i) {
+    entries.push_back(indexEntry(index[i], "tensors.json/" + std::to_string(i)));
+    data.push_back(entries.back().zeros ? std::string() : record(zip, entries.back().record));
+    sum.add(data.back());
+  }
+  sum.add(indexText);
+  sum.add(headerFieldsText(header));
+  if (sum.hex() != header["checksum"].get<std::string>()) {
+    throw Diagnostic("header.json", "checksum mismatch: the artifact was altered or is damaged");
+  }
+  Artifact artifact;
+  artifact.device = header["device"].get<std::string>();
+  artifact.cudagraphs = header["cudagraphs"].get<bool>();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const IndexEntry& e = entries[i];
+    if (e.zeros) {
+      artifact.state.emplace(e.name, zeroPlaceholder(e.shape, e.dtype));
+      artifact.zeroState.insert(e.name);
+    } else {
+      artifact.state.emplace(e.name, tensorFrom(e, data[i]));
+    }
+  }
+  try {
+    artifact.graph = readGraphJson(graphText);
+  } catch (Diagnostic& d) {
+    throw Diagnostic("graph.json" + d.where(), d.message());
+  }
+  return artifact;
 }
 
 }  // namespace
@@ -89,8 +231,7 @@ at::Tensor zeroPlaceholder(c10::IntArrayRef shape, c10::ScalarType dtype) {
 
 bool isArtifact(const std::string& bytes) {
   try {
-    caffe2::serialize::PyTorchStreamReader zip(
-        std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+    Zip zip(std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
     return zip.hasRecord("header.json") && zip.hasRecord("graph.json");
   } catch (const std::exception&) {
     return false;
@@ -99,55 +240,14 @@ bool isArtifact(const std::string& bytes) {
 
 Artifact readArtifact(const std::string& bytes) {
   try {
-    caffe2::serialize::PyTorchStreamReader zip(
-        std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
-    json header = json::parse(record(zip, "header.json"));
-    if (header.value("format", "") != kArtifactFormat) throw Diagnostic("header.json", "not an spmd artifact");
-    if (header.value("version", 0) != kArtifactVersion) {
-      throw Diagnostic("header.json", "unsupported artifact version " + header["version"].dump());
-    }
-    Checksum sum;
-    const std::string graphText = record(zip, "graph.json");
-    sum.add(graphText);
-    const std::string indexText = record(zip, "tensors.json");
-    Artifact artifact;
-    artifact.device = header.value("device", "cpu");
-    artifact.cudagraphs = header.value("cudagraphs", false);
-    for (const auto& entry : json::parse(indexText)) {
-      auto dtype = parseDtype(entry["dtype"].get<std::string>());
-      if (!dtype) throw Diagnostic("tensors.json", "unknown dtype " + entry["dtype"].dump());
-      const auto shape = entry["shape"].get<std::vector<int64_t>>();
-      const std::string name = entry["name"].get<std::string>();
-      if (entry.value("zeros", false)) {
-        artifact.state.emplace(name, zeroPlaceholder(shape, *dtype));
-        artifact.zeroState.insert(name);
-        continue;
-      }
-      const std::string data = record(zip, entry["record"].get<std::string>());
-      at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*dtype));
-      if (static_cast<size_t>(t.nbytes()) != data.size()) {
-        throw Diagnostic(entry["record"].get<std::string>(), "tensor data has the wrong size");
-      }
-      std::memcpy(t.data_ptr(), data.data(), data.size());
-      sum.add(data);
-      artifact.state.emplace(name, t);
-    }
-    sum.add(indexText);
-    if (sum.hex() != header.value("checksum", "")) {
-      throw Diagnostic("header.json", "checksum mismatch: the artifact was altered or is damaged");
-    }
-    try {
-      artifact.graph = readGraphJson(graphText);
-    } catch (Diagnostic& d) {
-      throw Diagnostic("graph.json" + d.where(), d.message());
-    }
-    return artifact;
+    Zip zip(std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
+    return readVerified(zip);
   } catch (const Diagnostic&) {
     throw;
   } catch (const c10::Error& e) {
-    throw Diagnostic("", "damaged artifact: " + firstLine(e.what_without_backtrace()));
+    throw Diagnostic("", "damaged artifact: " + echo(firstLine(e.what_without_backtrace()), 200));
   } catch (const std::exception& e) {
-    throw Diagnostic("", "damaged artifact: " + firstLine(e.what()));
+    throw Diagnostic("", "damaged artifact: " + echo(firstLine(e.what()), 200));
   }
 }
 

@@ -2,6 +2,10 @@
 
 #include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/echo.h"
+#include "spmd/support/limits.h"
+
+#include "json_read.h"
 
 #include <nlohmann/json.hpp>
 
@@ -195,7 +199,7 @@ class Reader {
       fail("/format", "expected \"spmd-graph\"");
     }
     if (!doc["version"].is_number_integer() || doc["version"] != kGraphFormatVersion) {
-      fail("/version", "unsupported version " + doc["version"].dump() + " (this build reads " +
+      fail("/version", "unsupported version " + briefJson(doc["version"]) + " (this build reads " +
                            std::to_string(kGraphFormatVersion) + ")");
     }
     if (doc.contains("weights")) readWeights(doc["weights"]);
@@ -236,7 +240,7 @@ class Reader {
                     const std::set<std::string>& required) {
     if (!j.is_object()) fail(where, "expected an object, got " + std::string(j.type_name()));
     for (const auto& [key, _] : j.items()) {
-      if (!allowed.count(key)) fail(where + "/" + key, "unknown key '" + key + "'");
+      if (!allowed.count(key)) fail(where + "/" + echo(key), "unknown key '" + echo(key) + "'");
     }
     for (const auto& key : required) {
       if (!j.contains(key)) fail(where, "missing key '" + key + "'");
@@ -254,9 +258,9 @@ class Reader {
   }
 
   int64_t integer(const json& j, const std::string& where) {
-    if (!j.is_number_integer()) fail(where, "expected an integer, got " + j.dump());
+    if (!j.is_number_integer()) fail(where, "expected an integer, got " + briefJson(j));
     if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      fail(where, "integer " + j.dump() + " does not fit in 64 bits");
+      fail(where, "integer " + briefJson(j) + " does not fit in 64 bits");
     }
     return j.get<int64_t>();
   }
@@ -264,7 +268,7 @@ class Reader {
   // A bucket or partition number.
   int index(const json& j, const std::string& where) {
     int64_t v = integer(j, where);
-    if (v < 0 || v > std::numeric_limits<int>::max()) fail(where, "expected an index >= 0, got " + j.dump());
+    if (v < 0 || v > std::numeric_limits<int>::max()) fail(where, "expected an index >= 0, got " + briefJson(j));
     return static_cast<int>(v);
   }
 
@@ -303,13 +307,13 @@ class Reader {
     if (j == "inf") return std::numeric_limits<double>::infinity();
     if (j == "-inf") return -std::numeric_limits<double>::infinity();
     if (j == "nan") return std::numeric_limits<double>::quiet_NaN();
-    fail(where, "expected a number, \"inf\", \"-inf\" or \"nan\", got " + j.dump());
+    fail(where, "expected a number, \"inf\", \"-inf\" or \"nan\", got " + briefJson(j));
   }
 
   ValueId ref(const json& j, const std::string& where) {
     std::string name = str(j, where);
     auto id = graph_.findValue(name);
-    if (!id) fail(where, "unknown value '" + name + "'");
+    if (!id) fail(where, "unknown value '" + echo(name) + "'");
     return *id;
   }
 
@@ -320,10 +324,10 @@ class Reader {
     Value v;
     v.name = str(j["name"], where + "/name");
     if (v.name.empty()) fail(where + "/name", "empty value name");
-    if (graph_.findValue(v.name)) fail(where + "/name", "value '" + v.name + "' defined twice");
+    if (graph_.findValue(v.name)) fail(where + "/name", "value '" + echo(v.name) + "' defined twice");
     std::string dtype = str(j["dtype"], where + "/dtype");
     auto parsed = parseDtype(dtype);
-    if (!parsed) fail(where + "/dtype", "unknown dtype '" + dtype + "'");
+    if (!parsed) fail(where + "/dtype", "unknown dtype '" + echo(dtype) + "'");
     v.dtype = *parsed;
     const json& shape = expectArray(j["shape"], where + "/shape");
     for (size_t i = 0; i < shape.size(); ++i) {
@@ -331,6 +335,8 @@ class Reader {
       if (d < 0) fail(where + "/shape/" + std::to_string(i), "negative dimension " + std::to_string(d));
       v.shape.push_back(d);
     }
+    const std::string problem = shapeBoundProblem(v.shape);
+    if (!problem.empty()) fail(where + "/shape", "shape with " + problem);
     return v;
   }
 
@@ -338,7 +344,7 @@ class Reader {
     expectObject(j, "/weights", {"file", "format"}, {"file", "format"});
     WeightsRef w{str(j["file"], "/weights/file"), str(j["format"], "/weights/format")};
     if (w.format != "torchscript" && w.format != "torch.save") {
-      fail("/weights/format", "unknown weights format '" + w.format + "'");
+      fail("/weights/format", "unknown weights format '" + echo(w.format) + "'");
     }
     graph_.setWeights(w);
   }
@@ -348,7 +354,7 @@ class Reader {
     if (!j.contains("kind")) fail(where, "missing key 'kind'");
     std::string kindName = str(j["kind"], where + "/kind");
     auto kind = parseInputKind(kindName);
-    if (!kind) fail(where + "/kind", "unknown input kind '" + kindName + "'");
+    if (!kind) fail(where + "/kind", "unknown input kind '" + echo(kindName) + "'");
     bool requiresGrad = *kind == InputKind::Parameter;
     if (j.contains("requires_grad")) {
       if (*kind != InputKind::Parameter) fail(where + "/requires_grad", "only parameters take requires_grad");
@@ -364,11 +370,11 @@ class Reader {
     std::string op = str(j["op"], where + "/op");
     size_t sep = op.find("::");
     if (sep == std::string::npos || sep == 0 || sep + 2 >= op.size()) {
-      fail(where + "/op", "expected a qualified operator name such as aten::relu, got '" + op + "'");
+      fail(where + "/op", "expected a qualified operator name such as aten::relu, got '" + echo(op) + "'");
     }
     size_t dot = op.find('.', sep);
     if (dot != std::string::npos && (dot + 1 == op.size() || op.find('.', dot + 1) != std::string::npos)) {
-      fail(where + "/op", "malformed overload in '" + op + "'");
+      fail(where + "/op", "malformed overload in '" + echo(op) + "'");
     }
     node.op = op.substr(0, dot);
     node.overload = dot == std::string::npos ? "" : op.substr(dot + 1);
@@ -388,7 +394,7 @@ class Reader {
     const auto item = j.begin();
     const std::string key = item.key();
     const json& v = *item;
-    const std::string at = where + "/" + key;
+    const std::string at = where + "/" + echo(key);
     Arg a;
     if (key == "value") return Arg::tensor(ref(v, at));
     if (key == "none") {
@@ -426,7 +432,7 @@ class Reader {
     }
     if (key == "dtype") {
       auto t = parseDtype(str(v, at));
-      if (!t) fail(at, "unknown dtype " + v.dump());
+      if (!t) fail(at, "unknown dtype " + briefJson(v));
       a.kind = Arg::Kind::DType;
       a.i = static_cast<int64_t>(*t);
       return a;
@@ -434,12 +440,12 @@ class Reader {
     if (key == "layout" || key == "memory_format") {
       const std::string name = str(v, at);
       auto parsed = key == "layout" ? parseLayout(name) : parseMemoryFormat(name);
-      if (!parsed) fail(at, "unknown " + key + " '" + name + "'");
+      if (!parsed) fail(at, "unknown " + key + " '" + echo(name) + "'");
       a.kind = key == "layout" ? Arg::Kind::Layout : Arg::Kind::MemoryFormat;
       a.i = *parsed;
       return a;
     }
-    fail(at, "unknown argument kind '" + key + "'");
+    fail(at, "unknown argument kind '" + echo(key) + "'");
   }
 
   NodeMeta meta(const json& j, const std::string& where) {
@@ -449,7 +455,7 @@ class Reader {
     if (j.contains("role")) {
       const std::string role = str(j["role"], where + "/role");
       auto parsed = parseNodeRole(role);
-      if (!parsed) fail(where + "/role", "expected forward, backward, optimizer or comm, got \"" + role + "\"");
+      if (!parsed) fail(where + "/role", "expected forward, backward, optimizer or comm, got \"" + echo(role) + "\"");
       m.role = *parsed;
     }
     if (j.contains("bucket")) m.bucket = index(j["bucket"], where + "/bucket");
@@ -457,7 +463,7 @@ class Reader {
     if (j.contains("iteration")) {
       const std::string tag = str(j["iteration"], where + "/iteration");
       auto parsed = parseIterationTag(tag);
-      if (!parsed) fail(where + "/iteration", "expected \"previous\" or \"last\", got \"" + tag + "\"");
+      if (!parsed) fail(where + "/iteration", "expected \"previous\" or \"last\", got \"" + echo(tag) + "\"");
       m.iteration = *parsed;
     }
     return m;
@@ -478,7 +484,7 @@ class Reader {
       std::string at = where + "/parameters/" + std::to_string(i);
       ValueId p = ref(params[i], at);
       const GraphInput* input = graph_.inputOf(p);
-      if (!input || input->kind != InputKind::Parameter) fail(at, "'" + graph_.value(p).name + "' is not a parameter input");
+      if (!input || input->kind != InputKind::Parameter) fail(at, "'" + echo(graph_.value(p).name) + "' is not a parameter input");
       b.parameters.push_back(p);
     }
     return b;
@@ -489,7 +495,7 @@ class Reader {
     ValueId parameter = ref(j["parameter"], where + "/parameter");
     const GraphInput* input = graph_.inputOf(parameter);
     if (!input || input->kind != InputKind::Parameter) {
-      fail(where + "/parameter", "'" + graph_.value(parameter).name + "' is not a parameter input");
+      fail(where + "/parameter", "'" + echo(graph_.value(parameter).name) + "' is not a parameter input");
     }
     Gradient gradient{parameter, ref(j["value"], where + "/value")};
     if (j.contains("reduced")) gradient.reduced = ref(j["reduced"], where + "/reduced");
@@ -501,16 +507,6 @@ class Reader {
 
 }  // namespace
 
-Graph readGraphJson(const std::string& text) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    size_t at = what.find("parse error");
-    throw Diagnostic("", "invalid JSON: " + (at == std::string::npos ? what : what.substr(at)));
-  }
-  return Reader().read(doc);
-}
+Graph readGraphJson(const std::string& text) { return Reader().read(parseJson(text)); }
 
 }  // namespace spmd

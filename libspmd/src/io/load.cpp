@@ -6,6 +6,7 @@
 #include "spmd/ir/parser.h"
 #include "spmd/support/diagnostic.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -25,9 +26,15 @@ std::string readAll(const std::string& path) {
     buffer << std::cin.rdbuf();
     return buffer.str();
   }
+  refuseDirectory(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Diagnostic("", std::string("cannot open: ") + std::strerror(errno));
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure&) {
+    // libstdc++'s "basic_filebuf::underflow error reading the file".
+    throw Diagnostic("", std::string("cannot read: ") + std::strerror(errno));
+  }
 }
 
 bool isZip(const std::string& bytes) { return bytes.size() >= 4 && bytes.compare(0, 4, "PK\x03\x04") == 0; }
@@ -40,6 +47,13 @@ char firstNonSpace(const std::string& bytes) {
 }
 
 }  // namespace
+
+void refuseDirectory(const std::string& path) {
+  struct stat st {};
+  // An ifstream opens a directory and fails on the first read, with a
+  // message that names no file.
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw Diagnostic("", "is a directory, not a file");
+}
 
 std::string displayNameOf(const std::string& path) { return path == "-" ? "<stdin>" : path; }
 

@@ -2,15 +2,19 @@
 // torch_save.cpp for why), separate from the zip archive and from the writer.
 #include "torch_save_internal.h"
 
+#include "spmd/support/limits.h"
+
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace spmd {
@@ -30,6 +34,7 @@ struct Item {
   c10::IValue value;                                  // Value; Storage: a 1-D tensor over all of it
   std::string name;                                   // Global: "module.name"
   std::shared_ptr<const std::vector<Item>> elements;  // Tuple
+  int height = 0;                                     // Tuple: levels of tuples and containers in it
 
   static Item of(c10::IValue v) {
     Item item;
@@ -113,11 +118,14 @@ class Storages {
   at::Tensor read(const std::string& key, at::ScalarType dtype, int64_t numel) {
     const std::string record = "data/" + key;
     if (!reader_.hasRecord(record)) fail("missing storage record '" + record + "'");
+    if (numel < 0 || numel > kMaxTensorElements) {
+      fail("storage '" + key + "' of " + std::to_string(numel) + " elements (at most 2^48)");
+    }
     at::DataPtr data;
     size_t size = 0;
     std::tie(data, size) = reader_.getRecord(record);
     const size_t expected = static_cast<size_t>(numel) * c10::elementSize(dtype);
-    if (numel < 0 || size != expected) {
+    if (size != expected) {
       fail("storage record '" + record + "' has " + std::to_string(size) + " bytes, expected " +
            std::to_string(expected));
     }
@@ -244,8 +252,8 @@ class Unpickler {
       case op::EMPTY_DICT: push(Item::of(newDict())); break;
       case op::EMPTY_LIST: push(Item::of(newList())); break;
       case op::EMPTY_TUPLE: push(Item::tuple({})); break;
-      case op::TUPLE: push(Item::tuple(popToMark())); break;
-      case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: push(Item::tuple(popN(code - op::TUPLE1 + 1))); break;
+      case op::TUPLE: push(nestedTuple(popToMark())); break;
+      case op::TUPLE1: case op::TUPLE2: case op::TUPLE3: push(nestedTuple(popN(code - op::TUPLE1 + 1))); break;
       case op::SETITEM: setItems(popN(2)); break;
       case op::SETITEMS: setItems(popToMark()); break;
       case op::APPEND: appendItems(popN(1)); break;
@@ -323,6 +331,50 @@ class Unpickler {
     return *item.elements;
   }
 
+  // -- nesting --
+  //
+  // Values nest at most kMaxPickleDepth levels (valueOf and IValue's
+  // destructor recurse), and a container takes no items once it is inside
+  // another: that is how Python's pickler writes acyclic data, and it keeps
+  // out cycles (a dict holding itself), which would make every walk of the
+  // result endless.
+
+  static constexpr int kMaxPickleDepth = 64;
+
+  static const void* containerOf(const Item& item) {
+    if (item.kind != Item::Kind::Value) return nullptr;
+    if (item.value.isGenericDict() || item.value.isList()) return item.value.internalToPointer();
+    return nullptr;
+  }
+  int heightOf(const Item& item) const {
+    if (item.kind == Item::Kind::Tuple) return item.height;
+    const void* c = containerOf(item);
+    if (!c) return 0;
+    auto it = heights_.find(c);
+    return it == heights_.end() ? 1 : it->second;
+  }
+  // Records that `children` now sit inside a parent of the returned height.
+  int nest(const std::vector<Item>& children, int height) {
+    for (const Item& child : children) {
+      height = std::max(height, 1 + heightOf(child));
+      if (const void* c = containerOf(child)) nested_.insert(c);
+    }
+    if (height > kMaxPickleDepth) failAt("values nested deeper than " + std::to_string(kMaxPickleDepth) + " levels");
+    return height;
+  }
+  Item nestedTuple(std::vector<Item> elements) {
+    const int height = nest(elements, 1);
+    Item item = Item::tuple(std::move(elements));
+    item.height = height;
+    return item;
+  }
+  // Before items go into the container `target`.
+  void fill(const Item& target, const std::vector<Item>& items) {
+    const void* c = containerOf(target);
+    if (nested_.count(c)) failAt("a dict or list changed after it was put in another (a cycle?)");
+    heights_[c] = nest(items, heightOf(target));
+  }
+
   // -- containers --
 
   c10::impl::GenericDict newDict() {
@@ -337,6 +389,7 @@ class Unpickler {
     Item& target = top();
     if (target.kind != Item::Kind::Value || !target.value.isGenericDict()) failAt("SETITEM on " + describe(target));
     if (keysAndValues.size() % 2 != 0) failAt("SETITEMS with an odd number of items");
+    fill(target, keysAndValues);
     c10::impl::GenericDict dict = target.value.toGenericDict();
     for (size_t i = 0; i < keysAndValues.size(); i += 2) {
       c10::IValue key = valueOf(keysAndValues[i]);
@@ -349,6 +402,7 @@ class Unpickler {
   void appendItems(const std::vector<Item>& items) {
     Item& target = top();
     if (target.kind != Item::Kind::Value || !target.value.isList()) failAt("APPEND to " + describe(target));
+    fill(target, items);
     c10::impl::GenericList list = target.value.toList();
     for (const Item& item : items) list.push_back(valueOf(item));
   }
@@ -447,14 +501,22 @@ class Unpickler {
   void checkView(int64_t numel, int64_t offset, const std::vector<int64_t>& sizes,
                  const std::vector<int64_t>& strides) const {
     if (sizes.size() != strides.size()) failAt("a tensor's size and stride differ in length");
-    int64_t last = offset;
-    bool empty = false;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      if (sizes[i] < 0 || strides[i] < 0) failAt("a tensor with a negative size or stride");
-      if (sizes[i] == 0) empty = true;
-      else last += (sizes[i] - 1) * strides[i];
+    if (!boundedNumel(sizes)) failAt("a tensor with a negative size or more than 2^48 elements");
+    for (int64_t stride : strides) {
+      if (stride < 0) failAt("a tensor with a negative stride");
     }
-    if (offset < 0 || (!empty && last >= numel)) failAt("a tensor reaches past the end of its storage");
+    if (offset < 0) failAt("a tensor with a negative storage offset");
+    if (*boundedNumel(sizes) == 0) return;
+    // The last element's offset, summed without overflow: each step checks
+    // that the storage still holds it.
+    const auto pastEnd = [&] { failAt("a tensor reaches past the end of its storage"); };
+    if (offset >= numel) pastEnd();
+    int64_t last = offset;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (sizes[i] <= 1 || strides[i] == 0) continue;
+      if (sizes[i] - 1 > (numel - 1 - last) / strides[i]) pastEnd();
+      last += (sizes[i] - 1) * strides[i];
+    }
   }
 
   // _rebuild_parameter(data, requires_grad, backward_hooks[, state]).
@@ -473,6 +535,8 @@ class Unpickler {
   std::vector<Item> stack_;
   std::vector<size_t> marks_;  // stack sizes at each MARK
   std::unordered_map<uint64_t, Item> memo_;
+  std::unordered_map<const void*, int> heights_;  // containers' heights, 1 when empty
+  std::unordered_set<const void*> nested_;        // containers inside another
   std::vector<c10::impl::GenericDict> dicts_;
   std::vector<c10::impl::GenericList> lists_;
 };

@@ -20,6 +20,7 @@
 // pickle_read.cpp and pickle_write.cpp hold the pickle machines.
 #include "spmd/io/torch_save.h"
 
+#include "spmd/io/load.h"
 #include "spmd/support/diagnostic.h"
 #include "torch_save_internal.h"
 
@@ -87,13 +88,18 @@ c10::IValue loadTorchSaveBytes(const std::string& bytes) {
   try {
     if (!bytes.empty()) rejectLegacy(bytes[0]);
     return readArchive(std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
+  } catch (const Diagnostic&) {
+    throw;
   } catch (const c10::Error& e) {
     throw Diagnostic("", "cannot read torch.save file: " + firstLine(e));
+  } catch (const std::exception& e) {  // std::bad_alloc for a record whose size is a lie, say
+    throw Diagnostic("", std::string("cannot read torch.save file: ") + e.what());
   }
 }
 
 c10::IValue loadTorchSave(const std::string& path) {
   try {
+    refuseDirectory(path);
     std::ifstream in(path, std::ios::binary);
     if (!in) fail(std::string("cannot open: ") + std::strerror(errno));
     char first = 0;
@@ -106,6 +112,8 @@ c10::IValue loadTorchSave(const std::string& path) {
     throw d.inFile(path);
   } catch (const c10::Error& e) {
     throw Diagnostic("", "cannot read torch.save file: " + firstLine(e)).inFile(path);
+  } catch (const std::ios_base::failure&) {
+    throw Diagnostic("", std::string("cannot read: ") + std::strerror(errno)).inFile(path);
   }
 }
 

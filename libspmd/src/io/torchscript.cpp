@@ -5,6 +5,7 @@
 #include "spmd/ops/meta.h"
 #include "spmd/ops/spmd_ops.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/limits.h"
 #include "torchscript_internal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -98,9 +99,17 @@ Graph importTorchScript(const std::string& bytes, const std::string& fileName,
     Graph graph = convertTrace(*traced, ordered, metaState, fileName);
     swapModuleTensors(module, state);
     return graph;
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     swapModuleTensors(module, state);
     if (traceOn == TraceOn::Meta) throw;
+    // Tracing again on CPU inputs allocates them whole: not for inputs
+    // beyond the bound shape inference keeps to (issue #19).
+    int64_t bytes = 0;
+    for (const auto& spec : ordered) bytes += *boundedNumel(spec.shape) * static_cast<int64_t>(c10::elementSize(spec.dtype));
+    if (bytes > kMaxStandInBytes) {
+      const c10::Error* c10error = dynamic_cast<const c10::Error*>(&e);
+      throw forwardFailure(c10error ? c10error->what_without_backtrace() : e.what());
+    }
   }
   at::Generator gen = at::detail::createCPUGenerator(0);
   std::vector<at::Tensor> dataInputs;

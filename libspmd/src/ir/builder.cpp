@@ -2,6 +2,7 @@
 
 #include "spmd/ir/boxing.h"
 #include "spmd/ops/dispatch.h"
+#include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
 
@@ -62,6 +63,8 @@ Node GraphBuilder::typedNode(const std::string& op, std::vector<Arg> args, const
   std::vector<at::Tensor> results;
   try {
     results = inferNodeOnMeta(node, *handle, [&](ValueId v) { return metaOf(v); });
+  } catch (const Diagnostic& d) {
+    throw Diagnostic(meta_.source, d.message());  // the input's shapes are beyond a bound: no internal error
   } catch (const std::exception& e) {
     std::string what = e.what();
     throw std::logic_error("GraphBuilder: " + op + " rejected its arguments: " + what.substr(0, what.find('\n')));

@@ -2,6 +2,8 @@
 
 #include "spmd/ops/dispatch.h"
 
+#include "meta_standins.h"
+
 #include <ATen/ATen.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/native/TypeProperties.h>
@@ -64,10 +66,14 @@ std::optional<size_t> writtenArgument(const c10::FunctionSchema& schema, size_t 
 
 }  // namespace
 
-void runMetaOnCpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) {
+namespace {
+
+// runMetaOnCpu on the stack's own sizes.
+void runFullSizeOnCpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t argc = schema.arguments().size();
   const std::vector<c10::IValue> args(stack->end() - argc, stack->end());
+  checkStandInBudget(op, args);
   for (auto it = stack->end() - argc; it != stack->end(); ++it) *it = metaToCpu(*it);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   const size_t retc = schema.returns().size();
@@ -91,6 +97,15 @@ void runMetaOnCpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack
   }
 }
 
+}  // namespace
+
+void runMetaOnCpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) {
+  // Shapes that follow a batch are inferred on a batch of 2, so that their
+  // cost does not grow with it; other ops run whole, within a bound.
+  if (runOnSmallBatch(op, stack, [&op](std::vector<c10::IValue>* s) { runFullSizeOnCpu(op, s); })) return;
+  runFullSizeOnCpu(op, stack);
+}
+
 std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack) {
   // Below autograd: shapes need no graph, and spmd's own ops have no
   // autograd kernel for the meta device.
@@ -109,6 +124,7 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
     return toMeta(callOperator(op, stack));
   } catch (const std::exception&) {
     // No meta kernel even so (or one that reads data).
+    checkStandInBudget(op, stack);
     std::vector<c10::IValue> onCpu;
     onCpu.reserve(stack.size());
     for (const c10::IValue& v : stack) onCpu.push_back(zerosOnCpu(v));
@@ -193,6 +209,16 @@ void embeddingBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack)
   stack->emplace_back(at::empty({rows, grad.size(-1)}, grad.options()));
 }
 
+// The embedding's lookup: the index's elements along `dim`.
+void indexSelectMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);  // self, dim, index
+  const at::Tensor self = args[0].toTensor(), index = args[2].toTensor();
+  std::vector<int64_t> shape = self.sizes().vec();
+  if (!shape.empty()) shape.at(c10::maybe_wrap_dim(args[1].toInt(), self.dim())) = index.numel();
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(at::empty(shape, self.options()));
+}
+
 // The _foreach ops fuse-optimizer emits: element i of the result takes the
 // broadcast shape and promoted dtype of element i of every tensor list.
 void foreachMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -232,6 +258,11 @@ struct MetaRegistrations {
     shapes.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&layerNormBackwardMeta>());
     shapes.impl("embedding_dense_backward", torch::CppFunction::makeFromBoxedFunction<&embeddingBackwardMeta>());
     shapes.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolutionMeta>());
+    shapes.impl("index_select", torch::CppFunction::makeFromBoxedFunction<&indexSelectMeta>());
+    // Its CompositeExplicitAutograd kernel, which the meta device would
+    // take, picks the "overrideable" backend and throws: it goes through
+    // the fallback (a batch of 2) instead.
+    shapes.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&metaOnCpuFallback>());
   }
 };
 

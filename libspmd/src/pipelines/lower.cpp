@@ -29,6 +29,18 @@ Artifact lowerGraph(Graph graph, const std::string& device) {
   return lowerGraph(std::move(graph), options);
 }
 
+Artifact artifactOf(LoadedGraph& loaded, const std::string& device) {
+  if (loaded.artifact) return *loaded.artifact;
+  try {
+    return lowerGraph(std::move(loaded.graph), device);
+  } catch (Diagnostic& d) {
+    throw d.inFile(loaded.displayName);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw Diagnostic("", "cannot lower it: " + what.substr(0, what.find('\n'))).inFile(loaded.displayName);
+  }
+}
+
 Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOptions& debug) {
   const std::string& device = options.lower.device;
   if (device != "cpu" && device != "cuda") throw Diagnostic("--device", "expected cpu or cuda, got '" + device + "'");

@@ -1,6 +1,7 @@
 #include "spmd/support/tool.h"
 
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/echo.h"
 
 #include <c10/util/Exception.h>
 
@@ -38,7 +39,8 @@ int errorReportFd() {
 
 void printError(const std::string& tool, const std::string& message) {
   std::cerr.flush();
-  const std::string line = tool + ": error: " + message + "\n";
+  // One line, whatever the message holds (a value echoed whole, a newline), in one write.
+  const std::string line = tool + ": error: " + oneLine(message) + "\n";
   size_t done = 0;
   while (done < line.size()) {
     const ssize_t n = ::write(errorReportFd(), line.data() + done, line.size() - done);

@@ -16,7 +16,9 @@
 namespace spmd {
 
 constexpr const char* kArtifactFormat = "spmd-artifact";
-constexpr int kArtifactVersion = 1;
+// 2: the checksum covers the header's fields (device, cudagraphs, ...) too;
+// version 1 left them outside it. Older versions are refused: re-lower.
+constexpr int kArtifactVersion = 2;
 
 struct Artifact {
   Graph graph;

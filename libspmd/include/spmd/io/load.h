@@ -31,6 +31,9 @@ LoadedGraph loadGraphFrom(const std::string& bytes, const std::string& displayNa
 // The bytes of `path` ("-" reads stdin); throws Diagnostic naming the file.
 std::string readInput(const std::string& path);
 
+// Throws Diagnostic (where "", no file) when `path` is a directory.
+void refuseDirectory(const std::string& path);
+
 // The display name diagnostics use for `path`.
 std::string displayNameOf(const std::string& path);
 

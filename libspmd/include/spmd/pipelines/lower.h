@@ -3,6 +3,7 @@
 #pragma once
 
 #include "spmd/io/artifact.h"
+#include "spmd/io/load.h"
 #include "spmd/pipelines/pipelines.h"
 
 namespace spmd {
@@ -15,5 +16,10 @@ namespace spmd {
 Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOptions& debug = {});
 // With the default lowering for `device` (what spmd-run does with a graph).
 Artifact lowerGraph(Graph graph, const std::string& device);
+
+// What spmd-run runs: the artifact `loaded` holds, or the graph it holds
+// lowered for `device` (the graph is moved out of `loaded`); a lowering
+// error names the loaded file.
+Artifact artifactOf(LoadedGraph& loaded, const std::string& device);
 
 }  // namespace spmd

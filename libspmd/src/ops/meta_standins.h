@@ -1,0 +1,28 @@
+// Zero-filled CPU stand-ins for ops without meta kernels (LibTorch 1.13),
+// kept small: shape inference must not allocate memory proportional to the
+// step's tensors (issue #19). Used by meta.cpp only.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <vector>
+
+namespace spmd {
+
+// Refuses (a Diagnostic naming the op, the bytes and the bound) when zero-
+// filled CPU copies of the meta tensors on `args` would exceed
+// kMaxStandInBytes (support/limits.h).
+void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+
+// For the ops whose results' shapes follow their batch (dimension 0 of some
+// arguments and results, everything else independent of it): runs `run` on
+// the boxed `stack` with those arguments cut to a batch of 2, then gives the
+// results back their full batch. False, with the stack untouched, when `op`
+// is not such an op, the batch is small already, or a layout is not one that
+// scales (contiguous or channels-last).
+bool runOnSmallBatch(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack,
+                     const std::function<void(std::vector<c10::IValue>*)>& run);
+
+}  // namespace spmd

@@ -1,0 +1,255 @@
+// A bounded, deterministic mutation fuzzer over spmd's readers (issue #19):
+// the JSON graph dump (read and verified, as every tool does), the artifact,
+// torch.save files and --input specs. Each target's seeds come from
+// tests/fuzz/ (the artifact's are lowered here from the JSON seeds); every
+// round mutates a seed with a fixed-seed generator and feeds it to the
+// reader. The bar: every input is read or refused with a Diagnostic whose
+// message is one line; anything else thrown, a signal, or an input that takes
+// longer than --slow-ms fails the run. Before each input runs it is written
+// to --crash-file, so that a crash leaves its reproducer behind.
+//
+//   spmd-fuzz-readers CORPUS_DIR [--rounds N] [--seed S] [--slow-ms MS] [--crash-file PATH]
+//
+// Run from the repository root (the JSON seeds name their weights by a
+// relative path).
+#include "spmd/io/artifact.h"
+#include "spmd/io/input_spec.h"
+#include "spmd/io/load.h"
+#include "spmd/io/torch_save.h"
+#include "spmd/ir/verify.h"
+#include "spmd/pipelines/lower.h"
+#include "spmd/support/diagnostic.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::string;
+
+struct Options {
+  std::string corpus;
+  int rounds = 2000;
+  unsigned seed = 19;
+  int slowMs = 5000;
+  std::string crashFile = "fuzz-current-input.bin";
+};
+
+Bytes readFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::vector<Bytes> filesIn(const fs::path& dir) {
+  std::vector<fs::path> paths;
+  for (const auto& e : fs::directory_iterator(dir)) paths.push_back(e.path());
+  std::sort(paths.begin(), paths.end());  // a fixed order: runs repeat
+  std::vector<Bytes> out;
+  for (const auto& p : paths) out.push_back(readFile(p));
+  return out;
+}
+
+// Tokens that reach the readers' corners: structure, escapes, numbers at and
+// beyond the bounds, names the schema knows.
+const std::vector<Bytes>& dictionary() {
+  static const std::vector<Bytes> words = {
+      "[", "]", "{", "}", "\"", "\\", ",", ":", "null", "true", "-", "0", "-1", "1e999", "-1e999", "1e308",
+      "99999999999999999999", "9223372036854775807", "18446744073709551615", "4294967296", "2.5e-324", "\"inf\"",
+      "\"nan\"", "{\"value\": \"x\"}", "{\"int\": 1}", "{\"ints\": [99999999999, 99999999999]}",
+      "{\"none\": null}", "\"shape\": [99999999999,99999999999]", "\"shape\": [-1]", "\"dtype\": \"bool\"",
+      "\"kind\": \"state\"", "\"iters\": 3", "\"\\u0000\"", "\"\\ud800\"", "\n", "\xff", "\x80",
+      Bytes(70, '['), Bytes(70, '{'), Bytes(300, 'a'), "PK\x03\x04", "f32", "i64", "[1,2]", "[]", "x:f32[",
+  };
+  return words;
+}
+
+// One random edit of `data`, from the generator `rng`.
+void mutateOnce(Bytes& data, std::mt19937& rng, const std::vector<Bytes>& seeds) {
+  auto pick = [&](size_t n) { return n == 0 ? size_t{0} : std::uniform_int_distribution<size_t>(0, n - 1)(rng); };
+  const size_t at = pick(data.size() + 1);
+  switch (pick(8)) {
+    case 0:  // flip a bit
+      if (!data.empty()) data[pick(data.size())] ^= static_cast<char>(1u << pick(8));
+      break;
+    case 1:  // set a byte
+      if (!data.empty()) data[pick(data.size())] = static_cast<char>(pick(256));
+      break;
+    case 2:  // delete a run
+      data.erase(at, 1 + pick(16));
+      break;
+    case 3:  // insert a dictionary word
+      data.insert(at, dictionary()[pick(dictionary().size())]);
+      break;
+    case 4: {  // duplicate a run somewhere else
+      const Bytes run = data.substr(pick(data.size() + 1), 1 + pick(64));
+      data.insert(pick(data.size() + 1), run);
+      break;
+    }
+    case 5:  // truncate
+      data.resize(at);
+      break;
+    case 6: {  // splice in part of another seed
+      const Bytes& other = seeds[pick(seeds.size())];
+      data.replace(at, pick(64), other.substr(pick(other.size() + 1), 1 + pick(256)));
+      break;
+    }
+    default: {  // replace a digit run by a number at a bound
+      const size_t d = data.find_first_of("0123456789", at);
+      if (d == Bytes::npos) break;
+      const size_t end = data.find_first_not_of("0123456789", d);
+      static const char* numbers[] = {"0", "99999999999", "281474976710657", "9223372036854775808", "-3", "1e999"};
+      data.replace(d, (end == Bytes::npos ? data.size() : end) - d, numbers[pick(6)]);
+    }
+  }
+}
+
+Bytes mutate(const std::vector<Bytes>& seeds, std::mt19937& rng) {
+  Bytes data = seeds[std::uniform_int_distribution<size_t>(0, seeds.size() - 1)(rng)];
+  const int edits = std::uniform_int_distribution<int>(1, 4)(rng);
+  for (int i = 0; i < edits; ++i) mutateOnce(data, rng, seeds);
+  return data;
+}
+
+// The outcome of one input: "" when it met the bar, else what went wrong;
+// `accepted` tells a read input from a refused one.
+std::string runOne(const std::function<void(const Bytes&)>& reader, const Bytes& input, bool& accepted) {
+  accepted = false;
+  try {
+    reader(input);
+    accepted = true;
+    return "";
+  } catch (const spmd::Diagnostic& d) {
+    const std::string line = d.format();
+    if (line.empty()) return "an empty Diagnostic";
+    if (line.find('\n') != std::string::npos) return "a Diagnostic of several lines: " + line.substr(0, 300);
+    if (line.size() > 1000) return "a Diagnostic of " + std::to_string(line.size()) + " characters";
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("an exception that is no Diagnostic: ") + std::string(e.what()).substr(0, 300);
+  }
+}
+
+// Seeds must be read whole: a seed refused by mistake fuzzes nothing.
+std::string seedProblem(const std::function<void(const Bytes&)>& reader, const Bytes& input) {
+  try {
+    reader(input);
+    return "";
+  } catch (const std::exception& e) {
+    return std::string("a seed is refused: ") + std::string(e.what()).substr(0, 300);
+  }
+}
+
+struct Target {
+  std::string name;
+  std::vector<Bytes> seeds;
+  std::function<void(const Bytes&)> reader;
+};
+
+// Reads a graph as the tools do (kind from content), then verifies it.
+void readAndVerify(const Bytes& bytes) {
+  spmd::LoadedGraph loaded = spmd::loadGraphFrom(bytes, "fuzz", {});
+  auto problems = spmd::verifyGraph(loaded.graph);
+  for (const auto& p : problems) {
+    spmd::Diagnostic d(p.where, p.what);
+    d.inFile("fuzz");
+    if (d.format().find('\n') != std::string::npos) throw std::runtime_error("a verifier problem of several lines");
+  }
+}
+
+std::vector<Bytes> artifactSeeds(const std::vector<Bytes>& jsonSeeds) {
+  std::vector<Bytes> out;
+  for (const Bytes& json : jsonSeeds) {
+    spmd::LoadedGraph loaded = spmd::loadGraphFrom(json, "seed", {});
+    out.push_back(spmd::writeArtifact(spmd::artifactOf(loaded, "cpu")));
+  }
+  return out;
+}
+
+std::vector<Bytes> lines(const Bytes& text) {
+  std::vector<Bytes> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(line);
+  }
+  return out;
+}
+
+std::vector<Target> targets(const Options& o) {
+  const fs::path dir(o.corpus);
+  const std::vector<Bytes> json = filesIn(dir / "json");
+  return {
+      {"json", json, readAndVerify},
+      {"artifact", artifactSeeds(json), [](const Bytes& b) { spmd::readArtifact(b); }},
+      {"torch.save", filesIn(dir / "torch_save"), [](const Bytes& b) { spmd::loadTorchSaveBytes(b); }},
+      {"--input", lines(readFile(dir / "input_specs.txt")), [](const Bytes& b) { spmd::parseInputSpec(b); }},
+  };
+}
+
+// Fuzzes one target; returns how many inputs failed the bar.
+int fuzz(const Target& t, const Options& o) {
+  std::mt19937 rng(o.seed);
+  int failures = 0, accepted = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < o.rounds; ++round) {
+    const Bytes input = round < static_cast<int>(t.seeds.size()) ? t.seeds[round] : mutate(t.seeds, rng);
+    std::ofstream(o.crashFile, std::ios::binary | std::ios::trunc) << input;
+    const bool isSeed = round < static_cast<int>(t.seeds.size());
+    const auto before = std::chrono::steady_clock::now();
+    bool wasAccepted = isSeed;
+    std::string problem = isSeed ? seedProblem(t.reader, input) : runOne(t.reader, input, wasAccepted);
+    accepted += wasAccepted ? 1 : 0;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - before).count();
+    if (problem.empty() && ms > o.slowMs) problem = "took " + std::to_string(ms) + " ms";
+    if (!problem.empty()) {
+      ++failures;
+      const std::string keep = o.crashFile + "." + t.name + "." + std::to_string(round);
+      std::ofstream(keep, std::ios::binary) << input;
+      std::cout << "FAIL " << t.name << " round " << round << ": " << problem << " (input in " << keep << ")\n";
+    }
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << t.name << ": " << o.rounds << " inputs (" << accepted << " read, the rest refused), " << failures
+            << " failures, " << s << " s" << std::endl;
+  return failures;
+}
+
+Options parseArgs(int argc, char** argv) {
+  Options o;
+  if (argc < 2) {
+    std::cerr << "usage: spmd-fuzz-readers CORPUS_DIR [--rounds N] [--seed S] [--slow-ms MS] [--crash-file PATH]\n";
+    std::exit(2);
+  }
+  o.corpus = argv[1];
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--rounds") o.rounds = std::stoi(value);
+    else if (flag == "--seed") o.seed = static_cast<unsigned>(std::stoul(value));
+    else if (flag == "--slow-ms") o.slowMs = std::stoi(value);
+    else if (flag == "--crash-file") o.crashFile = value;
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parseArgs(argc, argv);
+  int failures = 0;
+  for (const Target& t : targets(o)) failures += fuzz(t, o);
+  std::remove(o.crashFile.c_str());
+  std::cout << (failures ? "FAILED: " : "ok: ") << failures << " failures" << std::endl;
+  return failures ? 1 : 0;
+}
