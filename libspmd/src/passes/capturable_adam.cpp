@@ -10,7 +10,7 @@
 // Adam uses lerp on LibTorch 2. The CPU lowering keeps LibTorch 1.13's
 // single-tensor formulas, the parity oracle.
 #include "spmd/ir/builder.h"
-#include "spmd/passes/optimizer_state.h"
+#include "spmd/ir/optimizer_state.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 

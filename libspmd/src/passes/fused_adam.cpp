@@ -13,7 +13,7 @@
 // scheduled rate (the graph input lr), the tensor of spmd::fused_adam.tensor_lr.
 #include "spmd/ir/builder.h"
 #include "spmd/ops/dispatch.h"
-#include "spmd/passes/optimizer_state.h"
+#include "spmd/ir/optimizer_state.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 

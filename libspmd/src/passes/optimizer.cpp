@@ -20,7 +20,7 @@
 // global norm (passes/clip_grad_norm.h), which becomes the second output.
 #include "spmd/ir/builder.h"
 #include "spmd/passes/clip_grad_norm.h"
-#include "spmd/passes/optimizer_state.h"
+#include "spmd/ir/optimizer_state.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 

@@ -3,7 +3,7 @@
 #include "spmd/io/graph_json.h"
 #include "spmd/io/torch_save.h"
 #include "spmd/ir/printer.h"
-#include "spmd/passes/optimizer_state.h"
+#include "spmd/ir/optimizer_state.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>

@@ -1,4 +1,4 @@
-#include "spmd/passes/optimizer_state.h"
+#include "spmd/ir/optimizer_state.h"
 
 namespace spmd {
 namespace {
