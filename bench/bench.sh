@@ -6,8 +6,9 @@
 # another LibTorch"), writes the models of bench/models.py (mlp, mlp4096, gpt,
 # resnet50), compiles each with spmd's pipeline once per precision, times spmd-run
 # beside DDP eager and torch.compile(DDP) (bench/torch_step.py) on 1 and 2 GPUs,
-# times the pipeline, and writes to $OUT: results.jsonl (one JSON object per line),
-# RESULTS-section.md (bench/report.py's markdown, to append to bench/RESULTS.md),
+# times the pipeline (for gpt also stage by stage beside a copy of the model file:
+# bench/compile_time.sh; COMPILE_TIME=0 leaves that out), and writes to $OUT:
+# results.jsonl (one JSON object per line), RESULTS-section.md (bench/report.py's markdown, to append to bench/RESULTS.md),
 # bench.log (progress) and logs.tar.gz (every command's log). Models, data and
 # artifacts (GBs) go to $WORK (default build-gpu/bench), so that $OUT holds few,
 # small files. A system that fails is recorded as an error line (with its log's
@@ -137,6 +138,20 @@ compile_model() {
   done
   log "$m ($p): pipeline ${runs[*]} s ($(du -h "$(art "$m" "$p")" | cut -f1) artifact)"
   record pipeline --model "$m" --precision "$p" --seconds "${runs[@]}"
+}
+
+# compile_time MODEL PRECISION: bench/compile_time.sh's stage-by-stage times
+# beside reading and copying the model file (issue #18).
+compile_time() {
+  local m=$1 p=$2 lg=$WORK/logs/$1.$2.compile_time.log
+  # shellcheck disable=SC2086
+  if B=$B DEVICE=$DEVICE PYTHON=$PY RUNS=$PIPELINE_RUNS LOWER_FLAGS="$LOWER_FLAGS" WORK=$WORK/ct \
+      EXTRA_EXPAND_FLAGS="$EXPAND_FLAGS $(expand_flags "$p")" timeout -k 10 "$((TIMEOUT * 4))" \
+      bash bench/compile_time.sh "$WORK/models" "$m" $((STEPS[$m] + WARMUP[$m])) "$RESULTS" 2> "$lg"; then
+    log "$m ($p): compile time $(tail -n 1 "$RESULTS" | cut -c1-200)"
+  else
+    fail spmd "$m" "" "$lg" "bench/compile_time.sh $m ($p)" "$p"
+  fi
 }
 
 SPMD_WARMUP=0
@@ -271,6 +286,7 @@ for m in "${WRITTEN[@]}"; do
     if [[ " $SYSTEMS " == *" spmd "* ]]; then
       log "$m ($p): spmd pipeline"
       if compile_model "$m" "$p"; then spmd_ok=1; fi
+      if [ "$spmd_ok" = 1 ] && [ "$m" = gpt ] && [ "${COMPILE_TIME:-1}" = 1 ]; then compile_time "$m" "$p"; fi
     fi
     for n in $NPROCS; do
       if [ "$spmd_ok" = 1 ]; then run_spmd "$m" "$n" "$p"; fi

@@ -4,6 +4,7 @@
   record.py spmd --model M --ranks N --steps S --warmup W [--warmup-excluded]
                  [--precision fp32|bf16] [--expand-flags TEXT] < RUN.json
   record.py pipeline --model M [--precision P] --seconds T...   # wall times of expand|...|lower
+  record.py compile-time --model M --bytes N --copy T... --startup T... --stage NAME T... ... --pipeline T...
   record.py error --system S --model M [--ranks N] [--precision P] [--log FILE] --what TEXT
 
 `spmd` turns spmd-run's --json object ({"ranks", "ms_per_step": {...}, "peak_bytes",
@@ -83,6 +84,17 @@ def pipeline(args):
           "median_s": statistics.median(args.seconds)})
 
 
+def compile_time(args):
+    """Issue #18: medians of the model file's read-and-copy, tool start-up, each stage and the piped pipeline."""
+    med = statistics.median
+    stages = {name: {"runs_s": runs, "median_s": med(runs)} for name, *runs in
+              ((s[0], *map(float, s[1:])) for s in args.stage)}
+    emit({"kind": "compile_time", "model": args.model, "precision": args.precision, "model_bytes": args.bytes,
+          "copy_s": med(args.copy), "startup_s": med(args.startup), "stages": stages,
+          "pipeline_s": med(args.pipeline), "pipeline_runs_s": args.pipeline,
+          "ratio_to_copy": med(args.pipeline) / med(args.copy)})
+
+
 def tail(path, lines=12):
     try:
         with open(path, errors="replace") as f:
@@ -116,6 +128,15 @@ def main():
     c.add_argument("--model", required=True)
     c.add_argument("--precision", default="fp32")
     c.add_argument("--seconds", type=float, nargs="+", required=True)
+    t = sub.add_parser("compile-time")
+    t.add_argument("--model", required=True)
+    t.add_argument("--precision", default="fp32")
+    t.add_argument("--bytes", type=int, required=True, help="the model file's size")
+    t.add_argument("--copy", type=float, nargs="+", required=True, help="seconds to read the model file and write a copy")
+    t.add_argument("--startup", type=float, nargs="+", required=True, help="seconds of spmd-split --help")
+    t.add_argument("--stage", nargs="+", action="append", required=True, metavar="NAME SECONDS",
+                   help="a stage's name, then its run times (repeatable)")
+    t.add_argument("--pipeline", type=float, nargs="+", required=True, help="seconds of the piped pipeline")
     e = sub.add_parser("error")
     e.add_argument("--system", required=True)
     e.add_argument("--model")
@@ -124,7 +145,8 @@ def main():
     e.add_argument("--log")
     e.add_argument("--what", required=True)
     args = p.parse_args()
-    {"machine": machine, "spmd": spmd, "pipeline": pipeline, "error": error}[args.cmd](args)
+    {"machine": machine, "spmd": spmd, "pipeline": pipeline, "compile-time": compile_time,
+     "error": error}[args.cmd](args)
 
 
 if __name__ == "__main__":

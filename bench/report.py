@@ -40,7 +40,7 @@ class Results:
 
     def __init__(self, lines):
         self.machine, self.models, self.runs, self.pipelines, self.errors = {}, {}, {}, {}, []
-        self.allreduces = []
+        self.allreduces, self.compile_times = [], {}
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -63,6 +63,8 @@ class Results:
             self.pipelines[(row["model"], precision_of(row))] = row
         elif kind == "allreduce":
             self.allreduces.append(row)
+        elif kind == "compile_time":
+            self.compile_times[(row["model"], precision_of(row))] = row
         elif kind == "error":
             self.errors.append(row)
 
@@ -195,8 +197,45 @@ def table(res, name):
         if warmups != "—":
             notes.append("%storch.compile warm-up (first step, cold cache): %s" % (at, warmups))
     lines += [""] + ["Compile time: " + "; ".join(notes) + "."] if notes else []
+    for precision in precisions:
+        lines += compile_time_table(res.compile_times.get((name, precision)))
     ran = torch_settings(res, name, precisions)
     return lines + ([""] + ["PyTorch ran with: " + "; ".join(ran) + "."] if ran else [])
+
+
+# Stages that read no weights: issue #18 wants each under this.
+NO_WEIGHT_STAGES, NO_WEIGHT_LIMIT_S, COPY_RATIO_LIMIT = ("split", "unroll"), 0.3, 2.0
+
+
+def compile_time_table(row):
+    """bench/compile_time.sh's medians: each stage alone, the piped pipeline, and the model file's copy."""
+    if not row:
+        return []
+    lines = ["", "Compile time (`bench/compile_time.sh`, %s, model file %.0f MB, medians of %d runs, page cache warm):"
+             % (row["precision"], row["model_bytes"] / 1e6, len(row["pipeline_runs_s"])), "",
+             "| what | seconds |", "| --- | ---: |",
+             "| read the model file and write a copy (`cat`) | %.3f |" % row["copy_s"],
+             "| tool start-up (`spmd-split --help`: loading LibTorch) | %.3f |" % row["startup_s"]]
+    for name, stage in row["stages"].items():
+        lines.append("| spmd-%s alone | %.3f |" % (name, stage["median_s"]))
+    lines.append("| the four piped (`expand \\| split \\| unroll \\| lower`) | %.3f |" % row["pipeline_s"])
+    lines.append("| pipeline / copy | %.2fx |" % row["ratio_to_copy"])
+    return lines
+
+
+def compile_time_targets(res, model="gpt", precision="fp32"):
+    row = res.compile_times.get((model, precision))
+    if not row:
+        return []
+    lines = [Target("%s pipeline at most %gx reading and copying the model file" % (model, COPY_RATIO_LIMIT)).line(
+        row["ratio_to_copy"] <= COPY_RATIO_LIMIT, "pipeline %.2f s / copy %.3f s = %.2fx" % (
+            row["pipeline_s"], row["copy_s"], row["ratio_to_copy"]))]
+    for name in NO_WEIGHT_STAGES:
+        got = row["stages"].get(name, {}).get("median_s")
+        lines.append(Target("%s: spmd-%s (reads no weights) under %g s" % (model, name, NO_WEIGHT_LIMIT_S)).line(
+            None if got is None else got < NO_WEIGHT_LIMIT_S,
+            "%s s (tool start-up alone %.3f s)" % ("—" if got is None else "%.3f" % got, row["startup_s"])))
+    return lines
 
 
 def torch_settings(res, name, precisions):
@@ -304,7 +343,7 @@ def targets(res, ranks):
     for model in ("mlp", "mlp4096", "gpt", "resnet50"):
         for precision in res.precisions(model) or ["fp32"]:
             wanted.append((model, precision, lambda m=model, p=precision: memory_target(res, m, ranks, p)))
-    lines, left_out = ["### Targets", ""], []
+    lines, left_out = ["### Targets", ""] + compile_time_targets(res), []
     for model, precision, make in wanted:
         if not res.has(model, precision):
             left_out.append("%s %s" % (model, precision))

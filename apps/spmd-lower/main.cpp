@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
     } catch (spmd::Diagnostic& d) {
       throw d.inFile(loaded.displayName);
     }
-    spmd::writeOutput(out, spmd::writeArtifact(artifact));
+    spmd::writeArtifact(artifact, out);
     return 0;
   });
 }

@@ -9,7 +9,21 @@
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 
+#include <csignal>
 #include <iostream>
+
+namespace {
+
+// A rank that failed on its own reports it, then ignores the launcher's
+// SIGTERM: it is ending anyway, and a death by SIGTERM would hide its exit
+// code 1 behind a peer's "lost a peer", the peer having seen our sockets close.
+int ownFailure(const std::string& tool, const std::string& message) {
+  spmd::printError(tool, message);
+  std::signal(SIGTERM, SIG_IGN);
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string tool = "spmd-run";
@@ -107,19 +121,16 @@ int main(int argc, char** argv) {
       spmd::printError(tool, prefix + d.format());
       return spmd::peerFailureExitCode();
     } catch (const spmd::Diagnostic& d) {
-      spmd::printError(tool, prefix + d.format());
-      return 1;
+      return ownFailure(tool, prefix + d.format());
     } catch (const spmd::CollectiveError& e) {
       spmd::printError(tool, prefix + "a collective failed (did a peer stop?): " + e.what());
       return spmd::peerFailureExitCode();
     } catch (const c10::Error& e) {
-      std::string what = e.what_without_backtrace();
-      spmd::printError(tool, prefix + what.substr(0, what.find('\n')));
-      return 1;
+      const std::string what = e.what_without_backtrace();
+      return ownFailure(tool, prefix + what.substr(0, what.find('\n')));
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      spmd::printError(tool, prefix + what.substr(0, what.find('\n')));
-      return 1;
+      const std::string what = e.what();
+      return ownFailure(tool, prefix + what.substr(0, what.find('\n')));
     }
     return 0;
   });

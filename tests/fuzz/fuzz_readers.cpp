@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -169,11 +171,20 @@ void readAndVerify(const Bytes& bytes) {
   }
 }
 
+// The artifact's bytes as spmd-lower writes them (to a file).
+Bytes artifactBytes(const spmd::Artifact& artifact) {
+  const fs::path path = fs::temp_directory_path() / ("spmd-fuzz-seed-" + std::to_string(::getpid()) + ".spmd");
+  spmd::writeArtifact(artifact, path.string());
+  Bytes bytes = readFile(path);
+  fs::remove(path);
+  return bytes;
+}
+
 std::vector<Bytes> artifactSeeds(const std::vector<Bytes>& jsonSeeds) {
   std::vector<Bytes> out;
   for (const Bytes& json : jsonSeeds) {
     spmd::LoadedGraph loaded = spmd::loadGraphFrom(json, "seed", {});
-    out.push_back(spmd::writeArtifact(spmd::artifactOf(loaded, "cpu")));
+    out.push_back(artifactBytes(spmd::artifactOf(loaded, "cpu")));
   }
   return out;
 }

@@ -1,10 +1,12 @@
 #include "spmd/io/artifact.h"
 
 #include "spmd/io/graph_json.h"
+#include "spmd/io/load.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/echo.h"
 #include "spmd/support/limits.h"
+#include "spmd/support/mapped_file.h"
 
 #include "json_read.h"
 
@@ -14,26 +16,53 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <sstream>
+#include <cstring>
+#include <optional>
 
 namespace spmd {
 namespace {
 
 using json = nlohmann::ordered_json;
 
-// FNV-1a, 64 bits: enough to notice a truncated or edited artifact.
-struct Checksum {
-  uint64_t h = 1469598103934665603ull;
+// A 64-bit sum of everything in the artifact: enough to notice a truncated
+// or edited file (not an adversary). Each step is a bijection of one lane
+// (xor a word, multiply by an odd constant, rotate), so one changed word
+// always changes the sum; four lanes of 8-byte words keep it at memory
+// speed. Words are read little-endian, as every host spmd runs on stores them.
+class Checksum {
+ public:
   void add(const void* data, size_t size) {
     const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < size; ++i) h = (h ^ p[i]) * 1099511628211ull;
+    mix(3, size);  // the length too: bytes moved from one field to the next change the sum
+    for (; size >= 32; p += 32, size -= 32) {
+      for (int lane = 0; lane < 4; ++lane) mix(lane, word(p + 8 * lane));
+    }
+    for (; size >= 8; p += 8, size -= 8) mix(0, word(p));
+    if (size > 0) {
+      uint64_t tail = 0;
+      std::memcpy(&tail, p, size);
+      mix(1, tail);
+    }
   }
-  void add(const std::string& s) { add(s.data(), s.size()); }
+  void add(std::string_view s) { add(s.data(), s.size()); }
   std::string hex() const {
+    uint64_t h = 0;
+    for (uint64_t lane : lanes_) h = rotate((h ^ lane) * kOdd);
     char buf[17];
     std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
     return buf;
   }
+
+ private:
+  static constexpr uint64_t kOdd = 0x9e3779b97f4a7c15ull;
+  static uint64_t word(const unsigned char* p) {
+    uint64_t w;
+    std::memcpy(&w, p, sizeof w);
+    return w;
+  }
+  static uint64_t rotate(uint64_t x) { return (x << 29) | (x >> 35); }
+  void mix(int lane, uint64_t w) { lanes_[lane] = rotate((lanes_[lane] ^ w) * kOdd); }
+  uint64_t lanes_[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
 };
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -49,12 +78,7 @@ std::string headerFieldsText(const nlohmann::json& header) {
 
 }  // namespace
 
-std::string writeArtifact(const Artifact& artifact) {
-  std::string out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    out.append(static_cast<const char*>(data), size);
-    return size;
-  });
+void writeArtifact(const Artifact& artifact, const std::string& path) {
   Checksum sum;
   const std::string graph = writeGraphJson(artifact.graph);
   sum.add(graph);
@@ -79,12 +103,27 @@ std::string writeArtifact(const Artifact& artifact) {
   sum.add(headerFieldsText(header));
   header["checksum"] = sum.hex();
   const std::string headerText = header.dump(2) + "\n";
+
+  OutputFile out(path);
+  // The zip writer must not fail (its destructor would finish the archive
+  // and throw again): after a failed write the rest is dropped, and the
+  // failure is reported once the archive is done.
+  std::optional<Diagnostic> failure;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) -> size_t {
+    if (!failure) try {
+      out.write(data, size);
+    } catch (const Diagnostic& d) {
+      failure = d;
+    }
+    return size;
+  });
   writer.writeRecord("header.json", headerText.data(), headerText.size());
   writer.writeRecord("graph.json", graph.data(), graph.size());
   writer.writeRecord("tensors.json", indexText.data(), indexText.size());
   for (const auto& [key, t] : tensors) writer.writeRecord(key, t.data_ptr(), t.nbytes());
   writer.writeEndOfFile();
-  return out;
+  if (failure) throw *failure;
+  out.commit();
 }
 
 namespace {
@@ -168,15 +207,38 @@ IndexEntry indexEntry(const nlohmann::json& j, const std::string& where) {
   return e;
 }
 
-at::Tensor tensorFrom(const IndexEntry& e, const std::string& data) {
-  const int64_t bytes = *boundedNumel(e.shape) * static_cast<int64_t>(c10::elementSize(e.dtype));
-  if (static_cast<size_t>(bytes) != data.size()) throw Diagnostic(e.record, "tensor data has the wrong size");
+// Where the artifact's bytes are, and whether tensors may be views of them.
+struct Source {
+  std::string_view bytes;
+  std::shared_ptr<MappedFile> mapping;  // set when `bytes` is all of it
+};
+
+// The bytes of entry `e`'s record, checked to lie within the file.
+std::string_view recordData(Zip& zip, const Source& source, const IndexEntry& e) {
+  if (!zip.hasRecord(e.record)) throw Diagnostic("", "not an spmd artifact: no record '" + echo(e.record) + "'");
+  const size_t offset = zip.getRecordOffset(e.record);
+  const size_t bytes = static_cast<size_t>(*boundedNumel(e.shape)) * c10::elementSize(e.dtype);
+  if (offset > source.bytes.size() || bytes > source.bytes.size() - offset) {
+    throw Diagnostic(e.record, "tensor data runs past the end of the file");
+  }
+  return source.bytes.substr(offset, bytes);
+}
+
+// The tensor of entry `e` over `data`: a view of the mapping where its
+// alignment allows (PyTorchStreamWriter aligns records to 64 bytes), else a copy.
+at::Tensor tensorFrom(const IndexEntry& e, std::string_view data, const Source& source) {
+  const bool aligned = reinterpret_cast<uintptr_t>(data.data()) % c10::elementSize(e.dtype) == 0;
+  if (source.mapping && aligned && !data.empty()) {
+    char* p = source.mapping->writableBytes() + (data.data() - source.mapping->bytes());
+    std::shared_ptr<MappedFile> keep = source.mapping;
+    return at::from_blob(p, e.shape, [keep](void*) {}, at::TensorOptions().dtype(e.dtype));
+  }
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
   if (!data.empty()) std::memcpy(t.data_ptr(), data.data(), data.size());
   return t;
 }
 
-Artifact readVerified(Zip& zip) {
+Artifact readVerified(Zip& zip, const Source& source) {
   const nlohmann::json header = readHeader(zip);
   // Everything the checksum covers is read and summed before any of it is
   // believed: an altered size or shape must not allocate first.
@@ -192,11 +254,11 @@ Artifact readVerified(Zip& zip) {
   }
   if (!index.is_array()) throw Diagnostic("tensors.json", "expected an array");
   std::vector<IndexEntry> entries;
-  std::vector<std::string> data;
+  std::vector<std::string_view> data;
   for (size_t i = 0; i < index.size(); ++i) {
     entries.push_back(indexEntry(index[i], "tensors.json/" + std::to_string(i)));
-    data.push_back(entries.back().zeros ? std::string() : record(zip, entries.back().record));
-    sum.add(data.back());
+    data.push_back(entries.back().zeros ? std::string_view() : recordData(zip, source, entries.back()));
+    if (!entries.back().zeros) sum.add(data.back());
   }
   sum.add(indexText);
   sum.add(headerFieldsText(header));
@@ -212,7 +274,7 @@ Artifact readVerified(Zip& zip) {
       artifact.state.emplace(e.name, zeroPlaceholder(e.shape, e.dtype));
       artifact.zeroState.insert(e.name);
     } else {
-      artifact.state.emplace(e.name, tensorFrom(e, data[i]));
+      artifact.state.emplace(e.name, tensorFrom(e, data[i], source));
     }
   }
   try {
@@ -229,7 +291,7 @@ at::Tensor zeroPlaceholder(c10::IntArrayRef shape, c10::ScalarType dtype) {
   return at::zeros({}, at::TensorOptions().dtype(dtype)).expand(shape);
 }
 
-bool isArtifact(const std::string& bytes) {
+bool isArtifact(std::string_view bytes) {
   try {
     Zip zip(std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
     return zip.hasRecord("header.json") && zip.hasRecord("graph.json");
@@ -238,10 +300,10 @@ bool isArtifact(const std::string& bytes) {
   }
 }
 
-Artifact readArtifact(const std::string& bytes) {
+Artifact readArtifact(std::string_view bytes, const std::shared_ptr<MappedFile>& mapping) {
   try {
     Zip zip(std::make_unique<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
-    return readVerified(zip);
+    return readVerified(zip, Source{bytes, mapping});
   } catch (const Diagnostic&) {
     throw;
   } catch (const c10::Error& e) {

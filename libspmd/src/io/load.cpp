@@ -5,41 +5,45 @@
 #include "spmd/io/torchscript.h"
 #include "spmd/ir/parser.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/mapped_file.h"
+#include "spmd/support/write_all.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <iterator>
-#include <sstream>
 
 namespace spmd {
 namespace {
 
-std::string readAll(const std::string& path) {
-  if (path == "-") {
-    std::ostringstream buffer;
-    buffer << std::cin.rdbuf();
-    return buffer.str();
-  }
-  refuseDirectory(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Diagnostic("", std::string("cannot open: ") + std::strerror(errno));
-  try {
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  } catch (const std::ios_base::failure&) {
-    // libstdc++'s "basic_filebuf::underflow error reading the file".
-    throw Diagnostic("", std::string("cannot read: ") + std::strerror(errno));
+std::string errnoText() { return errno ? std::strerror(errno) : "nothing written"; }
+
+bool isRegularFile(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Reads all of `fd` (stdin, a pipe, a FIFO) in large blocks.
+std::string readStream(int fd) {
+  std::string bytes;
+  std::vector<char> block(1 << 20);
+  for (;;) {
+    const ssize_t n = ::read(fd, block.data(), block.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw Diagnostic("", std::string("cannot read: ") + std::strerror(errno));
+    if (n == 0) return bytes;
+    bytes.append(block.data(), static_cast<size_t>(n));
   }
 }
 
-bool isZip(const std::string& bytes) { return bytes.size() >= 4 && bytes.compare(0, 4, "PK\x03\x04") == 0; }
+bool isZip(std::string_view bytes) { return bytes.substr(0, 4) == std::string_view("PK\x03\x04", 4); }
 
-char firstNonSpace(const std::string& bytes) {
+char firstNonSpace(std::string_view bytes) {
   for (char c : bytes) {
     if (!std::isspace(static_cast<unsigned char>(c))) return c;
   }
@@ -47,6 +51,33 @@ char firstNonSpace(const std::string& bytes) {
 }
 
 }  // namespace
+
+InputBytes::InputBytes(const std::string& path) {
+  try {
+    if (path == "-") {
+      read_ = readStream(STDIN_FILENO);
+    } else if (isRegularFile(path)) {
+      file_ = std::make_shared<MappedFile>(path, MappedFile::Access::CopyOnWrite);
+    } else {
+      refuseDirectory(path);
+      const int fd = ::open(path.c_str(), O_RDONLY);
+      if (fd < 0) throw Diagnostic("", std::string("cannot open: ") + std::strerror(errno));
+      try {
+        read_ = readStream(fd);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+    }
+  } catch (Diagnostic& d) {
+    // MappedFile names the path itself; the rest name no file yet.
+    if (d.file().empty()) d.inFile(displayNameOf(path));
+    throw;
+  }
+}
+
+std::string_view InputBytes::view() const { return file_ ? file_->view() : std::string_view(read_); }
 
 void refuseDirectory(const std::string& path) {
   struct stat st {};
@@ -57,16 +88,11 @@ void refuseDirectory(const std::string& path) {
 
 std::string displayNameOf(const std::string& path) { return path == "-" ? "<stdin>" : path; }
 
-std::string readInput(const std::string& path) {
-  try {
-    return readAll(path);
-  } catch (Diagnostic& d) {
-    throw d.inFile(displayNameOf(path));
-  }
-}
+std::string readInput(const std::string& path) { return std::string(InputBytes(path).view()); }
 
 LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& specs) {
-  LoadedGraph loaded = loadGraphFrom(readInput(path), displayNameOf(path), specs);
+  const InputBytes input(path);
+  LoadedGraph loaded = loadGraphFrom(input.view(), displayNameOf(path), specs, input.mapping());
   // A dump's relative weights path is relative to the dump, wherever it is read from.
   const bool names = loaded.format == InputFormat::Json || loaded.format == InputFormat::Listing;
   if (names && path != "-" && !loaded.graph.weights().file.empty()) {
@@ -78,26 +104,28 @@ LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& spe
   return loaded;
 }
 
-LoadedGraph loadGraphFrom(const std::string& bytes, const std::string& displayName, const std::vector<InputSpec>& specs) {
+LoadedGraph loadGraphFrom(std::string_view bytes, const std::string& displayName, const std::vector<InputSpec>& specs,
+                          const std::shared_ptr<MappedFile>& mapping) {
   LoadedGraph loaded;
   loaded.displayName = displayName;
   try {
     if (bytes.empty()) throw Diagnostic("", "empty input");
     if (isZip(bytes) && isArtifact(bytes)) {
       loaded.format = InputFormat::Artifact;
-      loaded.artifact = std::make_shared<Artifact>(readArtifact(bytes));
+      const bool inMapping = mapping && bytes.data() == mapping->bytes() && bytes.size() == mapping->size();
+      loaded.artifact = std::make_shared<Artifact>(readArtifact(bytes, inMapping ? mapping : nullptr));
       loaded.graph = loaded.artifact->graph;
     } else if (isZip(bytes)) {
       loaded.format = InputFormat::TorchScript;
       loaded.graph = importTorchScript(bytes, loaded.displayName, specs);
     } else if (firstNonSpace(bytes) == '{') {
       loaded.format = InputFormat::Json;
-      loaded.graph = readGraphJson(bytes);
-    } else if (looksLikeListing(bytes)) {
-      loaded.format = InputFormat::Listing;
-      loaded.graph = parseListing(bytes);
+      loaded.graph = readGraphJson(std::string(bytes));
     } else {
-      throw Diagnostic("", "neither a TorchScript module (zip) nor a JSON graph dump");
+      const std::string text(bytes);
+      if (!looksLikeListing(text)) throw Diagnostic("", "neither a TorchScript module (zip) nor a JSON graph dump");
+      loaded.format = InputFormat::Listing;
+      loaded.graph = parseListing(text);
     }
   } catch (Diagnostic& d) {
     throw d.inFile(loaded.displayName);
@@ -105,25 +133,57 @@ LoadedGraph loadGraphFrom(const std::string& bytes, const std::string& displayNa
   return loaded;
 }
 
-void writeOutput(const std::string& path, const std::string& content) {
+OutputFile::OutputFile(const std::string& path) : path_(path) {
   if (path == "-") {
-    std::cout << content << std::flush;
+    std::cout.flush();
+    fd_ = STDOUT_FILENO;
     return;
   }
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << content;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Diagnostic("", std::string("cannot write: ") + std::strerror(errno)).inFile(path);
-    }
+  temp_ = path + ".tmp." + std::to_string(::getpid());
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Diagnostic("", "cannot write: " + errnoText()).inFile(path_);
+}
+
+OutputFile::~OutputFile() {
+  if (committed_ || temp_.empty()) return;
+  if (fd_ >= 0) ::close(fd_);
+  std::remove(temp_.c_str());
+}
+
+void OutputFile::fail() {
+  const std::string why = errnoText();
+  if (!temp_.empty()) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    std::remove(temp_.c_str());
+    temp_.clear();
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Diagnostic("", std::string("cannot write: ") + std::strerror(errno)).inFile(path);
+  throw Diagnostic("", "cannot write: " + why).inFile(path_);
+}
+
+void OutputFile::write(const void* data, size_t size) {
+  if (!writeAll(fd_, data, size)) fail();
+}
+
+void OutputFile::commit() {
+  committed_ = true;
+  if (temp_.empty()) return;
+  if (::close(fd_) != 0) {
+    fd_ = -1;
+    committed_ = false;
+    fail();
   }
+  fd_ = -1;
+  if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
+    committed_ = false;
+    fail();
+  }
+}
+
+void writeOutput(const std::string& path, const std::string& content) {
+  OutputFile out(path);
+  out.write(content.data(), content.size());
+  out.commit();
 }
 
 }  // namespace spmd

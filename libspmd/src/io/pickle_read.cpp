@@ -94,55 +94,12 @@ bool isKnownGlobal(const std::string& name) {
          name == kOrderedDict || storageDtype(name).has_value();
 }
 
-// ---- storages: the archive's data/<key> records ------------------------------
-
-// Each storage is read once, so tensors saved as views of one storage share
-// it again.
-class Storages {
- public:
-  explicit Storages(PyTorchStreamReader& reader) : reader_(reader) {}
-
-  // A 1-D CPU tensor of `numel` elements over the whole storage.
-  at::Tensor get(const std::string& key, at::ScalarType dtype, int64_t numel) {
-    auto it = loaded_.find(key);
-    if (it != loaded_.end()) {
-      if (it->second.scalar_type() != dtype) fail("storage '" + key + "' is saved with two dtypes");
-      return it->second;
-    }
-    at::Tensor storage = read(key, dtype, numel);
-    loaded_.emplace(key, storage);
-    return storage;
-  }
-
- private:
-  at::Tensor read(const std::string& key, at::ScalarType dtype, int64_t numel) {
-    const std::string record = "data/" + key;
-    if (!reader_.hasRecord(record)) fail("missing storage record '" + record + "'");
-    if (numel < 0 || numel > kMaxTensorElements) {
-      fail("storage '" + key + "' of " + std::to_string(numel) + " elements (at most 2^48)");
-    }
-    at::DataPtr data;
-    size_t size = 0;
-    std::tie(data, size) = reader_.getRecord(record);
-    const size_t expected = static_cast<size_t>(numel) * c10::elementSize(dtype);
-    if (size != expected) {
-      fail("storage record '" + record + "' has " + std::to_string(size) + " bytes, expected " +
-           std::to_string(expected));
-    }
-    at::Tensor storage = at::empty({numel}, at::TensorOptions().dtype(dtype));
-    if (size > 0) std::memcpy(storage.data_ptr(), data.get(), size);
-    return storage;
-  }
-
-  PyTorchStreamReader& reader_;
-  std::unordered_map<std::string, at::Tensor> loaded_;
-};
-
 // ---- the pickle machine --------------------------------------------------------
 
 class Unpickler {
  public:
-  Unpickler(const std::string& pickle, Storages& storages) : data_(pickle), storages_(storages) {}
+  Unpickler(const std::string& pickle, Storages& storages, bool torchScriptObjects)
+      : data_(pickle), storages_(storages), torchScriptObjects_(torchScriptObjects) {}
 
   c10::IValue run() {
     while (step()) {
@@ -286,6 +243,7 @@ class Unpickler {
       }
       case op::REDUCE: reduce(); break;
       case op::BUILD: build(); break;
+      case op::NEWOBJ: newObject(); break;
       case op::BINPERSID: persistentLoad(); break;
       default: unsupportedOpcode(code);
     }
@@ -440,8 +398,22 @@ class Unpickler {
 
   // -- globals, calls, objects --
 
+  static bool isTorchScriptClass(const std::string& name) { return name.rfind("__torch__.", 0) == 0; }
+  // What TorchScript's pickler wraps typed lists in: build_intlist([1, 2])
+  // is the list, as restore_type_tag(value, "List[int]") is the value.
+  static bool isTorchScriptListBuilder(const std::string& name) {
+    static const std::unordered_set<std::string> builders = {
+        "torch.jit._pickle.build_intlist",    "torch.jit._pickle.build_doublelist",
+        "torch.jit._pickle.build_boollist",   "torch.jit._pickle.build_tensorlist",
+        "torch.jit._pickle.restore_type_tag"};
+    return builders.count(name) > 0;
+  }
+
   void pushGlobal(const std::string& name) {
-    if (!isKnownGlobal(name)) failAt("unsupported global '" + name + "'");
+    const bool torchScript = isTorchScriptClass(name) || isTorchScriptListBuilder(name);
+    if (!isKnownGlobal(name) && !(torchScriptObjects_ && torchScript)) {
+      failAt("unsupported global '" + name + "'");
+    }
     push(Item::global(name));
   }
 
@@ -459,15 +431,40 @@ class Unpickler {
       if (!args.empty()) failAt("collections.OrderedDict called with arguments");
       return Item::of(newDict());
     }
+    if (isTorchScriptListBuilder(name)) {
+      if (args.empty() || args.size() > 2) failAt(name + " with " + std::to_string(args.size()) + " arguments");
+      return args[0];
+    }
     failAt("cannot call '" + name + "'");
   }
 
-  // BUILD sets an object's state. torch.save's pickles only use it for the
-  // attributes of an OrderedDict (a state_dict()'s _metadata), which go.
+  // NEWOBJ: cls.__new__(cls, *args). A TorchScript object (a module) starts
+  // as an empty dict, which BUILD fills with its attributes.
+  void newObject() {
+    const Item args = pop();
+    const Item cls = pop();
+    if (cls.kind != Item::Kind::Global || !isTorchScriptClass(cls.name)) failAt("NEWOBJ of " + describe(cls));
+    if (!tupleOf(args, "the arguments of NEWOBJ").empty()) failAt("NEWOBJ of '" + cls.name + "' with arguments");
+    Item object = Item::of(newDict());
+    objects_.insert(containerOf(object));
+    push(std::move(object));
+  }
+
+  // BUILD sets an object's state: a TorchScript object's attributes (a dict
+  // of them). torch.save's pickles use it only for the attributes of an
+  // OrderedDict (a state_dict()'s _metadata), which go.
   void build() {
-    pop();  // the state
+    const Item state = pop();
     const Item& target = top();
     if (target.kind != Item::Kind::Value || !target.value.isGenericDict()) failAt("BUILD of " + describe(target));
+    if (!objects_.count(containerOf(target))) return;
+    if (state.kind != Item::Kind::Value || !state.value.isGenericDict()) failAt("BUILD with " + describe(state));
+    std::vector<Item> attributes;
+    for (const auto& entry : state.value.toGenericDict()) {
+      attributes.push_back(Item::of(entry.key()));
+      attributes.push_back(Item::of(entry.value()));
+    }
+    setItems(attributes);
   }
 
   // The persistent id of a storage: ('storage', storage type, key, location, numel).
@@ -539,13 +536,15 @@ class Unpickler {
   std::unordered_set<const void*> nested_;        // containers inside another
   std::vector<c10::impl::GenericDict> dicts_;
   std::vector<c10::impl::GenericList> lists_;
+  const bool torchScriptObjects_;
+  std::unordered_set<const void*> objects_;  // the dicts NEWOBJ made
 };
 
 }  // namespace
 
-c10::IValue unpickle(const std::string& pickle, PyTorchStreamReader& reader) {
-  Storages storages(reader);
-  return Unpickler(pickle, storages).run();
+c10::IValue unpickle(const std::string& pickle, PyTorchStreamReader& reader, const UnpickleOptions& options) {
+  Storages storages(reader, options.mapping);
+  return Unpickler(pickle, storages, options.torchScriptObjects).run();
 }
 
 }  // namespace torch_save_detail

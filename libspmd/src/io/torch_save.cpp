@@ -22,6 +22,7 @@
 
 #include "spmd/io/load.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/mapped_file.h"
 #include "torch_save_internal.h"
 
 #include <ATen/core/Tensor.h>
@@ -32,7 +33,9 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 namespace spmd {
@@ -114,6 +117,67 @@ c10::IValue loadTorchSave(const std::string& path) {
     throw Diagnostic("", "cannot read torch.save file: " + firstLine(e)).inFile(path);
   } catch (const std::ios_base::failure&) {
     throw Diagnostic("", std::string("cannot read: ") + std::strerror(errno)).inFile(path);
+  }
+}
+
+namespace {
+
+// The tensors in `value`, a TorchScript object's attributes (dicts nested),
+// by dotted path under `prefix`.
+void collectTensors(const c10::IValue& value, const std::string& prefix, std::map<std::string, at::Tensor>& out) {
+  if (value.isTensor()) {
+    out.emplace(prefix, value.toTensor());
+    return;
+  }
+  if (!value.isGenericDict()) return;
+  for (const auto& entry : value.toGenericDict()) {
+    if (!entry.key().isString()) continue;
+    const std::string& name = entry.key().toStringRef();
+    collectTensors(entry.value(), prefix.empty() ? name : prefix + "." + name, out);
+  }
+}
+
+// An object whose class has __setstate__ pickles a state of its own making,
+// not its attributes: those modules are jit::load's to read.
+void refuseCustomState(PyTorchStreamReader& reader) {
+  for (const std::string& record : reader.getAllRecords()) {
+    if (record.rfind("code/", 0) != 0 || record.size() < 3 || record.compare(record.size() - 3, 3, ".py") != 0) continue;
+    at::DataPtr data;
+    size_t size = 0;
+    std::tie(data, size) = reader.getRecord(record);
+    if (std::string_view(static_cast<const char*>(data.get()), size).find("def __setstate__") != std::string_view::npos) {
+      fail("a class with __setstate__ (" + record + "): its objects' state is not their attributes");
+    }
+  }
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string& path) {
+  try {
+    auto mapping = std::make_shared<MappedFile>(path, MappedFile::Access::CopyOnWrite);
+    if (mapping->size() == 0) fail("empty file");
+    PyTorchStreamReader reader(std::make_shared<caffe2::serialize::MemoryReadAdapter>(
+        mapping->bytes(), static_cast<off_t>(mapping->size())));
+    if (!reader.hasRecord("data.pkl") || !reader.hasRecord("constants.pkl")) {
+      fail("not a TorchScript module (torch.jit.save): no data.pkl and constants.pkl");
+    }
+    refuseCustomState(reader);
+    at::DataPtr data;
+    size_t size = 0;
+    std::tie(data, size) = reader.getRecord("data.pkl");
+    torch_save_detail::UnpickleOptions options;
+    options.torchScriptObjects = true;
+    options.mapping = mapping;
+    const c10::IValue root = unpickle(std::string(static_cast<const char*>(data.get()), size), reader, options);
+    std::map<std::string, at::Tensor> tensors;
+    collectTensors(root, "", tensors);
+    return tensors;
+  } catch (Diagnostic& d) {
+    if (d.file().empty()) d.inFile(path);
+    throw;
+  } catch (const c10::Error& e) {
+    throw Diagnostic("", "cannot read TorchScript module: " + firstLine(e)).inFile(path);
   }
 }
 

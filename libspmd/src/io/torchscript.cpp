@@ -6,10 +6,12 @@
 #include "spmd/ops/spmd_ops.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
+#include "huge_pages.h"
 #include "torchscript_internal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/zeros.h>
+#include <caffe2/serialize/in_memory_adapter.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/passes/inliner.h>
@@ -17,7 +19,6 @@
 
 #include <algorithm>
 #include <set>
-#include <sstream>
 
 namespace spmd {
 namespace {
@@ -57,10 +58,10 @@ std::vector<InputSpec> orderSpecs(const std::vector<std::string>& names, const s
   return ordered;
 }
 
-jit::Module loadModule(const std::string& bytes) {
-  std::istringstream in(bytes);
+jit::Module loadModule(std::string_view bytes) {
+  HugePageAllocations hugePages;
   try {
-    return jit::load(in);
+    return jit::load(std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     throw Diagnostic("", "not a loadable TorchScript module: " + what.substr(0, what.find('\n')));
@@ -69,7 +70,7 @@ jit::Module loadModule(const std::string& bytes) {
 
 }  // namespace
 
-Graph importTorchScript(const std::string& bytes, const std::string& fileName,
+Graph importTorchScript(std::string_view bytes, const std::string& fileName,
                         const std::vector<InputSpec>& specs, TraceOn traceOn) {
   ensureSpmdOpsRegistered();
   jit::Module module = loadModule(bytes);

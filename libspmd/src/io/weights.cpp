@@ -3,6 +3,8 @@
 #include "spmd/io/torch_save.h"
 #include "spmd/support/diagnostic.h"
 
+#include "huge_pages.h"
+
 #include <torch/script.h>
 
 #include <unistd.h>
@@ -11,6 +13,14 @@ namespace spmd {
 namespace {
 
 std::map<std::string, at::Tensor> fromModule(const std::string& file) {
+  try {
+    // Views of the mapped file: no copy of the weights (tests compare it with jit::load).
+    return loadTorchScriptTensors(file);
+  } catch (const Diagnostic&) {
+    // Its data.pkl holds what our pickle reader does not know: LibTorch's
+    // loader reads it, copying the weights.
+  }
+  HugePageAllocations hugePages;
   torch::jit::Module module = torch::jit::load(file);
   std::map<std::string, at::Tensor> weights;
   for (const auto& p : module.named_parameters(true)) weights.emplace(p.name, p.value);

@@ -5,6 +5,7 @@
 #include "spmd/ir/printer.h"
 #include "spmd/ir/optimizer_state.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/write_all.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -95,16 +96,10 @@ void syncPath(const std::string& path) {
 void writeSynced(const std::string& path, const std::string& bytes) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Diagnostic("--checkpoint", "cannot create " + path + ": " + errnoText());
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = n < 0 ? errnoText() : "nothing written";
-      ::close(fd);
-      throw Diagnostic("--checkpoint", "cannot write " + path + ": " + why);
-    }
-    done += static_cast<size_t>(n);
+  if (!writeAll(fd, bytes.data(), bytes.size())) {
+    const std::string why = errno ? errnoText() : "nothing written";
+    ::close(fd);
+    throw Diagnostic("--checkpoint", "cannot write " + path + ": " + why);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) throw Diagnostic("--checkpoint", "cannot write " + path + ": " + errnoText());
 }

@@ -1,7 +1,9 @@
 #include "data_files.h"
 
 #include "spmd/io/torch_save.h"
+#include "spmd/io/zip_members.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/mapped_file.h"
 
 #include <ATen/ATen.h>
 
@@ -18,42 +20,6 @@
 
 namespace spmd {
 namespace {
-
-// A read-only mapping of a whole file, alive while a tensor over it is.
-class Mapping {
- public:
-  explicit Mapping(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw Diagnostic("", std::string("cannot open: ") + std::strerror(errno)).inFile(path);
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw Diagnostic("", "not a regular file").inFile(path);
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      data_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (data_ == MAP_FAILED) {
-        data_ = nullptr;
-        ::close(fd);
-        throw Diagnostic("", std::string("cannot map: ") + std::strerror(errno)).inFile(path);
-      }
-    }
-    ::close(fd);
-  }
-  ~Mapping() {
-    if (data_) ::munmap(data_, size_);
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-
-  const char* bytes() const { return static_cast<const char*>(data_); }
-  size_t size() const { return size_; }
-
- private:
-  void* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 uint64_t littleEndian(const char* p, int n) {
   uint64_t v = 0;
@@ -104,7 +70,7 @@ std::vector<int64_t> parseShape(const std::string& tuple, const Diagnostic& bad)
 
 // A tensor over the .npy array that starts at `offset` of `file`'s mapping
 // and takes at most `length` bytes; `where` names it in errors.
-at::Tensor npyTensor(const std::shared_ptr<Mapping>& file, size_t offset, size_t length, const std::string& where) {
+at::Tensor npyTensor(const std::shared_ptr<MappedFile>& file, size_t offset, size_t length, const std::string& where) {
   const Diagnostic bad("", "not a .npy array (numpy.save's format 1-3)");
   const char* p = file->bytes() + offset;
   if (length < 10 || std::memcmp(p, "\x93NUMPY", 6) != 0) throw Diagnostic(bad).inFile(where);
@@ -145,68 +111,6 @@ at::Tensor npyTensor(const std::shared_ptr<Mapping>& file, size_t offset, size_t
 
 // ---- .npz: an uncompressed zip of .npy members -----------------------------------
 
-struct ZipMember {
-  std::string name;
-  size_t offset = 0;  // of the member's data
-  size_t size = 0;
-};
-
-// The members of the zip `file` (zip64 included), from its central directory.
-std::vector<ZipMember> zipMembers(const Mapping& file, const std::string& path) {
-  const char* z = file.bytes();
-  const size_t n = file.size();
-  const Diagnostic bad = Diagnostic("", "not a zip file (numpy.savez's .npz)").inFile(path);
-  size_t eocd = std::string::npos;
-  for (size_t i = n >= 22 ? n - 22 : 0; n >= 22 && i + 65557 >= n; --i) {
-    if (littleEndian(z + i, 4) == 0x06054b50) {
-      eocd = i;
-      break;
-    }
-    if (i == 0) break;
-  }
-  if (eocd == std::string::npos) throw bad;
-  uint64_t entries = littleEndian(z + eocd + 10, 2), directory = littleEndian(z + eocd + 16, 4);
-  if ((entries == 0xffff || directory == 0xffffffff) && eocd >= 20 && littleEndian(z + eocd - 20, 4) == 0x07064b50) {
-    const uint64_t zip64 = littleEndian(z + eocd - 12, 8);
-    if (zip64 + 56 > n || littleEndian(z + zip64, 4) != 0x06064b50) throw bad;
-    entries = littleEndian(z + zip64 + 32, 8);
-    directory = littleEndian(z + zip64 + 48, 8);
-  }
-  std::vector<ZipMember> members;
-  size_t at = directory;
-  for (uint64_t e = 0; e < entries; ++e) {
-    if (at + 46 > n || littleEndian(z + at, 4) != 0x02014b50) throw bad;
-    const uint64_t method = littleEndian(z + at + 10, 2), nameLength = littleEndian(z + at + 28, 2),
-                   extraLength = littleEndian(z + at + 30, 2), commentLength = littleEndian(z + at + 32, 2);
-    uint64_t size = littleEndian(z + at + 24, 4), local = littleEndian(z + at + 42, 4);
-    if (at + 46 + nameLength + extraLength > n) throw bad;
-    ZipMember m;
-    m.name.assign(z + at + 46, nameLength);
-    // zip64 sizes and offset: in the extra field 0x0001, those that overflowed, in this order.
-    for (size_t x = at + 46 + nameLength; x + 4 <= at + 46 + nameLength + extraLength;) {
-      const uint64_t id = littleEndian(z + x, 2), length = littleEndian(z + x + 2, 2);
-      size_t field = x + 4;
-      if (id == 1) {
-        if (size == 0xffffffff) size = littleEndian(z + field, 8), field += 8;
-        if (littleEndian(z + at + 20, 4) == 0xffffffff) field += 8;  // compressed size
-        if (local == 0xffffffff) local = littleEndian(z + field, 8);
-      }
-      x += 4 + length;
-    }
-    if (method != 0) {
-      throw Diagnostic(m.name, "the member is compressed (numpy.savez_compressed): save with numpy.savez, "
-                               "which spmd-run maps without reading it whole").inFile(path);
-    }
-    if (local + 30 > n || littleEndian(z + local, 4) != 0x04034b50) throw bad;
-    m.offset = local + 30 + littleEndian(z + local + 26, 2) + littleEndian(z + local + 28, 2);
-    m.size = size;
-    if (m.offset + m.size > n) throw bad;
-    members.push_back(m);
-    at += 46 + nameLength + extraLength + commentLength;
-  }
-  return members;
-}
-
 bool endsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -217,10 +121,20 @@ bool isDirectory(const std::string& path) {
 }
 
 std::map<std::string, at::Tensor> npzTensors(const std::string& path) {
-  auto file = std::make_shared<Mapping>(path);
+  auto file = std::make_shared<MappedFile>(path);
   std::map<std::string, at::Tensor> out;
-  for (const ZipMember& m : zipMembers(*file, path)) {
+  std::vector<ZipMember> members;
+  try {
+    members = zipMembers(*file);
+  } catch (const Diagnostic&) {
+    throw Diagnostic("", "not a zip file (numpy.savez's .npz)").inFile(path);
+  }
+  for (const ZipMember& m : members) {
     if (!endsWith(m.name, ".npy")) continue;
+    if (m.compressed) {
+      throw Diagnostic(m.name, "the member is compressed (numpy.savez_compressed): save with numpy.savez, "
+                               "which spmd-run maps without reading it whole").inFile(path);
+    }
     const std::string name = m.name.substr(0, m.name.size() - 4);
     out[name] = npyTensor(file, m.offset, m.size, path + ":" + m.name);
   }
@@ -237,7 +151,7 @@ std::map<std::string, at::Tensor> npyFolderTensors(const std::string& path) {
   for (const std::string& entry : names) {
     if (!endsWith(entry, ".npy")) continue;
     const std::string file = path + "/" + entry;
-    auto mapping = std::make_shared<Mapping>(file);
+    auto mapping = std::make_shared<MappedFile>(file);
     out[entry.substr(0, entry.size() - 4)] = npyTensor(mapping, 0, mapping->size(), file);
   }
   return out;
@@ -268,7 +182,7 @@ std::map<std::string, at::Tensor> openDataTensors(const std::string& path) {
 TokenFile::TokenFile(const std::string& path, const std::string& dtype) : path_(path) {
   if (dtype != "uint16" && dtype != "uint32") throw Diagnostic("--token-dtype", "must be uint16 or uint32");
   width_ = dtype == "uint16" ? 2 : 4;
-  Mapping probe(path);  // checks the file; the mapping below outlives it
+  MappedFile probe(path);  // checks the file; the mapping below outlives it
   bytes_ = probe.size();
   if (bytes_ % width_ != 0) {
     throw Diagnostic("", "its " + std::to_string(bytes_) + " bytes are not a whole number of " + dtype + " tokens")

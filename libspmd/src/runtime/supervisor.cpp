@@ -13,13 +13,16 @@
 //   prints the lines of the rank that failed first, then one summary line.
 //   A rank that failed only because a peer did (a collective or the join
 //   failed) says so by its exit code (kPeerFailureExit), so that a peer's
-//   own failure, seen a moment later, is still the one reported.
+//   own failure, seen a moment later, is still the one reported. A rank that
+//   failed on its own ignores SIGTERM once it has reported (spmd-run's main),
+//   so its exit code, not our signal, ends it.
 //
 // It does not watch for a rank that runs on but stops calling collectives:
 // its peers' --timeout finds that one.
 #include "spmd/runtime/launch.h"
 
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/write_all.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -63,16 +66,6 @@ void onSignal(int sig) {
 std::string signalName(int sig) {
   const char* text = ::strsignal(sig);
   return "signal " + std::to_string(sig) + (text ? std::string(" (") + text + ")" : "");
-}
-
-void writeWhole(int fd, const std::string& text) {
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
 }
 
 // One local rank as the launcher sees it.
@@ -190,7 +183,7 @@ class Supervisor {
       if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
       ::fcntl(fds[1], F_SETFD, 0);  // the error pipe stays open across exec
       ::execve("/proc/self/exe", args.data(), envp.data());
-      writeWhole(fds[1], cannotStart);
+      writeAll(fds[1], cannotStart.data(), cannotStart.size());
       ::_exit(127);
     }
     ::close(fds[1]);
@@ -354,7 +347,7 @@ class Supervisor {
       text += tool_ + ": error: rank " + std::to_string(failure_->rank) + " of " + std::to_string(ranks_.size()) +
               " failed first: it " + failure_->how + "; the other ranks were stopped" + killedNote() + "\n";
     }
-    writeWhole(STDERR_FILENO, text);
+    writeAll(STDERR_FILENO, text.data(), text.size());
     return 1;
   }
 

@@ -2,6 +2,7 @@
 
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/echo.h"
+#include "spmd/support/write_all.h"
 
 #include <c10/util/Exception.h>
 
@@ -41,13 +42,7 @@ void printError(const std::string& tool, const std::string& message) {
   std::cerr.flush();
   // One line, whatever the message holds (a value echoed whole, a newline), in one write.
   const std::string line = tool + ": error: " + oneLine(message) + "\n";
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(errorReportFd(), line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
+  writeAll(errorReportFd(), line.data(), line.size());
 }
 
 namespace {

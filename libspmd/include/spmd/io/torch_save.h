@@ -4,6 +4,7 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,16 @@ namespace spmd {
 // file in it.
 c10::IValue loadTorchSave(const std::string& path);
 c10::IValue loadTorchSaveBytes(const std::string& bytes);
+
+// The tensors of a TorchScript module file (torch.jit.save) by attribute
+// path ("blocks.0.attn.weight"): every tensor attribute of the module and of
+// its submodules, its parameters and buffers among them, as copy-on-write
+// views of the mapped file: nothing is copied into the heap, as
+// torch::jit::load does with every storage. The same pickle reader as
+// loadTorchSave, which also takes TorchScript's objects (dicts of their
+// attributes). Throws Diagnostic naming the file when it is not a TorchScript
+// zip or its data.pkl holds what the reader does not know; jit::load reads those.
+std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string& path);
 
 // The bytes of a torch.save zip file holding a dict {name: tensor}, in the
 // given order: what Python's torch.save(dict, f) writes (pickle protocol 2),

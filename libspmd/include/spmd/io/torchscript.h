@@ -6,6 +6,7 @@
 #include "spmd/ir/graph.h"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace spmd {
@@ -20,7 +21,7 @@ namespace spmd {
 // Auto traces the module on the meta device (nothing computed) and on CPU
 // tensors where that fails; tests compare the two paths.
 enum class TraceOn { Auto, Cpu, Meta };
-Graph importTorchScript(const std::string& bytes, const std::string& fileName,
+Graph importTorchScript(std::string_view bytes, const std::string& fileName,
                         const std::vector<InputSpec>& inputs, TraceOn traceOn = TraceOn::Auto);
 
 }  // namespace spmd

@@ -1,0 +1,82 @@
+#include "spmd/io/zip_members.h"
+
+#include "spmd/support/diagnostic.h"
+#include "spmd/support/mapped_file.h"
+
+#include <cstdint>
+
+namespace spmd {
+namespace {
+
+uint64_t littleEndian(const char* p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+[[noreturn]] void notAZip() { throw Diagnostic("", "not a zip file, or a damaged one"); }
+
+// The end of central directory record: in the last 64 KiB + 22 bytes.
+size_t endOfDirectory(const char* z, size_t n) {
+  if (n < 22) notAZip();
+  for (size_t i = n - 22;; --i) {
+    if (littleEndian(z + i, 4) == 0x06054b50) return i;
+    if (i == 0 || i + 65557 < n) notAZip();
+  }
+}
+
+}  // namespace
+
+std::vector<ZipMember> zipMembers(const MappedFile& file) {
+  const char* z = file.bytes();
+  const size_t n = file.size();
+  const size_t eocd = endOfDirectory(z, n);
+  uint64_t entries = littleEndian(z + eocd + 10, 2), directory = littleEndian(z + eocd + 16, 4);
+  if ((entries == 0xffff || directory == 0xffffffff) && eocd >= 20 && littleEndian(z + eocd - 20, 4) == 0x07064b50) {
+    const uint64_t zip64 = littleEndian(z + eocd - 12, 8);
+    if (zip64 > n || n - zip64 < 56 || littleEndian(z + zip64, 4) != 0x06064b50) notAZip();
+    entries = littleEndian(z + zip64 + 32, 8);
+    directory = littleEndian(z + zip64 + 48, 8);
+  }
+  std::vector<ZipMember> members;
+  uint64_t at = directory;
+  for (uint64_t e = 0; e < entries; ++e) {
+    if (at > n || n - at < 46 || littleEndian(z + at, 4) != 0x02014b50) notAZip();
+    const uint64_t method = littleEndian(z + at + 10, 2), nameLength = littleEndian(z + at + 28, 2),
+                   extraLength = littleEndian(z + at + 30, 2), commentLength = littleEndian(z + at + 32, 2);
+    uint64_t stored = littleEndian(z + at + 20, 4), size = littleEndian(z + at + 24, 4),
+             local = littleEndian(z + at + 42, 4);
+    if (n - at - 46 < nameLength + extraLength) notAZip();
+    ZipMember m;
+    m.name.assign(z + at + 46, nameLength);
+    m.compressed = method != 0;
+    // zip64 sizes and offset: in the extra field 0x0001, those that overflowed, in this order.
+    const uint64_t extraEnd = at + 46 + nameLength + extraLength;
+    for (uint64_t x = at + 46 + nameLength; x + 4 <= extraEnd;) {
+      const uint64_t id = littleEndian(z + x, 2), length = littleEndian(z + x + 2, 2);
+      uint64_t field = x + 4;
+      const auto next8 = [&] {
+        if (field + 8 > extraEnd) notAZip();
+        const uint64_t v = littleEndian(z + field, 8);
+        field += 8;
+        return v;
+      };
+      if (id == 1) {
+        if (size == 0xffffffff) size = next8();
+        if (stored == 0xffffffff) stored = next8();
+        if (local == 0xffffffff) local = next8();
+      }
+      x += 4 + length;
+    }
+    if (local > n || n - local < 30 || littleEndian(z + local, 4) != 0x04034b50) notAZip();
+    m.offset = local + 30 + littleEndian(z + local + 26, 2) + littleEndian(z + local + 28, 2);
+    m.size = size;
+    m.storedSize = stored;
+    if (m.offset > n || m.storedSize > n - m.offset || (!m.compressed && m.size != m.storedSize)) notAZip();
+    members.push_back(m);
+    at += 46 + nameLength + extraLength + commentLength;
+  }
+  return members;
+}
+
+}  // namespace spmd
