@@ -7,6 +7,7 @@
 #include "spmd/support/echo.h"
 #include "spmd/support/limits.h"
 #include "spmd/support/mapped_file.h"
+#include "spmd/support/phase_times.h"
 
 #include "json_read.h"
 
@@ -78,32 +79,45 @@ std::string headerFieldsText(const nlohmann::json& header) {
 
 }  // namespace
 
-void writeArtifact(const Artifact& artifact, const std::string& path) {
-  Checksum sum;
-  const std::string graph = writeGraphJson(artifact.graph);
-  sum.add(graph);
-  json index = json::array();
-  size_t record = 0;
+namespace {
+
+// What an artifact's zip holds: three JSON records, the header carrying the
+// checksum over all of it, and the tensors by record name.
+struct Records {
+  std::string header, graph, index;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
+};
+
+Records recordsOf(const Artifact& artifact) {
+  TimedPhase phase("index and checksum");
+  Records r;
+  Checksum sum;
+  r.graph = writeGraphJson(artifact.graph);
+  sum.add(r.graph);
+  json index = json::array();
   for (const auto& [name, t] : artifact.state) {
     if (artifact.zeroState.count(name)) {
       index.push_back(json{{"name", name}, {"dtype", dtypeName(t.scalar_type())}, {"shape", t.sizes().vec()}, {"zeros", true}});
       continue;
     }
     at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    std::string key = "tensors/" + std::to_string(record++);
+    std::string key = "tensors/" + std::to_string(r.tensors.size());
     index.push_back(json{{"name", name}, {"dtype", dtypeName(c.scalar_type())}, {"shape", c.sizes().vec()}, {"record", key}});
     sum.add(c.data_ptr(), c.nbytes());
-    tensors.emplace_back(key, c);
+    r.tensors.emplace_back(key, c);
   }
-  const std::string indexText = index.dump();
-  sum.add(indexText);
+  r.index = index.dump();
+  sum.add(r.index);
   nlohmann::json header{{"format", kArtifactFormat}, {"version", kArtifactVersion}, {"device", artifact.device},
                         {"cudagraphs", artifact.cudagraphs}, {"nodes", artifact.graph.nodes().size()}};
   sum.add(headerFieldsText(header));
   header["checksum"] = sum.hex();
-  const std::string headerText = header.dump(2) + "\n";
+  r.header = header.dump(2) + "\n";
+  return r;
+}
 
+void writeZip(const Records& r, const std::string& path) {
+  TimedPhase phase("zip records");
   OutputFile out(path);
   // The zip writer must not fail (its destructor would finish the archive
   // and throw again): after a failed write the rest is dropped, and the
@@ -117,13 +131,20 @@ void writeArtifact(const Artifact& artifact, const std::string& path) {
     }
     return size;
   });
-  writer.writeRecord("header.json", headerText.data(), headerText.size());
-  writer.writeRecord("graph.json", graph.data(), graph.size());
-  writer.writeRecord("tensors.json", indexText.data(), indexText.size());
-  for (const auto& [key, t] : tensors) writer.writeRecord(key, t.data_ptr(), t.nbytes());
+  writer.writeRecord("header.json", r.header.data(), r.header.size());
+  writer.writeRecord("graph.json", r.graph.data(), r.graph.size());
+  writer.writeRecord("tensors.json", r.index.data(), r.index.size());
+  for (const auto& [key, t] : r.tensors) writer.writeRecord(key, t.data_ptr(), t.nbytes());
   writer.writeEndOfFile();
   if (failure) throw *failure;
   out.commit();
+}
+
+}  // namespace
+
+void writeArtifact(const Artifact& artifact, const std::string& path) {
+  TimedPhase phase("write " + path);
+  writeZip(recordsOf(artifact), path);
 }
 
 namespace {

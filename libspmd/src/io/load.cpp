@@ -6,6 +6,7 @@
 #include "spmd/ir/parser.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/mapped_file.h"
+#include "spmd/support/phase_times.h"
 #include "spmd/support/write_all.h"
 
 #include <fcntl.h>
@@ -91,6 +92,7 @@ std::string displayNameOf(const std::string& path) { return path == "-" ? "<stdi
 std::string readInput(const std::string& path) { return std::string(InputBytes(path).view()); }
 
 LoadedGraph loadGraph(const std::string& path, const std::vector<InputSpec>& specs) {
+  TimedPhase phase("read " + displayNameOf(path));
   const InputBytes input(path);
   LoadedGraph loaded = loadGraphFrom(input.view(), displayNameOf(path), specs, input.mapping());
   // A dump's relative weights path is relative to the dump, wherever it is read from.
@@ -181,6 +183,7 @@ void OutputFile::commit() {
 }
 
 void writeOutput(const std::string& path, const std::string& content) {
+  TimedPhase phase("write " + displayNameOf(path));
   OutputFile out(path);
   out.write(content.data(), content.size());
   out.commit();

@@ -6,6 +6,7 @@
 #include "spmd/ops/spmd_ops.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
+#include "spmd/support/phase_times.h"
 #include "huge_pages.h"
 #include "torchscript_internal.h"
 
@@ -59,6 +60,7 @@ std::vector<InputSpec> orderSpecs(const std::vector<std::string>& names, const s
 }
 
 jit::Module loadModule(std::string_view bytes) {
+  TimedPhase phase("load the module (jit::load)");
   HugePageAllocations hugePages;
   try {
     return jit::load(std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
@@ -96,7 +98,12 @@ Graph importTorchScript(std::string_view bytes, const std::string& fileName,
     for (const auto& spec : ordered) metaInputs.push_back(at::zeros(spec.shape, at::TensorOptions().dtype(spec.dtype).device(at::kMeta)));
     const auto metaState = onMeta(state);
     swapModuleTensors(module, metaState);
-    auto traced = traceForward(module, forward, metaInputs, metaState);
+    std::shared_ptr<jit::Graph> traced;
+    {
+      TimedPhase phase("trace forward on the meta device");
+      traced = traceForward(module, forward, metaInputs, metaState);
+    }
+    TimedPhase phase("convert the trace");
     Graph graph = convertTrace(*traced, ordered, metaState, fileName);
     swapModuleTensors(module, state);
     return graph;

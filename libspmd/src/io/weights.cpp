@@ -2,6 +2,7 @@
 
 #include "spmd/io/torch_save.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/phase_times.h"
 
 #include "huge_pages.h"
 
@@ -52,6 +53,7 @@ std::string resolvedPath(const WeightsRef& ref) {
 }  // namespace
 
 std::map<std::string, at::Tensor> loadWeights(const WeightsRef& ref) {
+  TimedPhase phase("read weights " + ref.file);
   try {
     const std::string file = resolvedPath(ref);
     return ref.format == "torchscript" ? fromModule(file) : fromPickle(file);

@@ -3,11 +3,11 @@
 #include "spmd/ops/meta.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/phase_times.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -89,31 +89,6 @@ void verifyAfter(const Graph& graph, const std::string& pass) {
   }
 }
 
-struct PassTime {
-  std::string name;
-  double seconds;
-  bool changed;
-};
-
-// mlir-opt's --mlir-timing report, in its shape.
-void printTimes(const std::vector<PassTime>& times, std::ostream& log) {
-  double total = 0;
-  for (const auto& t : times) total += t.seconds;
-  char line[160];
-  log << "===-------------------------------------------------------------------------===\n"
-      << "                         ... Pass execution timing report ...\n"
-      << "===-------------------------------------------------------------------------===\n";
-  std::snprintf(line, sizeof line, "  Total Execution Time: %.4f seconds\n\n   ----Wall Time----  ----Name----\n", total);
-  log << line;
-  for (const auto& t : times) {
-    std::snprintf(line, sizeof line, "   %.4f (%5.1f%%)  %s%s\n", t.seconds, total > 0 ? 100.0 * t.seconds / total : 0.0,
-                  t.name.c_str(), t.changed ? "" : " (no change)");
-    log << line;
-  }
-  std::snprintf(line, sizeof line, "   %.4f (100.0%%)  Total\n", total);
-  log << line;
-}
-
 }  // namespace
 
 void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
@@ -121,19 +96,23 @@ void runPasses(Graph& graph, const std::vector<std::string>& names, const Pipeli
   const MetaFallbackScope metaFallback;  // the builders' shape inference, once for all passes
   DiagnosticEngine dropped;
   DiagnosticEngine& diagnostics = options.diagnostics ? *options.diagnostics : dropped;
-  std::vector<PassTime> times;
+  if (debug.timePasses) enablePhaseTimes();
   for (size_t i = 0; i < names.size(); ++i) {
     const PassInfo* info = findPass(names[i]);
     if (!info) throw Diagnostic("--passes", "no pass named '" + names[i] + "' (--list-passes lists them)");
     std::unique_ptr<Pass> pass = info->create(options);
-    const auto start = std::chrono::steady_clock::now();
-    const bool changed = pass->run(graph, diagnostics);
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    times.push_back({info->name, took.count(), changed});
-    if (changed) verifyAfter(graph, info->name);
+    bool changed = false;
+    {
+      TimedPhase phase(info->name);
+      changed = pass->run(graph, diagnostics);
+      if (!changed) phase.rename(std::string(info->name) + " (no change)");
+    }
+    if (changed) {
+      TimedPhase phase(std::string("verify after ") + info->name);
+      verifyAfter(graph, info->name);
+    }
     dumpAfter(graph, info->name, i, debug);
   }
-  if (debug.timePasses && debug.log) printTimes(times, *debug.log);
 }
 
 }  // namespace spmd

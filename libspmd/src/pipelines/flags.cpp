@@ -2,6 +2,7 @@
 
 #include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/phase_times.h"
 
 #include <iostream>
 #include <sstream>
@@ -185,7 +186,13 @@ void addDebugFlags(CLI::App& app, DebugOptions& debug) {
       ->type_name("PASS")
       ->allow_extra_args(false)  // one PASS per flag: `--print-ir-after bucket IN` keeps IN positional
       ->check(isPass);
-  app.add_flag("--time-passes", debug.timePasses, "print the time each pass took on stderr");
+  app.add_flag_callback(
+      "--time-passes",
+      [&debug] {
+        debug.timePasses = true;
+        enablePhaseTimes();  // from here: reading the input is timed too
+      },
+      "print the time each phase took on stderr: reading, verifying, each pass, writing");
   app.add_option("--dump-dir", debug.dumpDir, "write NNNN.after_<pass>.txt for every pass into DIR");
 }
 

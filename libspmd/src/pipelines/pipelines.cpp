@@ -3,6 +3,7 @@
 #include "spmd/io/load.h"
 #include "spmd/ir/verify.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/phase_times.h"
 
 namespace spmd {
 
@@ -36,7 +37,10 @@ void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const 
               const DebugOptions& debug) {
   if (options.diagnostics) options.diagnostics->setFile(loaded.displayName);
   try {
-    verifyGraphOrThrow(loaded.graph);
+    {
+      TimedPhase phase("verify input");
+      verifyGraphOrThrow(loaded.graph);
+    }
     runPasses(loaded.graph, names, options, debug);
   } catch (Diagnostic& d) {
     throw d.inFile(loaded.displayName);

@@ -2,6 +2,7 @@
 
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/echo.h"
+#include "spmd/support/phase_times.h"
 #include "spmd/support/write_all.h"
 
 #include <c10/util/Exception.h>
@@ -89,7 +90,9 @@ int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const
     return 2;
   }
   try {
-    return body();
+    const int status = body();
+    printPhaseTimes(std::cerr);  // --time-passes
+    return status;
   } catch (const Diagnostic& d) {
     printError(tool, d.format());
   } catch (const c10::Error& e) {
