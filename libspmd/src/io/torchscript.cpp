@@ -85,6 +85,7 @@ Graph importTorchScript(std::string_view bytes, const std::string& fileName,
   markDataDependence(forward->block(), dependent);
 
   const auto state = moduleState(module);
+  std::string metaFailure;  // why the trace on the meta device failed, if it did
   // Tracing on the meta device computes nothing, so a large model imports in
   // a moment. Where an op has no meta kernel or the trace reads a value (a
   // tensor constant, .item()), the module is traced on CPU tensors instead.
@@ -110,15 +111,17 @@ Graph importTorchScript(std::string_view bytes, const std::string& fileName,
   } catch (const std::exception& e) {
     swapModuleTensors(module, state);
     if (traceOn == TraceOn::Meta) throw;
+    const c10::Error* c10error = dynamic_cast<const c10::Error*>(&e);
+    metaFailure = c10error ? c10error->what_without_backtrace() : e.what();
+    metaFailure = metaFailure.substr(0, metaFailure.find('\n'));
     // Tracing again on CPU inputs allocates them whole: not for inputs
     // beyond the bound shape inference keeps to (issue #19).
     int64_t bytes = 0;
     for (const auto& spec : ordered) bytes += *boundedNumel(spec.shape) * static_cast<int64_t>(c10::elementSize(spec.dtype));
-    if (bytes > kMaxStandInBytes) {
-      const c10::Error* c10error = dynamic_cast<const c10::Error*>(&e);
-      throw forwardFailure(c10error ? c10error->what_without_backtrace() : e.what());
-    }
+    if (bytes > kMaxStandInBytes) throw forwardFailure(metaFailure);
   }
+  // --time-passes names what sent the trace to the CPU.
+  TimedPhase phase("trace forward on CPU tensors" + (metaFailure.empty() ? "" : " (on meta: " + metaFailure + ")"));
   at::Generator gen = at::detail::createCPUGenerator(0);
   std::vector<at::Tensor> dataInputs;
   for (const auto& spec : ordered) dataInputs.push_back(exampleInput(spec, gen));

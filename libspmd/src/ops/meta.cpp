@@ -1,6 +1,7 @@
 #include "spmd/ops/meta.h"
 
 #include "spmd/ops/dispatch.h"
+#include "spmd/support/phase_times.h"
 
 #include "meta_standins.h"
 
@@ -125,6 +126,7 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
   } catch (const std::exception&) {
     // No meta kernel even so (or one that reads data).
     checkStandInBudget(op, stack);
+    TimedPhase phase(phaseTimesEnabled() ? "shape inference on CPU tensors: " + op.schema().operator_name().name : "");
     std::vector<c10::IValue> onCpu;
     onCpu.reserve(stack.size());
     for (const c10::IValue& v : stack) onCpu.push_back(zerosOnCpu(v));
@@ -135,17 +137,20 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 }  // namespace spmd
 
 // LibTorch 1.13 has no meta kernel for many ops (relu, native_batch_norm,
-// embedding_dense_backward, ...); 2.x has one for nearly all. On 1.13, while
-// a MetaFallbackScope lives, those ops run on zero-filled CPU tensors and
-// return meta tensors of the results' shapes, so that tracing and shape
-// checks on the meta device work for every op. In-place and out= results
-// return the meta argument they write, as the tracer expects. On 2.x the
-// scope does nothing.
-#if TORCH_VERSION_MAJOR < 2
+// embedding_dense_backward, ...); 2.x has C++ meta kernels for most, but not
+// for those whose meta function PyTorch writes in Python (layer norm and its
+// backward, embedding and its gradient: measured on 2.11). While a
+// MetaFallbackScope lives, ops without one run on zero-filled CPU tensors
+// and return meta tensors of the results' shapes, so that tracing and shape
+// checks on the meta device work for every op; the costly ones get shape
+// functions of ours. In-place and out= results return the meta argument
+// they write, as the tracer expects.
 namespace spmd {
 namespace {
 
-void metaOnCpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { runMetaOnCpu(op, stack); }
+[[maybe_unused]] void metaOnCpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  runMetaOnCpu(op, stack);
+}
 
 // Shape functions for the 1.13 ops without meta kernels that are costly on
 // zero CPU tensors (layer norm over activations, the embedding gradient),
@@ -181,7 +186,7 @@ void layerNormBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack)
 
 // 1.13's convolution on meta tensors picks the "overrideable" backend and
 // throws; on zero CPU tensors it would compute the whole convolution.
-void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+[[maybe_unused]] void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
   auto args = torch::jit::last(*stack, 9);
   const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
@@ -207,6 +212,17 @@ void embeddingBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack)
   const int64_t rows = args[2].toInt();
   torch::jit::drop(*stack, 5);
   stack->emplace_back(at::empty({rows, grad.size(-1)}, grad.options()));
+}
+
+// embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse): a
+// row of the weight per index.
+void embeddingMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 5);
+  const at::Tensor weight = args[0].toTensor(), indices = args[1].toTensor();
+  std::vector<int64_t> shape = indices.sizes().vec();
+  shape.push_back(weight.size(-1));
+  torch::jit::drop(*stack, 5);
+  stack->emplace_back(at::empty(shape, weight.options()));
 }
 
 // The embedding's lookup: the index's elements along `dim`.
@@ -241,28 +257,56 @@ void foreachMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->emplace_back(results);
 }
 
+// Whether `name` (an aten overload) has no Meta kernel in the linked
+// LibTorch: only those get our shape functions, so that none replaces one.
+bool lacksMetaKernel(const char* name) {
+  const std::string full(name);
+  const size_t dot = full.find('.');
+  const auto op = c10::Dispatcher::singleton().findOp(
+      {"aten::" + full.substr(0, dot), dot == std::string::npos ? "" : full.substr(dot + 1)});
+  return op && !op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
+}
+
 // The registrations a live scope holds: destroying a Library deregisters
 // what it registered.
 struct MetaRegistrations {
   torch::Library fallback{torch::Library::IMPL, "_", c10::DispatchKey::Meta, __FILE__, __LINE__};
   torch::Library shapes{torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__};
 
+  template <void (*shapeFunction)(const c10::OperatorHandle&, torch::jit::Stack*)>
+  void shapesFor(const char* name) {
+    if (!lacksMetaKernel(name)) return;
+    try {
+      shapes.impl(name, torch::CppFunction::makeFromBoxedFunction<shapeFunction>());
+    } catch (const c10::Error&) {
+      // A LibTorch that refuses it: the op takes inferOnMeta's CPU retry, as without a scope.
+    }
+  }
+
   MetaRegistrations() {
+#if TORCH_VERSION_MAJOR < 2
+    // 2.x has a Meta fallback of its own (it refuses the op), and a second
+    // may not be registered: there an op without a meta kernel reaches
+    // inferOnMeta's CPU retry, or this file's shape functions.
     fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&metaOnCpuFallback>());
+#endif
     for (const char* name : {"_foreach_add.Scalar", "_foreach_mul.Scalar", "_foreach_add.List", "_foreach_sub.List",
                              "_foreach_mul.List", "_foreach_div.List", "_foreach_maximum.List",
                              "_foreach_addcmul.Scalar", "_foreach_addcdiv.Scalar", "_foreach_sqrt", "_foreach_neg"}) {
-      shapes.impl(name, torch::CppFunction::makeFromBoxedFunction<&foreachMeta>());
+      shapesFor<&foreachMeta>(name);
     }
-    shapes.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&layerNormMeta>());
-    shapes.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&layerNormBackwardMeta>());
-    shapes.impl("embedding_dense_backward", torch::CppFunction::makeFromBoxedFunction<&embeddingBackwardMeta>());
+    shapesFor<&layerNormMeta>("native_layer_norm");
+    shapesFor<&layerNormBackwardMeta>("native_layer_norm_backward");
+    shapesFor<&embeddingBackwardMeta>("embedding_dense_backward");
+    shapesFor<&indexSelectMeta>("index_select");
+    shapesFor<&embeddingMeta>("embedding");
+#if TORCH_VERSION_MAJOR < 2
+    // 1.13's convolution and its backward have composite kernels that throw
+    // on the meta device (they pick the "overrideable" backend): a shape
+    // function, and the fallback (a batch of 2), instead.
     shapes.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolutionMeta>());
-    shapes.impl("index_select", torch::CppFunction::makeFromBoxedFunction<&indexSelectMeta>());
-    // Its CompositeExplicitAutograd kernel, which the meta device would
-    // take, picks the "overrideable" backend and throws: it goes through
-    // the fallback (a batch of 2) instead.
     shapes.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&metaOnCpuFallback>());
+#endif
   }
 };
 
@@ -284,13 +328,3 @@ MetaFallbackScope::~MetaFallbackScope() {
 }
 
 }  // namespace spmd
-#else
-namespace spmd {
-
-// LibTorch 2.x: no fallback is registered; an op without a C++ meta kernel
-// runs on zero CPU tensors through inferOnMeta's retry.
-MetaFallbackScope::MetaFallbackScope() = default;
-MetaFallbackScope::~MetaFallbackScope() = default;
-
-}  // namespace spmd
-#endif

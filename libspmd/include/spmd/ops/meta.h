@@ -9,15 +9,16 @@
 
 namespace spmd {
 
-// While one lives, ops that have no meta kernel on LibTorch 1.13 work on
-// meta tensors all the same: they run on zero-filled CPU tensors and return
+// While one lives, ops that have no meta kernel in the linked LibTorch (1.13
+// lacks many, 2.x those whose meta function is Python's) work on meta
+// tensors all the same: they run on zero-filled CPU tensors and return
 // meta tensors of the results' shapes (a few costly ones, convolution, layer norm and the
 // embedding gradient among them, get shape functions instead). The first
 // live scope registers that fallback with the dispatcher, the last one to
 // end deregisters it; scopes nested inside a live one only count. Hold one
 // around any code that runs ops on meta tensors itself (inferOnMeta takes
 // its own where an op needs it), and one around a loop of inferOnMeta calls
-// spares a registration per call. On LibTorch >= 2 a scope does nothing.
+// spares a registration per call.
 class MetaFallbackScope {
  public:
   MetaFallbackScope();
