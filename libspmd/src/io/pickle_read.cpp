@@ -1,5 +1,6 @@
-// Reading torch.save's data.pkl: a small pickle machine of our own (see
-// torch_save.cpp for why), separate from the zip archive and from the writer.
+// Reading torch.save's data.pkl, and torch.jit.save's (its modules as dicts of
+// their attributes, for loadTorchScriptTensors): a small pickle machine of our
+// own (see torch_save.cpp for why), separate from the zip archive and from the writer.
 #include "torch_save_internal.h"
 
 #include "spmd/support/limits.h"
