@@ -1,18 +1,13 @@
 #include "spmd/io/zip_members.h"
 
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/little_endian.h"
 #include "spmd/support/mapped_file.h"
 
 #include <cstdint>
 
 namespace spmd {
 namespace {
-
-uint64_t littleEndian(const char* p, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
-  return v;
-}
 
 [[noreturn]] void notAZip() { throw Diagnostic("", "not a zip file, or a damaged one"); }
 
