@@ -1,4 +1,5 @@
 #include "spmd/ops/spmd_ops.h"
+#include "spmd/ops/fused_kernels.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -46,6 +47,7 @@ at::Tensor broadcastOneRank(const at::Tensor& self, int64_t src) {
 void ensureSpmdOpsRegistered() {
   ensureAttentionOpsRegistered();
   ensureFusedOptimizerOpsRegistered();
+  ensureFusedKernelOpsRegistered();
 }
 
 }  // namespace spmd

@@ -36,6 +36,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createCapturableAdamPass},
       {"embedding-grad", "embedding_dense_backward as new_zeros + index_add, which a CUDA graph can hold; spmd-lower runs it for --cudagraphs on CUDA",
        createEmbeddingGradPass},
+      {"fuse-pointwise", "chains of element-wise ops as one spmd::fused node each (a generated kernel); spmd-lower runs it for --device cuda",
+       createFusePointwisePass},
       {"check-capture", "notes what keeps the step out of a CUDA graph; spmd-lower runs it for --cudagraphs on CUDA", createCheckCapturePass},
       {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration",
        createUnrollPass},

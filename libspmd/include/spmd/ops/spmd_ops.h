@@ -15,6 +15,8 @@
 //                           flash, cudnn) in their place on CUDA (spmd-lower).
 //   spmd::fused_adam        torch.optim's fused Adam/AdamW over lists, functional
 //                           (spmd-lower on CUDA).
+//   spmd::fused             a group of pointwise ops as one generated kernel
+//                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
 // On one rank the collectives are the identity.
 #pragma once
 

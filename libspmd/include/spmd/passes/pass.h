@@ -71,5 +71,6 @@ std::unique_ptr<Pass> createFuseOptimizerPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCheckCapturePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCapturableAdamPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createFusePointwisePass(const PipelineOptions& options);
 
 }  // namespace spmd

@@ -1,0 +1,40 @@
+// CUDA C for a pointwise program (ops/pointwise_program.h) on static shapes:
+// one kernel, `spmd_fused`, whose arguments are the inputs' and outputs'
+// data pointers in order (contiguous tensors); shapes, broadcasting and the
+// element count are constants in the source. The text is deterministic
+// (golden tests read it) and needs no headers, so NVRTC compiles it as is.
+#pragma once
+
+#include "spmd/ops/pointwise_program.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+// Bumped whenever the generated code changes meaning or calling convention:
+// an artifact's compiled kernels are used only by the version that made them.
+constexpr int kCodegenVersion = 1;
+constexpr const char* kFusedKernelName = "spmd_fused";
+constexpr int kFusedBlockSize = 256;
+
+struct KernelTensor {
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<int64_t> shape;
+};
+
+// The shape every input broadcasts to (numpy's rules); throws
+// std::invalid_argument when they do not.
+std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs);
+
+// The kernel for `program` over `inputs` (in the program's input order);
+// throws std::invalid_argument for inputs that do not match the program.
+std::string pointwiseKernelSource(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs);
+
+// Blocks to launch for `numel` elements (a grid-stride loop covers the rest).
+int64_t fusedGridSize(int64_t numel, int multiprocessors);
+
+}  // namespace spmd

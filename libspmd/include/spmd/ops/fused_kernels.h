@@ -1,0 +1,36 @@
+// spmd::fused(Tensor[] inputs, str program) -> Tensor[]: a group of
+// pointwise ops as one node (spmd-lower's fuse-pointwise pass), its body a
+// pointwise program (ops/pointwise_program.h). On CUDA it runs as one
+// generated kernel (ops/cuda_codegen.h) compiled with NVRTC, through ATen's
+// lazily loaded NVRTC and driver table as jiterator does; on the CPU the
+// program is evaluated op by op with ATen (the reference the GPU kernels
+// are tested against); on the meta device it gives shapes and dtypes.
+#pragma once
+
+#include <string>
+
+namespace spmd {
+
+void ensureFusedKernelOpsRegistered();
+
+// A generated kernel's source and its compiled code for one architecture.
+struct CompiledKernel {
+  std::string source;
+  std::string arch;   // "sm_90"
+  std::string image;  // the cubin, as NVRTC returned it
+};
+
+// Whether this build can compile and launch generated kernels (a CUDA
+// LibTorch) and a GPU is present.
+bool canCompileKernels();
+// The current device's architecture ("sm_90"); "" without a GPU.
+std::string currentKernelArch();
+// Compiles `source` for the current device. Throws std::runtime_error with
+// NVRTC's log on failure, or when canCompileKernels() is false.
+CompiledKernel compileKernel(const std::string& source);
+// Makes `kernel` the code spmd::fused launches for its source on devices of
+// its architecture, so that no launch compiles it again (spmd-run installs
+// an artifact's kernels before the first step).
+void installCompiledKernel(const CompiledKernel& kernel);
+
+}  // namespace spmd

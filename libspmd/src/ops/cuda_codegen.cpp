@@ -1,0 +1,270 @@
+#include "spmd/ops/cuda_codegen.h"
+
+#include "spmd/ops/dtype.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+namespace spmd {
+namespace {
+
+int64_t product(const std::vector<int64_t>& shape, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t d = from; d < to; ++d) p *= shape[d];
+  return p;
+}
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t d = 0; d < shape.size(); ++d) s += (d ? "," : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+const char* storageType(c10::ScalarType t) { return t == c10::ScalarType::Float ? "float" : "unsigned short"; }
+
+std::string loadExpr(c10::ScalarType t, const std::string& element) {
+  switch (t) {
+    case c10::ScalarType::BFloat16: return "spmd_bf16_to_f32(" + element + ")";
+    case c10::ScalarType::Half: return "spmd_f16_to_f32(" + element + ")";
+    default: return element;
+  }
+}
+
+std::string storeExpr(c10::ScalarType t, const std::string& value) {
+  switch (t) {
+    case c10::ScalarType::BFloat16: return "spmd_f32_to_bf16(" + value + ")";
+    case c10::ScalarType::Half: return "spmd_f32_to_f16(" + value + ")";
+    default: return value;
+  }
+}
+
+// The offset of element `i` of the iteration space `out` in a contiguous
+// input of shape `in`: runs of dimensions the input has in full act as one
+// dimension; the broadcast ones contribute nothing.
+std::string indexExpr(std::vector<int64_t> in, const std::vector<int64_t>& out, const std::string& suffix) {
+  in.insert(in.begin(), out.size() - in.size(), 1);
+  if (in == out) return "i";
+  if (product(in, 0, in.size()) == 1) return "0";
+  std::vector<std::string> terms;
+  size_t d = 0;
+  while (d < out.size()) {
+    if (in[d] != out[d] || out[d] == 1) {
+      ++d;
+      continue;
+    }
+    size_t e = d;
+    while (e + 1 < out.size() && in[e + 1] == out[e + 1]) ++e;
+    const int64_t run = product(out, d, e + 1), inner = product(out, e + 1, out.size());
+    const int64_t stride = product(in, e + 1, in.size());
+    std::string t = "i";
+    if (inner != 1) t = "(" + t + " / " + std::to_string(inner) + suffix + ")";
+    if (d != 0) t = "(" + t + " % " + std::to_string(run) + suffix + ")";
+    if (stride != 1) t += " * " + std::to_string(stride) + suffix;
+    terms.push_back(t);
+    d = e + 1;
+  }
+  std::string expr;
+  for (size_t k = 0; k < terms.size(); ++k) expr += (k ? " + " : "") + terms[k];
+  return expr;
+}
+
+std::string floatLiteral(double value) {
+  const std::string c = constantText(value);
+  if (c == "inf") return "__int_as_float(0x7f800000)";
+  if (c == "-inf") return "__int_as_float(0xff800000)";
+  if (c == "nan") return "__int_as_float(0x7fc00000)";
+  return c[0] == '-' ? "(" + c + "f)" : c + "f";
+}
+
+std::string operandExpr(const PointwiseOperand& o) {
+  switch (o.kind) {
+    case PointwiseOperand::Kind::Input: return "a" + std::to_string(o.index);
+    case PointwiseOperand::Kind::Temp: return "t" + std::to_string(o.index);
+    case PointwiseOperand::Kind::Constant: break;
+  }
+  return floatLiteral(o.constant);
+}
+
+// Each op's float formula, as ATen's CUDA kernel computes it in float.
+std::string opExpr(const PointwiseStatement& s) {
+  std::vector<std::string> a;
+  for (const auto& o : s.operands) a.push_back(operandExpr(o));
+  using P = PointwiseOp;
+  switch (s.op) {
+    case P::Add: return a[0] + " + " + a[1];
+    case P::Sub: return a[0] + " - " + a[1];
+    case P::Mul: return a[0] + " * " + a[1];
+    case P::Div: return a[0] + " / " + a[1];
+    case P::Neg: return "-" + a[0];
+    case P::Relu: return a[0] + " <= 0.0f ? 0.0f : " + a[0];
+    case P::ThresholdGrad: return a[1] + " <= " + a[2] + " ? 0.0f : " + a[0];
+    case P::Gelu: return "spmd_gelu(" + a[0] + ")";
+    case P::GeluGrad: return "spmd_gelu_grad(" + a[0] + ", " + a[1] + ")";
+    case P::GeluTanh: return "spmd_gelu_tanh(" + a[0] + ")";
+    case P::GeluTanhGrad: return "spmd_gelu_tanh_grad(" + a[0] + ", " + a[1] + ")";
+    case P::Tanh: return "tanhf(" + a[0] + ")";
+    case P::TanhGrad: return a[0] + " * (1.0f - " + a[1] + " * " + a[1] + ")";
+    case P::Sigmoid: return "1.0f / (1.0f + expf(-" + a[0] + "))";
+    case P::SigmoidGrad: return a[0] + " * (1.0f - " + a[1] + ") * " + a[1];
+    case P::Silu: return a[0] + " / (1.0f + expf(-" + a[0] + "))";
+    case P::SiluGrad: return "spmd_silu_grad(" + a[0] + ", " + a[1] + ")";
+    case P::Exp: return "expf(" + a[0] + ")";
+    case P::Log: return "logf(" + a[0] + ")";
+    case P::Sqrt: return "sqrtf(" + a[0] + ")";
+    case P::Rsqrt: return "rsqrtf(" + a[0] + ")";
+    case P::Pow: break;
+    case P::Cast: return a[0];
+  }
+  // ATen's pow with a scalar exponent special-cases these exponents.
+  if (s.operands[1].kind != PointwiseOperand::Kind::Constant) return "powf(" + a[0] + ", " + a[1] + ")";
+  const double e = s.operands[1].constant;
+  if (e == 2) return a[0] + " * " + a[0];
+  if (e == 3) return a[0] + " * " + a[0] + " * " + a[0];
+  if (e == 0.5) return "sqrtf(" + a[0] + ")";
+  if (e == -0.5) return "rsqrtf(" + a[0] + ")";
+  if (e == -1) return "1.0f / " + a[0];
+  if (e == -2) return "1.0f / (" + a[0] + " * " + a[0] + ")";
+  return "powf(" + a[0] + ", " + a[1] + ")";
+}
+
+// Helpers, emitted only when the kernel uses them (kept in a fixed order).
+std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<PointwiseOp>& ops) {
+  std::string s;
+  if (dtypes.count(c10::ScalarType::BFloat16)) {
+    s += "__device__ __forceinline__ float spmd_bf16_to_f32(unsigned short h) {\n"
+         "  return __uint_as_float(((unsigned int)h) << 16);\n}\n"
+         "// Round to nearest even; NaN stays a (quiet) NaN, as c10::BFloat16 rounds.\n"
+         "__device__ __forceinline__ unsigned short spmd_f32_to_bf16(float f) {\n"
+         "  unsigned int u = __float_as_uint(f);\n"
+         "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
+         "  u += 0x7fffu + ((u >> 16) & 1u);\n"
+         "  return (unsigned short)(u >> 16);\n}\n";
+  }
+  if (dtypes.count(c10::ScalarType::Half)) {
+    s += "__device__ __forceinline__ float spmd_f16_to_f32(unsigned short h) {\n"
+         "  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n"
+         "__device__ __forceinline__ unsigned short spmd_f32_to_f16(float f) {\n"
+         "  unsigned short h;\n  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n}\n";
+  }
+  using P = PointwiseOp;
+  // ATen's constants, rounded to float as its opmath computes with them.
+  const std::string alpha = floatLiteral(M_SQRT1_2), beta = floatLiteral(M_2_SQRTPI * M_SQRT1_2 * 0.5);
+  const std::string tanhBeta = floatLiteral(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = floatLiteral(0.044715);
+  if (ops.count(P::Gelu)) {
+    s += "__device__ __forceinline__ float spmd_gelu(float x) {\n"
+         "  return x * 0.5f * (1.0f + erff(x * " + alpha + "));\n}\n";
+  }
+  if (ops.count(P::GeluGrad)) {
+    s += "__device__ __forceinline__ float spmd_gelu_grad(float g, float x) {\n"
+         "  const float cdf = 0.5f * (1.0f + erff(x * " + alpha + "));\n"
+         "  const float pdf = expf(-0.5f * x * x) * " + beta + ";\n"
+         "  return g * (cdf + x * pdf);\n}\n";
+  }
+  if (ops.count(P::GeluTanh)) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh(float x) {\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x * x * x));\n"
+         "  return 0.5f * x * (1.0f + tanhf(inner));\n}\n";
+  }
+  if (ops.count(P::GeluTanhGrad)) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh_grad(float g, float x) {\n"
+         "  const float x_sq = x * x;\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x_sq * x));\n"
+         "  const float th = tanhf(inner);\n"
+         "  const float left = 0.5f * x, right = 1.0f + th;\n"
+         "  const float inner_derivative = " + tanhBeta + " * (1.0f + 3.0f * " + kappa + " * x_sq);\n"
+         "  return g * (0.5f * right + left * (1.0f - th * th) * inner_derivative);\n}\n";
+  }
+  if (ops.count(P::SiluGrad)) {
+    s += "__device__ __forceinline__ float spmd_silu_grad(float g, float x) {\n"
+         "  const float s = 1.0f / (1.0f + expf(-x));\n"
+         "  return g * s * (1.0f + x * (1.0f - s));\n}\n";
+  }
+  return s;
+}
+
+std::string rounded(c10::ScalarType t, const std::string& expr) {
+  if (t == c10::ScalarType::Float) return expr;
+  return loadExpr(t, storeExpr(t, expr));
+}
+
+}  // namespace
+
+std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs) {
+  std::vector<int64_t> out;
+  for (const auto& in : inputs) {
+    if (in.shape.size() > out.size()) out.insert(out.begin(), in.shape.size() - out.size(), 1);
+    const size_t offset = out.size() - in.shape.size();
+    for (size_t d = 0; d < in.shape.size(); ++d) {
+      int64_t& o = out[offset + d];
+      if (in.shape[d] == o || in.shape[d] == 1) continue;
+      if (o != 1) throw std::invalid_argument("shapes " + shapeText(out) + " and " + shapeText(in.shape) + " do not broadcast");
+      o = in.shape[d];
+    }
+  }
+  return out;
+}
+
+int64_t fusedGridSize(int64_t numel, int multiprocessors) {
+  const int64_t needed = (numel + kFusedBlockSize - 1) / kFusedBlockSize;
+  return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{multiprocessors} * 16));
+}
+
+std::string pointwiseKernelSource(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs) {
+  if (static_cast<int>(inputs.size()) != program.numInputs) {
+    throw std::invalid_argument("the program reads " + std::to_string(program.numInputs) + " inputs, given " +
+                                std::to_string(inputs.size()));
+  }
+  const std::vector<int64_t> shape = broadcastShapes(inputs);
+  const int64_t numel = product(shape, 0, shape.size());
+  // 32-bit indices where the grid-stride loop cannot overflow them.
+  const bool wide = numel > (int64_t{1} << 30);
+  const std::string index = wide ? "long long" : "unsigned int", suffix = wide ? "ll" : "u";
+
+  std::set<c10::ScalarType> dtypes;
+  std::set<PointwiseOp> ops;
+  for (const auto& in : inputs) {
+    if (!isPointwiseDtype(in.dtype)) throw std::invalid_argument("an input of dtype " + dtypeName(in.dtype));
+    dtypes.insert(in.dtype);
+  }
+  for (const auto& s : program.statements) {
+    dtypes.insert(s.dtype);
+    ops.insert(s.op);
+  }
+
+  std::string src = "// Generated by spmd-lower (codegen version " + std::to_string(kCodegenVersion) + ").\n";
+  src += "// " + printPointwiseProgram(program) + "\n";
+  src += "// iteration space " + shapeText(shape) + ", " + std::to_string(numel) + " elements\n";
+  src += prelude(dtypes, ops);
+  src += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kFusedBlockSize) + ") " + kFusedKernelName + "(";
+  std::string params;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    params += std::string(k ? ",\n    " : "\n    ") + "const " + storageType(inputs[k].dtype) + "* __restrict__ in" +
+              std::to_string(k) + "  /* " + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape) + " */";
+  }
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    const c10::ScalarType t = program.statements[program.results[r]].dtype;
+    params += std::string(",\n    ") + storageType(t) + "* __restrict__ out" + std::to_string(r) + "  /* " +
+              dtypeShortName(t) + shapeText(shape) + " */";
+  }
+  src += params + ") {\n";
+  src += "  for (" + index + " i = blockIdx.x * " + std::to_string(kFusedBlockSize) + suffix + " + threadIdx.x; i < " +
+         std::to_string(numel) + suffix + "; i += gridDim.x * " + std::to_string(kFusedBlockSize) + suffix + ") {\n";
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const std::string element = "in" + std::to_string(k) + "[" + indexExpr(inputs[k].shape, shape, suffix) + "]";
+    src += "    const float a" + std::to_string(k) + " = " + loadExpr(inputs[k].dtype, element) + ";\n";
+  }
+  for (size_t i = 0; i < program.statements.size(); ++i) {
+    const PointwiseStatement& s = program.statements[i];
+    src += "    const float t" + std::to_string(i) + " = " + rounded(s.dtype, opExpr(s)) + ";\n";
+  }
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    const int t = program.results[r];
+    src += "    out" + std::to_string(r) + "[i] = " + storeExpr(program.statements[t].dtype, "t" + std::to_string(t)) + ";\n";
+  }
+  src += "  }\n}\n";
+  return src;
+}
+
+}  // namespace spmd

@@ -1,0 +1,130 @@
+// spmd::fused's schema, its meta kernel (shapes and dtypes for the verifier)
+// and its CPU kernel: the program evaluated with ATen's own float kernels,
+// each result rounded to its statement's dtype, which is what the unfused ops
+// compute. The CUDA kernel is in fused_kernels_cuda.cpp.
+#include "spmd/ops/cuda_codegen.h"
+#include "spmd/ops/fused_kernels.h"
+#include "spmd/ops/pointwise_program.h"
+#include "spmd/ops/spmd_ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <stdexcept>
+
+namespace spmd {
+namespace {
+
+PointwiseProgram programOf(c10::string_view text) {
+  try {
+    return parsePointwiseProgram(std::string_view(text.data(), text.size()));
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "spmd::fused: bad program: ", e.what());
+  }
+}
+
+std::vector<KernelTensor> signatureOf(at::TensorList inputs) {
+  std::vector<KernelTensor> sig;
+  for (const at::Tensor& t : inputs) sig.push_back({t.scalar_type(), t.sizes().vec()});
+  return sig;
+}
+
+std::vector<int64_t> iterationShape(const PointwiseProgram& program, at::TensorList inputs) {
+  TORCH_CHECK(static_cast<int>(inputs.size()) == program.numInputs, "spmd::fused: the program reads ",
+              program.numInputs, " inputs, given ", inputs.size());
+  try {
+    return broadcastShapes(signatureOf(inputs));
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "spmd::fused: ", e.what());
+  }
+}
+
+std::vector<at::Tensor> fusedMeta(at::TensorList inputs, c10::string_view text) {
+  const PointwiseProgram program = programOf(text);
+  const std::vector<int64_t> shape = iterationShape(program, inputs);
+  std::vector<at::Tensor> out;
+  for (int r : program.results) {
+    out.push_back(at::empty(shape, inputs[0].options().dtype(program.statements[r].dtype)));
+  }
+  return out;
+}
+
+at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& a) {
+  using P = PointwiseOp;
+  // A threshold or exponent is a Scalar to ATen (these come from constants).
+  auto scalar = [&](size_t k) { return a[k].item(); };
+  switch (s.op) {
+    case P::Add: return a[0] + a[1];
+    case P::Sub: return a[0] - a[1];
+    case P::Mul: return a[0] * a[1];
+    case P::Div: return a[0] / a[1];
+    case P::Neg: return -a[0];
+    case P::Relu: return at::relu(a[0]);
+    case P::ThresholdGrad: return at::threshold_backward(a[0], a[1], scalar(2));
+    case P::Gelu: return at::gelu(a[0], "none");
+    case P::GeluGrad: return at::gelu_backward(a[0], a[1], "none");
+    case P::GeluTanh: return at::gelu(a[0], "tanh");
+    case P::GeluTanhGrad: return at::gelu_backward(a[0], a[1], "tanh");
+    case P::Tanh: return at::tanh(a[0]);
+    case P::TanhGrad: return at::tanh_backward(a[0], a[1]);
+    case P::Sigmoid: return at::sigmoid(a[0]);
+    case P::SigmoidGrad: return at::sigmoid_backward(a[0], a[1]);
+    case P::Silu: return at::silu(a[0]);
+    case P::SiluGrad: return at::silu_backward(a[0], a[1]);
+    case P::Exp: return at::exp(a[0]);
+    case P::Log: return at::log(a[0]);
+    case P::Sqrt: return at::sqrt(a[0]);
+    case P::Rsqrt: return at::rsqrt(a[0]);
+    case P::Pow: return s.operands[1].kind == PointwiseOperand::Kind::Constant ? at::pow(a[0], scalar(1)) : at::pow(a[0], a[1]);
+    case P::Cast: return a[0];
+  }
+  TORCH_CHECK(false, "spmd::fused: an operation without a CPU kernel");
+}
+
+std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
+  const PointwiseProgram program = programOf(text);
+  const std::vector<int64_t> shape = iterationShape(program, inputs);
+  const auto f32 = inputs[0].options().dtype(at::kFloat);
+  std::vector<at::Tensor> temps;
+  for (const PointwiseStatement& s : program.statements) {
+    std::vector<at::Tensor> operands;
+    for (const PointwiseOperand& o : s.operands) {
+      switch (o.kind) {
+        case PointwiseOperand::Kind::Input: operands.push_back(inputs[o.index].to(at::kFloat)); break;
+        case PointwiseOperand::Kind::Temp: operands.push_back(temps[o.index]); break;
+        case PointwiseOperand::Kind::Constant:
+          operands.push_back(at::scalar_tensor(static_cast<float>(o.constant), f32));
+          break;
+      }
+    }
+    at::Tensor t = evaluate(s, operands);
+    if (s.dtype != at::kFloat) t = t.to(s.dtype).to(at::kFloat);
+    temps.push_back(t);
+  }
+  std::vector<at::Tensor> out;
+  for (int r : program.results) {
+    out.push_back(temps[r].to(program.statements[r].dtype).expand(shape).contiguous());
+  }
+  return out;
+}
+
+}  // namespace
+
+void ensureFusedKernelOpsRegistered() {}
+
+#ifndef SPMD_WITH_CUDA
+bool canCompileKernels() { return false; }
+std::string currentKernelArch() { return ""; }
+CompiledKernel compileKernel(const std::string&) {
+  throw std::runtime_error("this build has no CUDA LibTorch to compile generated kernels with");
+}
+void installCompiledKernel(const CompiledKernel&) {}
+#endif
+
+}  // namespace spmd
+
+TORCH_LIBRARY_FRAGMENT(spmd, m) { m.def("fused(Tensor[] inputs, str program) -> Tensor[]"); }
+
+TORCH_LIBRARY_IMPL(spmd, Meta, m) { m.impl("fused", &spmd::fusedMeta); }
+
+TORCH_LIBRARY_IMPL(spmd, CPU, m) { m.impl("fused", &spmd::fusedCpu); }

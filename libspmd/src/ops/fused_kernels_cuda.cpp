@@ -1,0 +1,169 @@
+// spmd::fused on CUDA: the generated kernel (ops/cuda_codegen.h), compiled
+// with NVRTC through ATen's lazily loaded NVRTC and driver table (as
+// jiterator does), loaded once per device and launched on the current
+// stream, so a CUDA graph captures it. Compiled only into CUDA builds.
+#include "spmd/ops/cuda_codegen.h"
+#include "spmd/ops/fused_kernels.h"
+#include "spmd/ops/pointwise_program.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/nvrtc_stub/ATenNVRTC.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <cuda_runtime_api.h>
+
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+namespace spmd {
+namespace {
+
+const at::cuda::NVRTC& nvrtc() { return at::globalContext().getNVRTC(); }
+
+void checkDriver(CUresult r, const char* what) {
+  if (r == CUDA_SUCCESS) return;
+  const char* text = nullptr;
+  nvrtc().cuGetErrorString(r, &text);
+  throw std::runtime_error(std::string(what) + ": " + (text ? text : "CUDA driver error"));
+}
+
+void checkNvrtc(nvrtcResult r, const char* what) {
+  if (r != NVRTC_SUCCESS) throw std::runtime_error(std::string(what) + ": " + nvrtc().nvrtcGetErrorString(r));
+}
+
+// The kernels the process has: compiled images by (arch, source), and the
+// loaded functions by (device, program and input signature).
+class KernelCache {
+ public:
+  static KernelCache& instance() {
+    static KernelCache cache;
+    return cache;
+  }
+
+  void install(const CompiledKernel& k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    images_[{k.arch, k.source}] = k.image;
+  }
+
+  CUfunction function(int device, const std::string& key, const std::string& source) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = functions_.find({device, key});
+    if (it != functions_.end()) return it->second;
+    const std::string arch = currentKernelArch();
+    auto image = images_.find({arch, source});
+    if (image == images_.end()) image = images_.emplace(std::make_pair(arch, source), compileKernel(source).image).first;
+    CUmodule module = nullptr;
+    checkDriver(nvrtc().cuModuleLoadData(&module, image->second.data()), "loading a generated kernel");
+    CUfunction f = nullptr;
+    checkDriver(nvrtc().cuModuleGetFunction(&f, module, kFusedKernelName), "finding a generated kernel");
+    return functions_[{device, key}] = f;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::pair<std::string, std::string>, std::string> images_;
+  std::map<std::pair<int, std::string>, CUfunction> functions_;
+};
+
+// The driver API wants a current context; ATen's runtime calls make the
+// primary one current, but only once something has run on this thread.
+void ensureContext() {
+  CUcontext ctx = nullptr;
+  checkDriver(nvrtc().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (!ctx) cudaFree(nullptr);
+}
+
+std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) {
+  TORCH_CHECK(!inputs.empty(), "spmd::fused: no inputs");
+  const std::string programText(text.data(), text.size());
+  PointwiseProgram program;
+  try {
+    program = parsePointwiseProgram(programText);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "spmd::fused: bad program: ", e.what());
+  }
+  std::vector<KernelTensor> sig;
+  std::string key = programText;
+  for (const at::Tensor& t : inputs) {
+    sig.push_back({t.scalar_type(), t.sizes().vec()});
+    key += "|" + std::to_string(static_cast<int>(t.scalar_type())) + ":" + c10::str(t.sizes());
+  }
+  const std::vector<int64_t> shape = broadcastShapes(sig);
+  const c10::cuda::CUDAGuard guard(inputs[0].device());
+  CUfunction f = nullptr;
+  try {
+    ensureContext();
+    f = KernelCache::instance().function(inputs[0].get_device(), key, pointwiseKernelSource(program, sig));
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "spmd::fused: ", e.what());
+  }
+
+  std::vector<at::Tensor> dense;
+  std::vector<void*> pointers;
+  for (const at::Tensor& t : inputs) {
+    dense.push_back(t.contiguous());
+    pointers.push_back(dense.back().data_ptr());
+  }
+  std::vector<at::Tensor> out;
+  for (int r : program.results) {
+    out.push_back(at::empty(shape, inputs[0].options().dtype(program.statements[r].dtype)));
+    pointers.push_back(out.back().data_ptr());
+  }
+  const int64_t numel = c10::multiply_integers(shape);
+  if (numel == 0) return out;
+  std::vector<void*> args;
+  for (void*& p : pointers) args.push_back(&p);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const auto grid = static_cast<unsigned int>(fusedGridSize(numel, sms));
+  const CUresult launched = nvrtc().cuLaunchKernel(f, grid, 1, 1, kFusedBlockSize, 1, 1, 0,
+                                                   at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
+  TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused: launching a generated kernel failed (CUDA error ", launched, ")");
+  return out;
+}
+
+}  // namespace
+
+bool canCompileKernels() { return at::hasCUDA() && at::cuda::device_count() > 0; }
+
+std::string currentKernelArch() {
+  if (!canCompileKernels()) return "";
+  const cudaDeviceProp* p = at::cuda::getCurrentDeviceProperties();
+  return "sm_" + std::to_string(p->major) + std::to_string(p->minor);
+}
+
+CompiledKernel compileKernel(const std::string& source) {
+  if (!canCompileKernels()) throw std::runtime_error("no GPU to compile generated kernels for");
+  CompiledKernel k{source, currentKernelArch(), ""};
+  nvrtcProgram prog = nullptr;
+  checkNvrtc(nvrtc().nvrtcCreateProgram(&prog, source.c_str(), "spmd_fused.cu", 0, nullptr, nullptr),
+             "nvrtcCreateProgram");
+  const std::string archFlag = "--gpu-architecture=" + k.arch;
+  // No fast math: the kernels round as ATen's do.
+  const char* options[] = {archFlag.c_str(), "--std=c++17"};
+  const nvrtcResult compiled = nvrtc().nvrtcCompileProgram(prog, 2, options);
+  if (compiled != NVRTC_SUCCESS) {
+    size_t size = 0;
+    nvrtc().nvrtcGetProgramLogSize(prog, &size);
+    std::string log(size, '\0');
+    nvrtc().nvrtcGetProgramLog(prog, log.data());
+    nvrtc().nvrtcDestroyProgram(&prog);
+    throw std::runtime_error("NVRTC could not compile a generated kernel: " + log.substr(0, log.find('\n')));
+  }
+  size_t size = 0;
+  checkNvrtc(nvrtc().nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
+  k.image.resize(size);
+  checkNvrtc(nvrtc().nvrtcGetCUBIN(prog, k.image.data()), "nvrtcGetCUBIN");
+  nvrtc().nvrtcDestroyProgram(&prog);
+  return k;
+}
+
+void installCompiledKernel(const CompiledKernel& kernel) { KernelCache::instance().install(kernel); }
+
+}  // namespace spmd
+
+TORCH_LIBRARY_IMPL(spmd, CUDA, m) { m.impl("fused", &spmd::fusedCuda); }

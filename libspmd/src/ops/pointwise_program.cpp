@@ -1,0 +1,232 @@
+#include "spmd/ops/pointwise_program.h"
+
+#include "spmd/ops/dtype.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+namespace spmd {
+
+const std::vector<PointwiseOpInfo>& pointwiseOps() {
+  using P = PointwiseOp;
+  static const std::vector<PointwiseOpInfo> ops = {
+      {P::Add, "add", 2},          {P::Sub, "sub", 2},
+      {P::Mul, "mul", 2},          {P::Div, "div", 2},
+      {P::Neg, "neg", 1},          {P::Relu, "relu", 1},
+      {P::ThresholdGrad, "threshold_grad", 3},
+      {P::Gelu, "gelu", 1},        {P::GeluGrad, "gelu_grad", 2},
+      {P::GeluTanh, "gelu_tanh", 1}, {P::GeluTanhGrad, "gelu_tanh_grad", 2},
+      {P::Tanh, "tanh", 1},        {P::TanhGrad, "tanh_grad", 2},
+      {P::Sigmoid, "sigmoid", 1},  {P::SigmoidGrad, "sigmoid_grad", 2},
+      {P::Silu, "silu", 1},        {P::SiluGrad, "silu_grad", 2},
+      {P::Exp, "exp", 1},          {P::Log, "log", 1},
+      {P::Sqrt, "sqrt", 1},        {P::Rsqrt, "rsqrt", 1},
+      {P::Pow, "pow", 2},          {P::Cast, "cast", 1},
+  };
+  return ops;
+}
+
+const PointwiseOpInfo& pointwiseOpInfo(PointwiseOp op) {
+  for (const auto& info : pointwiseOps()) {
+    if (info.op == op) return info;
+  }
+  throw std::logic_error("pointwise op without an entry in pointwiseOps()");
+}
+
+bool isPointwiseDtype(c10::ScalarType t) {
+  return t == c10::ScalarType::Float || t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half;
+}
+
+std::string constantText(double value) {
+  const float f = static_cast<float>(value);
+  if (std::isnan(f)) return "nan";
+  if (std::isinf(f)) return f > 0 ? "inf" : "-inf";
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(f));
+    if (std::strtof(buf, nullptr) == f) break;
+  }
+  std::string text = buf;
+  // "2" reads as an operand name's digits would: keep constants visibly numbers.
+  if (text.find_first_of(".einn") == std::string::npos) text += ".0";
+  return text;
+}
+
+namespace {
+
+class ProgramParser {
+ public:
+  explicit ProgramParser(std::string_view text) : text_(text) {}
+
+  PointwiseProgram parse() {
+    skipSpace();
+    while (!atWord("return")) {
+      program_.statements.push_back(statement());
+      expect(';');
+    }
+    pos_ += 6;
+    do {
+      skipSpace();
+      const size_t at = pos_;
+      PointwiseOperand r = operand();
+      if (r.kind != PointwiseOperand::Kind::Temp) fail(at, "a result must be a statement's value (tK)");
+      program_.results.push_back(r.index);
+      skipSpace();
+    } while (accept(','));
+    if (pos_ != text_.size()) fail(pos_, "unexpected text after the results");
+    return std::move(program_);
+  }
+
+ private:
+  [[noreturn]] void fail(size_t at, const std::string& what) const {
+    throw std::invalid_argument("at character " + std::to_string(at) + ": " + what);
+  }
+
+  void skipSpace() {
+    while (pos_ < text_.size() && std::isspace(static_cast<unsigned char>(text_[pos_]))) ++pos_;
+  }
+
+  bool atWord(std::string_view word) {
+    skipSpace();
+    return text_.substr(pos_, word.size()) == word &&
+           (pos_ + word.size() == text_.size() || !std::isalnum(static_cast<unsigned char>(text_[pos_ + word.size()])));
+  }
+
+  bool accept(char c) {
+    skipSpace();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+
+  void expect(char c) {
+    if (!accept(c)) fail(pos_, std::string("expected '") + c + "'");
+  }
+
+  std::string word() {
+    skipSpace();
+    const size_t start = pos_;
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
+    if (start == pos_) fail(pos_, "expected a name");
+    return std::string(text_.substr(start, pos_ - start));
+  }
+
+  int number(std::string_view digits, size_t at) const {
+    if (digits.empty() || digits.size() > 6) fail(at, "expected a number after the operand's letter");
+    int n = 0;
+    for (char c : digits) {
+      if (!std::isdigit(static_cast<unsigned char>(c))) fail(at, "expected a number after the operand's letter");
+      n = n * 10 + (c - '0');
+    }
+    return n;
+  }
+
+  PointwiseStatement statement() {
+    const size_t at = pos_;
+    const std::string name = word();
+    const int index = static_cast<int>(program_.statements.size());
+    if (name != "t" + std::to_string(index)) fail(at, "expected statement t" + std::to_string(index));
+    expect(':');
+    const size_t dtypeAt = pos_;
+    auto dtype = parseDtype(word());
+    if (!dtype || !isPointwiseDtype(*dtype)) fail(dtypeAt, "expected f32, bf16 or f16");
+    expect('=');
+    PointwiseStatement s;
+    s.dtype = *dtype;
+    const size_t opAt = pos_;
+    const PointwiseOpInfo* info = findOp(word());
+    if (!info) fail(opAt, "unknown operation");
+    s.op = info->op;
+    expect('(');
+    do {
+      s.operands.push_back(operand());
+    } while (accept(','));
+    expect(')');
+    if (static_cast<int>(s.operands.size()) != info->arity) {
+      fail(opAt, std::string(info->name) + " takes " + std::to_string(info->arity) + " operand(s)");
+    }
+    return s;
+  }
+
+  static const PointwiseOpInfo* findOp(const std::string& name) {
+    for (const auto& info : pointwiseOps()) {
+      if (name == info.name) return &info;
+    }
+    return nullptr;
+  }
+
+  PointwiseOperand operand() {
+    skipSpace();
+    const size_t at = pos_;
+    PointwiseOperand o;
+    if (pos_ < text_.size() && (std::isdigit(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '-' ||
+                                text_[pos_] == '.' || atWord("inf") || atWord("nan"))) {
+      o.constant = constant();
+      return o;
+    }
+    const std::string name = word();
+    if (name.rfind("in", 0) == 0) {
+      o.kind = PointwiseOperand::Kind::Input;
+      o.index = number(std::string_view(name).substr(2), at);
+      program_.numInputs = std::max(program_.numInputs, o.index + 1);
+    } else if (name[0] == 't') {
+      o.kind = PointwiseOperand::Kind::Temp;
+      o.index = number(std::string_view(name).substr(1), at);
+      if (o.index >= static_cast<int>(program_.statements.size())) fail(at, name + " is not defined before this point");
+    } else {
+      fail(at, "expected an operand: inK, tK or a number");
+    }
+    return o;
+  }
+
+  double constant() {
+    const size_t at = pos_;
+    const std::string rest(text_.substr(pos_, 40));
+    char* end = nullptr;
+    const double v = std::strtod(rest.c_str(), &end);
+    if (end == rest.c_str()) fail(at, "expected a number");
+    pos_ += static_cast<size_t>(end - rest.c_str());
+    return v;
+  }
+
+  std::string_view text_;
+  size_t pos_ = 0;
+  PointwiseProgram program_;
+};
+
+std::string operandText(const PointwiseOperand& o) {
+  switch (o.kind) {
+    case PointwiseOperand::Kind::Input: return "in" + std::to_string(o.index);
+    case PointwiseOperand::Kind::Temp: return "t" + std::to_string(o.index);
+    case PointwiseOperand::Kind::Constant: return constantText(o.constant);
+  }
+  return "";
+}
+
+}  // namespace
+
+PointwiseProgram parsePointwiseProgram(std::string_view text) {
+  PointwiseProgram p = ProgramParser(text).parse();
+  if (p.results.empty()) throw std::invalid_argument("the program returns nothing");
+  return p;
+}
+
+std::string printPointwiseProgram(const PointwiseProgram& program) {
+  std::string out;
+  for (size_t i = 0; i < program.statements.size(); ++i) {
+    const PointwiseStatement& s = program.statements[i];
+    out += "t" + std::to_string(i) + ":" + dtypeShortName(s.dtype) + " = " + pointwiseOpInfo(s.op).name + "(";
+    for (size_t k = 0; k < s.operands.size(); ++k) out += (k ? ", " : "") + operandText(s.operands[k]);
+    out += "); ";
+  }
+  out += "return ";
+  for (size_t k = 0; k < program.results.size(); ++k) out += (k ? ", t" : "t") + std::to_string(program.results[k]);
+  return out;
+}
+
+}  // namespace spmd
