@@ -1,6 +1,7 @@
 // spmd-inspect: prints a TorchScript module, a JSON graph dump or an artifact.
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
+#include "spmd/analysis/kernels.h"
 #include "spmd/analysis/memory_plan.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/verify.h"
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
              "  spmd-inspect samples/mlp.pt --input x:f32[100,100]\n"
              "  spmd-inspect step.json --verify\n"
              "  spmd-inspect step.spmd --buckets --json\n"
+             "  spmd-inspect step.art --kernels --source\n"
              "  spmd-expand ... | spmd-inspect - --stats");
   std::string in = "-";
   std::string out = "-";
@@ -33,9 +35,13 @@ int main(int argc, char** argv) {
   auto* memory = app.add_flag("--memory",
                               "the static memory plan: peak and live bytes, the largest buffers with offsets and "
                               "lifetimes (with --json: every buffer)");
-  stats->excludes(dot)->excludes(json)->excludes(buckets)->excludes(memory);
-  dot->excludes(json)->excludes(buckets)->excludes(memory);
-  buckets->excludes(memory);
+  auto* kernels = app.add_flag("--kernels",
+                               "the generated kernels spmd-lower made (spmd::fused nodes): ops, inputs, outputs, bytes moved");
+  auto* sources = app.add_flag("--source", "with --kernels: each kernel's CUDA source too")->needs(kernels);
+  stats->excludes(dot)->excludes(json)->excludes(buckets)->excludes(memory)->excludes(kernels);
+  dot->excludes(json)->excludes(buckets)->excludes(memory)->excludes(kernels);
+  buckets->excludes(memory)->excludes(kernels);
+  memory->excludes(kernels);
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
@@ -51,6 +57,15 @@ int main(int argc, char** argv) {
         throw spmd::Diagnostic("", "the graph has no bucket plan; run spmd-split first").inFile(loaded.displayName);
       }
       text = *json ? spmd::printBucketsJson(loaded.graph) : spmd::printBuckets(loaded.graph);
+    } else if (*kernels) {
+      std::vector<spmd::FusedKernel> list;
+      try {
+        list = spmd::fusedKernels(loaded.graph);
+      } catch (spmd::Diagnostic& d) {
+        throw d.inFile(loaded.displayName);
+      }
+      text = *json ? spmd::printKernelsJson(loaded.graph, list, static_cast<bool>(*sources))
+                   : spmd::printKernels(loaded.graph, list, static_cast<bool>(*sources));
     } else if (*memory) {
       auto plan = spmd::planMemory(loaded.graph);
       text = *json ? spmd::printMemoryPlanJson(loaded.graph, plan) : spmd::printMemoryPlan(loaded.graph, plan);

@@ -297,7 +297,7 @@ def artifact_header_errors(write, tmp):
               E + r".*/edited\.spmd: header\.json: checksum mismatch: the artifact was altered or is damaged")
     old = rezip(artifact, os.path.join(tmp, "old.spmd"), lambda h: h.update(version=1))
     check("artifact of version 1", [old], 1,
-          E + r".*/old\.spmd: header\.json/version: unsupported artifact version 1 \(this build reads 3\): "
+          E + r".*/old\.spmd: header\.json/version: unsupported artifact version 1 \(this build reads 4\): "
           r"lower the graph again with spmd-lower")
 
 

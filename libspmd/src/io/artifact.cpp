@@ -84,9 +84,31 @@ namespace {
 // What an artifact's zip holds: three JSON records, the header carrying the
 // checksum over all of it, and the tensors by record name.
 struct Records {
-  std::string header, graph, index;
+  std::string header, graph, index, kernelIndex;
   std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::vector<std::pair<std::string, std::string_view>> kernelFiles;  // record name, bytes
 };
+
+// kernels.json: per kernel its source's record, and its architecture and
+// image record when compiled.
+std::string kernelIndexOf(const Artifact& artifact, Records& r, Checksum& sum) {
+  json list = json::array();
+  for (size_t k = 0; k < artifact.kernels.size(); ++k) {
+    const CompiledKernel& kernel = artifact.kernels[k];
+    json entry{{"source", "kernels/" + std::to_string(k) + ".cu"}};
+    r.kernelFiles.emplace_back(entry["source"], kernel.source);
+    if (!kernel.image.empty()) {
+      entry["arch"] = kernel.arch;
+      entry["image"] = "kernels/" + std::to_string(k) + ".cubin";
+      r.kernelFiles.emplace_back(entry["image"], kernel.image);
+    }
+    list.push_back(entry);
+  }
+  for (const auto& [name, bytes] : r.kernelFiles) sum.add(bytes);
+  const std::string text = list.dump();
+  sum.add(text);
+  return text;
+}
 
 Records recordsOf(const Artifact& artifact) {
   TimedPhase phase("index and checksum");
@@ -108,6 +130,7 @@ Records recordsOf(const Artifact& artifact) {
   }
   r.index = index.dump();
   sum.add(r.index);
+  r.kernelIndex = kernelIndexOf(artifact, r, sum);
   nlohmann::json header{{"format", kArtifactFormat}, {"version", kArtifactVersion}, {"device", artifact.device},
                         {"cudagraphs", artifact.cudagraphs}, {"nodes", artifact.graph.nodes().size()}};
   sum.add(headerFieldsText(header));
@@ -134,6 +157,8 @@ void writeZip(const Records& r, const std::string& path) {
   writer.writeRecord("header.json", r.header.data(), r.header.size());
   writer.writeRecord("graph.json", r.graph.data(), r.graph.size());
   writer.writeRecord("tensors.json", r.index.data(), r.index.size());
+  writer.writeRecord("kernels.json", r.kernelIndex.data(), r.kernelIndex.size());
+  for (const auto& [name, bytes] : r.kernelFiles) writer.writeRecord(name, bytes.data(), bytes.size());
   for (const auto& [key, t] : r.tensors) writer.writeRecord(key, t.data_ptr(), t.nbytes());
   writer.writeEndOfFile();
   if (failure) throw *failure;
@@ -259,6 +284,39 @@ at::Tensor tensorFrom(const IndexEntry& e, std::string_view data, const Source& 
   return t;
 }
 
+// kernels.json and the records it names, added to `sum` in the order the
+// writer added them.
+std::vector<CompiledKernel> readKernels(Zip& zip, Checksum& sum) {
+  const std::string text = record(zip, "kernels.json");
+  nlohmann::json list;
+  try {
+    list = parseJson(text);
+  } catch (const Diagnostic& d) {
+    throw Diagnostic("kernels.json", d.message());
+  }
+  if (!list.is_array()) throw Diagnostic("kernels.json", "expected an array");
+  std::vector<CompiledKernel> kernels;
+  auto named = [&](const nlohmann::json& entry, const char* key, const std::string& where) {
+    if (!entry.contains(key) || !entry[key].is_string()) throw Diagnostic(where + "/" + key, "expected a string");
+    return entry[key].get<std::string>();
+  };
+  for (size_t k = 0; k < list.size(); ++k) {
+    const std::string where = "kernels.json/" + std::to_string(k);
+    if (!list[k].is_object()) throw Diagnostic(where, "expected an object");
+    CompiledKernel kernel;
+    kernel.source = record(zip, named(list[k], "source", where));
+    sum.add(kernel.source);
+    if (list[k].contains("image")) {
+      kernel.arch = named(list[k], "arch", where);
+      kernel.image = record(zip, named(list[k], "image", where));
+      sum.add(kernel.image);
+    }
+    kernels.push_back(std::move(kernel));
+  }
+  sum.add(text);
+  return kernels;
+}
+
 Artifact readVerified(Zip& zip, const Source& source) {
   const nlohmann::json header = readHeader(zip);
   // Everything the checksum covers is read and summed before any of it is
@@ -282,6 +340,7 @@ Artifact readVerified(Zip& zip, const Source& source) {
     if (!entries.back().zeros) sum.add(data.back());
   }
   sum.add(indexText);
+  std::vector<CompiledKernel> kernels = readKernels(zip, sum);
   sum.add(headerFieldsText(header));
   if (sum.hex() != header["checksum"].get<std::string>()) {
     throw Diagnostic("header.json", "checksum mismatch: the artifact was altered or is damaged");
@@ -289,6 +348,7 @@ Artifact readVerified(Zip& zip, const Source& source) {
   Artifact artifact;
   artifact.device = header["device"].get<std::string>();
   artifact.cudagraphs = header["cudagraphs"].get<bool>();
+  artifact.kernels = std::move(kernels);
   for (size_t i = 0; i < entries.size(); ++i) {
     const IndexEntry& e = entries[i];
     if (e.zeros) {

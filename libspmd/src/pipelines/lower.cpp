@@ -1,11 +1,16 @@
 #include "spmd/pipelines/pipelines.h"
 #include "spmd/pipelines/lower.h"
 
+#include "spmd/analysis/kernels.h"
 #include "spmd/ir/verify.h"
+#include "spmd/ops/fused_kernels.h"
+#include "spmd/support/phase_times.h"
 #include "spmd/io/weights.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
+
+#include <set>
 
 namespace spmd {
 
@@ -19,6 +24,32 @@ void targetDevice(Graph& graph, const std::string& device) {
       if (n.args[i].kind == Arg::Kind::Device) graph.constantArg(n, i).s = device;
     }
   }
+}
+
+// Each distinct generated kernel's source, compiled for this machine's GPU
+// when it has one; else left for spmd-run to compile before its first step.
+std::vector<CompiledKernel> compileKernels(const Graph& graph, DiagnosticEngine* diagnostics) {
+  TimedPhase phase("compile kernels");
+  std::vector<CompiledKernel> kernels;
+  std::set<std::string> seen;
+  const bool gpu = canCompileKernels();
+  for (const FusedKernel& k : fusedKernels(graph)) {
+    if (!seen.insert(k.source).second) continue;
+    if (!gpu) {
+      kernels.push_back({k.source, "", ""});
+      continue;
+    }
+    try {
+      kernels.push_back(compileKernel(k.source));
+    } catch (const std::runtime_error& e) {
+      throw Diagnostic("/nodes/" + std::to_string(k.node), e.what());
+    }
+  }
+  if (!gpu && !kernels.empty() && diagnostics) {
+    diagnostics->note("no GPU here: the " + std::to_string(kernels.size()) +
+                      " generated kernels are stored as source; spmd-run compiles them before the first step");
+  }
+  return kernels;
 }
 
 }  // namespace
@@ -79,6 +110,7 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
     artifact.state[v.name] = t.detach();  // the weights file's own tensor: nothing else holds it
   }
   targetDevice(graph, device);
+  if (device == "cuda") artifact.kernels = compileKernels(graph, options.diagnostics);
   artifact.graph = std::move(graph);
   return artifact;
 }

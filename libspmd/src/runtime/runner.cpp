@@ -4,6 +4,7 @@
 // (op_profile), progress lines (run_progress), and the reports after the
 // last step (run_report).
 #include "spmd/runtime/runner.h"
+#include "spmd/ops/fused_kernels.h"
 
 #include "checkpoint.h"
 #include "iteration_plans.h"
@@ -127,6 +128,10 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const std::string fingerprint = checkpoints ? stepFingerprint(artifact) : "";
 
   device.makeCurrent();
+  // Compiled at lower time: no launch compiles them again.
+  for (const CompiledKernel& kernel : artifact.kernels) {
+    if (!kernel.image.empty()) installCompiledKernel(kernel);
+  }
   TensorMap state = placeState(artifact, device.device());
   uint64_t seed = o.seed;
   const int start = startingState(artifact, o, info, state, seed);

@@ -1,11 +1,12 @@
 // The compiled artifact spmd-lower writes and spmd-run executes: one
 // self-contained zip (LibTorch's PyTorchStreamWriter) holding the graph (with
-// its bucket plan), the device it was lowered for, and every parameter,
-// buffer and initial optimizer-state tensor, under a header with a format
+// its bucket plan), the device it was lowered for, every parameter,
+// buffer and initial optimizer-state tensor, and the generated kernels, under a header with a format
 // name, a version and a checksum over all of it.
 #pragma once
 
 #include "spmd/ir/graph.h"
+#include "spmd/ops/fused_kernels.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -20,9 +21,10 @@ namespace spmd {
 constexpr const char* kArtifactFormat = "spmd-artifact";
 // 2: the checksum covers the header's fields (device, cudagraphs, ...) too;
 // version 1 left them outside it. 3: the checksum reads 8-byte words (a
-// 650 MB artifact sums in a tenth of a second), not single bytes. Older
+// 650 MB artifact sums in a tenth of a second), not single bytes. 4: the
+// generated kernels (kernels.json and their sources and images). Older
 // versions are refused: re-lower.
-constexpr int kArtifactVersion = 3;
+constexpr int kArtifactVersion = 4;
 
 struct Artifact {
   Graph graph;
@@ -34,6 +36,10 @@ struct Artifact {
   // placeholder of that dtype and shape without memory of its own (a zero
   // expanded); spmd-run makes real zeros on its device.
   std::set<std::string> zeroState;
+  // The generated kernels' sources, each with its compiled image when
+  // spmd-lower ran on a GPU (arch and image empty otherwise: spmd-run
+  // compiles it before the first step).
+  std::vector<CompiledKernel> kernels;
 };
 
 class MappedFile;

@@ -1,0 +1,31 @@
+// The generated kernels of a graph: one per spmd::fused node, with what it
+// reads and writes (spmd-inspect --kernels) and its CUDA source (what
+// spmd-lower compiles and stores in the artifact).
+#pragma once
+
+#include "spmd/ir/graph.h"
+
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+struct FusedKernel {
+  size_t node = 0;             // its index in graph.nodes()
+  std::string program;         // the pointwise program text
+  std::vector<ValueId> inputs, outputs;
+  int64_t bytesRead = 0;       // each input once, at its own size
+  int64_t bytesWritten = 0;
+  std::string source;          // CUDA C (ops/cuda_codegen.h)
+};
+
+// Throws Diagnostic naming the node for a program that does not parse or
+// does not fit its inputs (the verifier catches both first).
+std::vector<FusedKernel> fusedKernels(const Graph& graph);
+
+// The table: index, node, ops, inputs, outputs, bytes moved; with `sources`,
+// each kernel's CUDA source after it.
+std::string printKernels(const Graph& graph, const std::vector<FusedKernel>& kernels, bool sources);
+std::string printKernelsJson(const Graph& graph, const std::vector<FusedKernel>& kernels, bool sources);
+
+}  // namespace spmd

@@ -1,0 +1,100 @@
+#include "spmd/analysis/kernels.h"
+
+#include "spmd/ops/cuda_codegen.h"
+#include "spmd/ops/dtype.h"
+#include "spmd/ops/pointwise_program.h"
+#include "spmd/support/diagnostic.h"
+
+#include <nlohmann/json.hpp>
+
+#include <sstream>
+#include <stdexcept>
+
+namespace spmd {
+namespace {
+
+std::string typed(const Graph& g, ValueId v) {
+  const Value& value = g.value(v);
+  std::string s = "%" + value.name + ": " + dtypeShortName(value.dtype) + "[";
+  for (size_t d = 0; d < value.shape.size(); ++d) s += (d ? "," : "") + std::to_string(value.shape[d]);
+  return s + "]";
+}
+
+// The program's operations in order, without operands: "add cast".
+std::string opsOf(const PointwiseProgram& p) {
+  std::string s;
+  for (const auto& st : p.statements) s += std::string(s.empty() ? "" : " ") + pointwiseOpInfo(st.op).name;
+  return s;
+}
+
+}  // namespace
+
+std::vector<FusedKernel> fusedKernels(const Graph& g) {
+  std::vector<FusedKernel> kernels;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const Node& n = g.nodes()[i];
+    if (n.op != "spmd::fused") continue;
+    const std::string where = "/nodes/" + std::to_string(i);
+    if (n.args.size() != 2 || n.args[0].kind != Arg::Kind::Values || n.args[1].kind != Arg::Kind::Str) {
+      throw Diagnostic(where, "spmd::fused takes a list of tensors and a program");
+    }
+    FusedKernel k;
+    k.node = i;
+    k.program = n.args[1].s;
+    k.inputs = n.args[0].values;
+    k.outputs = n.outputs;
+    std::vector<KernelTensor> sig;
+    for (ValueId v : k.inputs) {
+      sig.push_back({g.value(v).dtype, g.value(v).shape});
+      k.bytesRead += bytes(g.value(v));
+    }
+    for (ValueId v : k.outputs) k.bytesWritten += bytes(g.value(v));
+    try {
+      k.source = pointwiseKernelSource(parsePointwiseProgram(k.program), sig);
+    } catch (const std::invalid_argument& e) {
+      throw Diagnostic(where, std::string("spmd::fused: ") + e.what());
+    }
+    kernels.push_back(std::move(k));
+  }
+  return kernels;
+}
+
+std::string printKernels(const Graph& g, const std::vector<FusedKernel>& kernels, bool sources) {
+  std::ostringstream out;
+  int64_t moved = 0;
+  for (size_t k = 0; k < kernels.size(); ++k) {
+    const FusedKernel& kernel = kernels[k];
+    const Node& n = g.nodes()[kernel.node];
+    out << "kernel " << k << "  node " << kernel.node << (n.meta.source.empty() ? "" : "  " + n.meta.source)
+        << "  ops: " << opsOf(parsePointwiseProgram(kernel.program)) << "\n";
+    for (ValueId v : kernel.inputs) out << "  in   " << typed(g, v) << "\n";
+    for (ValueId v : kernel.outputs) out << "  out  " << typed(g, v) << "\n";
+    out << "  bytes moved " << kernel.bytesRead + kernel.bytesWritten << " (read " << kernel.bytesRead << ", written "
+        << kernel.bytesWritten << ")\n";
+    if (sources) out << kernel.source;
+    moved += kernel.bytesRead + kernel.bytesWritten;
+  }
+  out << kernels.size() << " generated kernel(s), " << moved << " bytes moved per step\n";
+  return out.str();
+}
+
+std::string printKernelsJson(const Graph& g, const std::vector<FusedKernel>& kernels, bool sources) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const FusedKernel& kernel : kernels) {
+    nlohmann::json k{{"node", kernel.node},
+                     {"ops", opsOf(parsePointwiseProgram(kernel.program))},
+                     {"program", kernel.program},
+                     {"bytes_read", kernel.bytesRead},
+                     {"bytes_written", kernel.bytesWritten}};
+    for (const char* key : {"inputs", "outputs"}) {
+      nlohmann::json values = nlohmann::json::array();
+      for (ValueId v : std::string(key) == "inputs" ? kernel.inputs : kernel.outputs) values.push_back(g.value(v).name);
+      k[key] = values;
+    }
+    if (sources) k["source"] = kernel.source;
+    list.push_back(k);
+  }
+  return list.dump(2) + "\n";
+}
+
+}  // namespace spmd
