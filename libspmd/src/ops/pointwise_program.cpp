@@ -132,12 +132,14 @@ class ProgramParser {
     const int index = static_cast<int>(program_.statements.size());
     if (name != "t" + std::to_string(index)) fail(at, "expected statement t" + std::to_string(index));
     expect(':');
+    skipSpace();
     const size_t dtypeAt = pos_;
     auto dtype = parseDtype(word());
     if (!dtype || !isPointwiseDtype(*dtype)) fail(dtypeAt, "expected f32, bf16 or f16");
     expect('=');
     PointwiseStatement s;
     s.dtype = *dtype;
+    skipSpace();
     const size_t opAt = pos_;
     const PointwiseOpInfo* info = findOp(word());
     if (!info) fail(opAt, "unknown operation");

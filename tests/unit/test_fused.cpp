@@ -1,0 +1,252 @@
+// Generated kernels against the ATen ops they replace. Each case is a graph
+// of one kind of group (bias + GELU, residual add + cast, the backward ops,
+// broadcasting); fuse-pointwise turns it into spmd::fused nodes, and the
+// interpreter runs both graphs on the same random inputs:
+//  - on the CPU (CI): spmd::fused's reference kernel, which must equal the
+//    unfused ATen ops bit for bit in f32 and within two units in bf16;
+//  - on CUDA (builds against a CUDA LibTorch, with a GPU; not in CI): the
+//    NVRTC-compiled kernels against ATen's CUDA kernels.
+#include "spmd/io/artifact.h"
+#include "spmd/ir/parser.h"
+#include "spmd/ops/cuda_codegen.h"
+#include "spmd/ops/fused_kernels.h"
+#include "spmd/ops/pointwise_program.h"
+#include "spmd/passes/pass.h"
+#include "spmd/runtime/interpreter.h"
+#include "spmd/support/diagnostic.h"
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <regex>
+
+#include "test_support.h"
+
+using namespace spmd;
+
+namespace {
+
+struct FusionCase {
+  const char* name;
+  const char* listing;  // {D}: the dtype under test
+  int groups;           // spmd::fused nodes the pass must make
+};
+
+const FusionCase kCases[] = {
+    {"bias + gelu + scale", R"(graph
+  input %x: {D}[64,96] data
+  input %b: {D}[96] data
+  %a: {D}[64,96] = aten::add.Tensor(%x, %b, 1)
+  %g: {D}[64,96] = aten::gelu(%a, "none")
+  %y: {D}[64,96] = aten::mul.Scalar(%g, 0.5)
+  return (%y)
+)", 1},
+    {"residual add in f32 + cast", R"(graph
+  input %res: f32[32,80] data
+  input %y: {D}[32,80] data
+  %s: f32[32,80] = aten::add.Tensor(%res, %y, 1)
+  %c: {D}[32,80] = aten::_to_copy(%s, torch.{T}, None, None, None, False, None)
+  return (%s, %c)
+)", 1},
+    {"gelu backward (tanh) + relu backward, broadcast", R"(graph
+  input %dy: {D}[4,6,40] data
+  input %x: {D}[4,6,40] data
+  input %m: {D}[4,1,40] data
+  %g: {D}[4,6,40] = aten::gelu_backward(%dy, %x, "tanh")
+  %r: {D}[4,6,40] = aten::threshold_backward(%g, %m, 0)
+  %t: {D}[4,6,40] = aten::gelu(%r, "tanh")
+  return (%t)
+)", 1},
+    {"tanh, sigmoid, silu and their backward", R"(graph
+  input %x: {D}[50,30] data
+  input %dy: {D}[50,30] data
+  %t: {D}[50,30] = aten::tanh(%x)
+  %tb: {D}[50,30] = aten::tanh_backward(%dy, %t)
+  %s: {D}[50,30] = aten::sigmoid(%tb)
+  %sb: {D}[50,30] = aten::sigmoid_backward(%dy, %s)
+  %u: {D}[50,30] = aten::silu(%sb)
+  %ub: {D}[50,30] = aten::silu_backward(%dy, %u)
+  %n: {D}[50,30] = aten::neg(%ub)
+  %e: {D}[50,30] = aten::relu(%n)
+  return (%e)
+)", 1},
+    {"exp, log, sqrt, rsqrt, pow, rsub, div; column broadcast", R"(graph
+  input %x: {D}[40,24] data
+  input %col: {D}[40,1] data
+  %p: {D}[40,24] = aten::pow.Tensor_Scalar(%x, 2)
+  %q: {D}[40,24] = aten::add.Scalar(%p, 1, 1)
+  %l: {D}[40,24] = aten::log(%q)
+  %e: {D}[40,24] = aten::exp(%l)
+  %z: {D}[40,24] = aten::pow.Tensor_Scalar(%e, 1.5)
+  %r: {D}[40,24] = aten::rsqrt(%z)
+  %s: {D}[40,24] = aten::sqrt(%r)
+  %d: {D}[40,24] = aten::div.Tensor(%s, %col)
+  %u: {D}[40,24] = aten::rsub.Scalar(%d, 2, 1)
+  %v: {D}[40,24] = aten::div.Scalar(%u, 3)
+  %w: {D}[40,24] = aten::sub.Tensor(%v, %x, 0.5)
+  return (%w)
+)", 1},
+};
+
+Graph caseGraph(const FusionCase& c, c10::ScalarType dtype) {
+  const std::string shortName = dtype == at::kFloat ? "f32" : dtype == at::kBFloat16 ? "bf16" : "f16";
+  const std::string torchName = dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
+  std::string text = std::regex_replace(c.listing, std::regex("\\{D\\}"), shortName);
+  return parseListing(std::regex_replace(text, std::regex("\\{T\\}"), torchName));
+}
+
+int fusedNodes(const Graph& g) {
+  int n = 0;
+  for (const Node& node : g.nodes()) n += node.op == "spmd::fused";
+  return n;
+}
+
+// Inputs in [-2, 2).
+std::map<std::string, at::Tensor> randomInputs(const Graph& g, const at::Device& device) {
+  at::manual_seed(7);
+  std::map<std::string, at::Tensor> inputs;
+  for (const auto& in : g.inputs()) {
+    const Value& v = g.value(in.value);
+    inputs[v.name] = (at::rand(v.shape, at::kDouble) * 4 - 2).to(v.dtype).to(device);
+  }
+  return inputs;
+}
+
+struct Ran {
+  std::vector<at::Tensor> unfused, fused;
+};
+
+Ran runBoth(const FusionCase& c, c10::ScalarType dtype, const at::Device& device) {
+  Graph plain = caseGraph(c, dtype);
+  Graph fused = plain;
+  runPasses(fused, {"fuse-pointwise"}, PipelineOptions{}, DebugOptions{});
+  REQUIRE(fusedNodes(fused) == c.groups);
+  const auto inputs = randomInputs(plain, device);
+  return {Interpreter(plain).run(inputs).outputs, Interpreter(fused).run(inputs).outputs};
+}
+
+// One unit in the last place of `dtype` at 1.0, relative.
+double ulp(c10::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? 1.0 / 128 : dtype == at::kHalf ? 1.0 / 1024 : 1.2e-7;
+}
+
+}  // namespace
+
+TEST_CASE("pointwise programs print as they parse", "[fused]") {
+  const std::string text = "t0:f32 = add(in0, in1); t1:bf16 = gelu_tanh(t0); t2:f16 = pow(t1, -0.5); return t0, t2";
+  const PointwiseProgram p = parsePointwiseProgram(text);
+  CHECK(p.numInputs == 2);
+  CHECK(p.statements.size() == 3);
+  CHECK(p.results == std::vector<int>{0, 2});
+  CHECK(printPointwiseProgram(p) == text);
+  CHECK(constantText(0.1) == "0.1");
+  CHECK(constantText(-3) == "-3.0");
+  CHECK(constantText(1e-5) == "1e-05");
+  CHECK(constantText(0.70710678118654752) == "0.70710677");
+}
+
+TEST_CASE("bad pointwise programs are refused with the place", "[fused]") {
+  auto error = [](const std::string& text) {
+    try {
+      parsePointwiseProgram(text);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(error("t0:f32 = add(in0); return t0") == "at character 9: add takes 2 operand(s)");
+  CHECK(error("t0:f32 = frob(in0); return t0") == "at character 9: unknown operation");
+  CHECK(error("t0:i64 = neg(in0); return t0") == "at character 3: expected f32, bf16 or f16");
+  CHECK(error("t0:f32 = neg(t1); return t0") == "at character 13: t1 is not defined before this point");
+  CHECK(error("t0:f32 = neg(in0); return in0") == "at character 26: a result must be a statement's value (tK)");
+  CHECK(error("t0:f32 = neg(in0) return t0") == "at character 18: expected ';'");
+  CHECK(error("t0:f32 = neg(in0); return t0 x") == "at character 29: unexpected text after the results");
+}
+
+TEST_CASE("the generated source broadcasts by static index arithmetic", "[fused]") {
+  const PointwiseProgram p = parsePointwiseProgram("t0:f32 = mul(in0, in1); return t0");
+  const std::string src = pointwiseKernelSource(p, {{at::kFloat, {4, 6, 8}}, {at::kFloat, {4, 1, 8}}});
+  CHECK(src.find("in1[(i / 48u) * 8u + (i % 8u)]") != std::string::npos);
+  CHECK_THROWS_AS(pointwiseKernelSource(p, {{at::kFloat, {4, 6}}, {at::kFloat, {5}}}), std::invalid_argument);
+  CHECK_THROWS_AS(pointwiseKernelSource(p, {{at::kFloat, {4}}}), std::invalid_argument);
+}
+
+// f16 only on CUDA: LibTorch 1.13's CPU kernels lack it for GELU and others.
+TEST_CASE("fused groups equal their ATen ops on the CPU", "[fused]") {
+  for (const FusionCase& c : kCases) {
+    for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      INFO(c.name << " in " << c10::toString(dtype));
+      const Ran ran = runBoth(c, dtype, at::kCPU);
+      REQUIRE(ran.fused.size() == ran.unfused.size());
+      for (size_t k = 0; k < ran.fused.size(); ++k) {
+        REQUIRE(ran.fused[k].scalar_type() == ran.unfused[k].scalar_type());
+        if (dtype == at::kFloat) {
+          CHECK(at::equal(ran.fused[k], ran.unfused[k]));
+        } else {
+          // Two units, and 2^-6 absolute: some of LibTorch 1.13's CPU bf16
+          // kernels round inner steps too (gelu_backward with tanh is up to
+          // 0.0156 off computing in float and rounding once, near 1.0).
+          testing::requireClose(ran.fused[k], ran.unfused[k], c.name, 2 * ulp(dtype), 1.0 / 64);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("an artifact keeps its generated kernels, checksummed", "[fused]") {
+  Graph g = caseGraph(kCases[0], at::kFloat);
+  runPasses(g, {"fuse-pointwise"}, PipelineOptions{}, DebugOptions{});
+  Artifact a;
+  a.graph = g;
+  a.device = "cuda";
+  a.kernels = {{"// source 0\n", "sm_90", std::string("\x7f" "ELF\0\1", 6)}, {"// source 1\n", "", ""}};
+  const std::string path = (std::filesystem::temp_directory_path() / "spmd-fused-artifact.art").string();
+  writeArtifact(a, path);
+  std::string bytes = testing::readFile(path);
+  Artifact back = readArtifact(bytes);
+  REQUIRE(back.kernels.size() == 2);
+  CHECK(back.kernels[0].source == a.kernels[0].source);
+  CHECK(back.kernels[0].arch == "sm_90");
+  CHECK(back.kernels[0].image == a.kernels[0].image);
+  CHECK(back.kernels[1].source == a.kernels[1].source);
+  CHECK(back.kernels[1].image.empty());
+  // One changed byte of a kernel's source is a damaged artifact.
+  const size_t at = bytes.find("// source 1");
+  REQUIRE(at != std::string::npos);
+  bytes[at + 3] = 'S';
+  std::string error;
+  try {
+    readArtifact(bytes);
+  } catch (const Diagnostic& d) {
+    error = d.message();
+  }
+  CHECK(error.find("checksum mismatch") != std::string::npos);
+  std::filesystem::remove(path);
+}
+
+#ifdef SPMD_WITH_CUDA
+// GPU only (a CUDA LibTorch and a device): prints one line per case and
+// dtype with the largest difference, which bench/RESULTS.md records.
+TEST_CASE("generated kernels match ATen's CUDA kernels", "[fused][cuda]") {
+  if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  for (const FusionCase& c : kCases) {
+    for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      INFO(c.name << " in " << c10::toString(dtype));
+      const Ran ran = runBoth(c, dtype, at::Device(at::kCUDA, 0));
+      for (size_t k = 0; k < ran.fused.size(); ++k) {
+        const at::Tensor ours = ran.fused[k].cpu().to(at::kDouble), ref = ran.unfused[k].cpu().to(at::kDouble);
+        const double worst = (ours - ref).abs().max().item<double>();
+        const double scale = ref.abs().max().item<double>();
+        std::printf("[fused-numerics] %-56s %-9s output %zu: max abs diff %.3g (max |ref| %.3g)\n", c.name,
+                    c10::toString(dtype), k, worst, scale);
+        // f32: a few ulps (ATen's kernels contract to FMA, ours may not);
+        // bf16/f16: one unit of the dtype's rounding.
+        testing::requireClose(ran.fused[k].cpu(), ran.unfused[k].cpu(), c.name, dtype == at::kFloat ? 1e-5 : ulp(dtype),
+                              dtype == at::kFloat ? 1e-6 : 1e-3);
+      }
+    }
+  }
+}
+#endif
