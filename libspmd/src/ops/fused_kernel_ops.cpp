@@ -110,9 +110,10 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
 
 }  // namespace
 
+#ifdef SPMD_WITH_CUDA
+void ensureFusedKernelOpsRegistered() { ensureFusedKernelsCudaRegistered(); }
+#else
 void ensureFusedKernelOpsRegistered() {}
-
-#ifndef SPMD_WITH_CUDA
 bool canCompileKernels() { return false; }
 std::string currentKernelArch() { return ""; }
 CompiledKernel compileKernel(const std::string&) {

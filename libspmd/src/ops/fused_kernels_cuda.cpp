@@ -1,18 +1,20 @@
 // spmd::fused on CUDA: the generated kernel (ops/cuda_codegen.h), compiled
-// with NVRTC through ATen's lazily loaded NVRTC and driver table (as
-// jiterator does), loaded once per device and launched on the current
-// stream, so a CUDA graph captures it. Compiled only into CUDA builds.
+// with the CUDA toolkit's NVRTC, loaded once per device through the driver
+// API and launched on the current stream, so a CUDA graph captures it.
+// Compiled only into CUDA builds. (ATen's own NVRTC table, which jiterator
+// uses, is not reachable: pip's LibTorch ships no definition of its struct.)
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/nvrtc_stub/ATenNVRTC.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <nvrtc.h>
 
 #include <map>
 #include <mutex>
@@ -23,17 +25,15 @@
 namespace spmd {
 namespace {
 
-const at::cuda::NVRTC& nvrtc() { return at::globalContext().getNVRTC(); }
-
 void checkDriver(CUresult r, const char* what) {
   if (r == CUDA_SUCCESS) return;
   const char* text = nullptr;
-  nvrtc().cuGetErrorString(r, &text);
+  cuGetErrorString(r, &text);
   throw std::runtime_error(std::string(what) + ": " + (text ? text : "CUDA driver error"));
 }
 
 void checkNvrtc(nvrtcResult r, const char* what) {
-  if (r != NVRTC_SUCCESS) throw std::runtime_error(std::string(what) + ": " + nvrtc().nvrtcGetErrorString(r));
+  if (r != NVRTC_SUCCESS) throw std::runtime_error(std::string(what) + ": " + nvrtcGetErrorString(r));
 }
 
 // The kernels the process has: compiled images by (arch, source), and the
@@ -58,9 +58,9 @@ class KernelCache {
     auto image = images_.find({arch, source});
     if (image == images_.end()) image = images_.emplace(std::make_pair(arch, source), compileKernel(source).image).first;
     CUmodule module = nullptr;
-    checkDriver(nvrtc().cuModuleLoadData(&module, image->second.data()), "loading a generated kernel");
+    checkDriver(cuModuleLoadData(&module, image->second.data()), "loading a generated kernel");
     CUfunction f = nullptr;
-    checkDriver(nvrtc().cuModuleGetFunction(&f, module, kFusedKernelName), "finding a generated kernel");
+    checkDriver(cuModuleGetFunction(&f, module, kFusedKernelName), "finding a generated kernel");
     return functions_[{device, key}] = f;
   }
 
@@ -74,7 +74,7 @@ class KernelCache {
 // primary one current, but only once something has run on this thread.
 void ensureContext() {
   CUcontext ctx = nullptr;
-  checkDriver(nvrtc().cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  checkDriver(cuCtxGetCurrent(&ctx), "cuCtxGetCurrent");
   if (!ctx) cudaFree(nullptr);
 }
 
@@ -120,7 +120,7 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   for (void*& p : pointers) args.push_back(&p);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const auto grid = static_cast<unsigned int>(fusedGridSize(numel, sms));
-  const CUresult launched = nvrtc().cuLaunchKernel(f, grid, 1, 1, kFusedBlockSize, 1, 1, 0,
+  const CUresult launched = cuLaunchKernel(f, grid, 1, 1, kFusedBlockSize, 1, 1, 0,
                                                    at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
   TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused: launching a generated kernel failed (CUDA error ", launched, ")");
   return out;
@@ -140,29 +140,31 @@ CompiledKernel compileKernel(const std::string& source) {
   if (!canCompileKernels()) throw std::runtime_error("no GPU to compile generated kernels for");
   CompiledKernel k{source, currentKernelArch(), ""};
   nvrtcProgram prog = nullptr;
-  checkNvrtc(nvrtc().nvrtcCreateProgram(&prog, source.c_str(), "spmd_fused.cu", 0, nullptr, nullptr),
+  checkNvrtc(nvrtcCreateProgram(&prog, source.c_str(), "spmd_fused.cu", 0, nullptr, nullptr),
              "nvrtcCreateProgram");
   const std::string archFlag = "--gpu-architecture=" + k.arch;
   // No fast math: the kernels round as ATen's do.
   const char* options[] = {archFlag.c_str(), "--std=c++17"};
-  const nvrtcResult compiled = nvrtc().nvrtcCompileProgram(prog, 2, options);
+  const nvrtcResult compiled = nvrtcCompileProgram(prog, 2, options);
   if (compiled != NVRTC_SUCCESS) {
     size_t size = 0;
-    nvrtc().nvrtcGetProgramLogSize(prog, &size);
+    nvrtcGetProgramLogSize(prog, &size);
     std::string log(size, '\0');
-    nvrtc().nvrtcGetProgramLog(prog, log.data());
-    nvrtc().nvrtcDestroyProgram(&prog);
+    nvrtcGetProgramLog(prog, log.data());
+    nvrtcDestroyProgram(&prog);
     throw std::runtime_error("NVRTC could not compile a generated kernel: " + log.substr(0, log.find('\n')));
   }
   size_t size = 0;
-  checkNvrtc(nvrtc().nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
+  checkNvrtc(nvrtcGetCUBINSize(prog, &size), "nvrtcGetCUBINSize");
   k.image.resize(size);
-  checkNvrtc(nvrtc().nvrtcGetCUBIN(prog, k.image.data()), "nvrtcGetCUBIN");
-  nvrtc().nvrtcDestroyProgram(&prog);
+  checkNvrtc(nvrtcGetCUBIN(prog, k.image.data()), "nvrtcGetCUBIN");
+  nvrtcDestroyProgram(&prog);
   return k;
 }
 
 void installCompiledKernel(const CompiledKernel& kernel) { KernelCache::instance().install(kernel); }
+
+void ensureFusedKernelsCudaRegistered() {}
 
 }  // namespace spmd
 

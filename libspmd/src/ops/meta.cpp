@@ -111,18 +111,24 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
   // Below autograd: shapes need no graph, and spmd's own ops have no
   // autograd kernel for the meta device.
   at::AutoDispatchBelowADInplaceOrView belowAutograd;
+  // A device argument names where a result lives (a traced cast's "cpu"):
+  // for shapes, the meta device. Left as it is, _to_copy(meta, device=cpu)
+  // would throw and take the CPU retry with tensors of full size.
+  std::vector<c10::IValue> onMeta;
+  onMeta.reserve(stack.size());
+  for (const c10::IValue& v : stack) onMeta.push_back(v.isDevice() ? c10::IValue(c10::Device(at::kMeta)) : v);
   // Most ops have meta kernels all the way down and need no fallback. A
   // scope is taken only for those that do: the first live scope updates
   // every op's dispatch table (milliseconds), which a caller inferring node
   // after node outside any scope would otherwise pay per node.
   try {
-    return toMeta(callOperator(op, stack));
+    return toMeta(callOperator(op, onMeta));
   } catch (const std::exception&) {
     // No meta kernel somewhere below the op: again, with the fallback.
   }
   MetaFallbackScope metaFallback;
   try {
-    return toMeta(callOperator(op, stack));
+    return toMeta(callOperator(op, onMeta));
   } catch (const std::exception&) {
     // No meta kernel even so (or one that reads data).
     checkStandInBudget(op, stack);

@@ -160,6 +160,8 @@ void addLowerFlags(CLI::App& app, LowerOptions& options) {
   app.add_flag("--cudagraphs", options.cudagraphs, "capture the repeating iteration into a CUDA graph (CUDA only)");
   app.add_flag_callback("--no-fuse", [&options] { options.fuse = false; },
                         "keep the optimizer's per-parameter ops (no _foreach calls)");
+  app.add_flag_callback("--no-generated-kernels", [&options] { options.generateKernels = false; },
+                        "CUDA: keep element-wise ops as ATen calls (no fuse-pointwise kernels)");
   app.add_option("--attention-kernel", options.attentionKernel,
                  "CUDA attention kernel: auto (bf16/fp16: cudnn up to head size 128, flash up to 256; else efficient), "
                  "efficient, flash, cudnn, or math (unfused)")

@@ -1,8 +1,8 @@
 // spmd::fused(Tensor[] inputs, str program) -> Tensor[]: a group of
 // pointwise ops as one node (spmd-lower's fuse-pointwise pass), its body a
 // pointwise program (ops/pointwise_program.h). On CUDA it runs as one
-// generated kernel (ops/cuda_codegen.h) compiled with NVRTC, through ATen's
-// lazily loaded NVRTC and driver table as jiterator does; on the CPU the
+// generated kernel (ops/cuda_codegen.h) compiled with the CUDA toolkit's
+// NVRTC and loaded through the driver API; on the CPU the
 // program is evaluated op by op with ATen (the reference the GPU kernels
 // are tested against); on the meta device it gives shapes and dtypes.
 #pragma once
@@ -12,6 +12,9 @@
 namespace spmd {
 
 void ensureFusedKernelOpsRegistered();
+#ifdef SPMD_WITH_CUDA
+void ensureFusedKernelsCudaRegistered();  // ops/fused_kernels_cuda.cpp
+#endif
 
 // A generated kernel's source and its compiled code for one architecture.
 struct CompiledKernel {
