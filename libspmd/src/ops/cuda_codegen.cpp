@@ -3,6 +3,7 @@
 #include "spmd/ops/dtype.h"
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -189,6 +190,94 @@ std::string rounded(c10::ScalarType t, const std::string& expr) {
   return loadExpr(t, storeExpr(t, expr));
 }
 
+// The two kernels of one program: `spmd_fused`, one element per iteration,
+// for any alignment; `spmd_fused_vec4`, four per iteration with vector loads
+// and stores of the operands that span the whole iteration space.
+struct KernelText {
+  const PointwiseProgram& program;
+  const std::vector<KernelTensor>& inputs;
+  const std::vector<int64_t>& shape;
+  std::string suffix;
+
+  bool full(size_t k) const { return indexExpr(inputs[k].shape, shape, suffix) == "i"; }
+  c10::ScalarType resultType(size_t r) const { return program.statements[program.results[r]].dtype; }
+
+  std::string signature(const std::string& name) const {
+    std::string s = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kFusedBlockSize) + ") " + name + "(";
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      s += std::string(k ? ",\n    " : "\n    ") + "const " + storageType(inputs[k].dtype) + "* __restrict__ in" +
+           std::to_string(k) + "  /* " + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape) + " */";
+    }
+    for (size_t r = 0; r < program.results.size(); ++r) {
+      s += std::string(",\n    ") + storageType(resultType(r)) + "* __restrict__ out" + std::to_string(r) + "  /* " +
+           dtypeShortName(resultType(r)) + shapeText(shape) + " */";
+    }
+    return s + ") {\n";
+  }
+
+  // The statements for element i, each input read by `load(k)`, each result
+  // written by `store(r, value)`.
+  std::string body(const std::string& pad, const std::function<std::string(size_t)>& load,
+                   const std::function<std::string(size_t, const std::string&)>& store) const {
+    std::string b;
+    for (size_t k = 0; k < inputs.size(); ++k) b += pad + "const float a" + std::to_string(k) + " = " + load(k) + ";\n";
+    for (size_t i = 0; i < program.statements.size(); ++i) {
+      const PointwiseStatement& st = program.statements[i];
+      b += pad + "const float t" + std::to_string(i) + " = " + rounded(st.dtype, opExpr(st)) + ";\n";
+    }
+    for (size_t r = 0; r < program.results.size(); ++r) {
+      b += pad + store(r, storeExpr(resultType(r), "t" + std::to_string(program.results[r]))) + ";\n";
+    }
+    return b;
+  }
+
+  std::string loop(const std::string& index, const std::string& var, int64_t count) const {
+    const std::string block = std::to_string(kFusedBlockSize) + suffix;
+    return "  for (" + index + " " + var + " = blockIdx.x * " + block + " + threadIdx.x; " + var + " < " +
+           std::to_string(count) + suffix + "; " + var + " += gridDim.x * " + block + ") {\n";
+  }
+
+  std::string elementAt(size_t k) const {
+    return loadExpr(inputs[k].dtype, "in" + std::to_string(k) + "[" + indexExpr(inputs[k].shape, shape, suffix) + "]");
+  }
+
+  std::string scalarKernel(const std::string& index, int64_t numel) const {
+    std::string s = signature(kFusedKernelName) + loop(index, "i", numel);
+    s += body(
+        "    ", [&](size_t k) { return elementAt(k); },
+        [&](size_t r, const std::string& v) { return "out" + std::to_string(r) + "[i] = " + v; });
+    return s + "  }\n}\n";
+  }
+
+  static std::string vectorType(c10::ScalarType t) { return t == c10::ScalarType::Float ? "spmd_f32x4" : "spmd_u16x4"; }
+
+  std::string vectorKernel(const std::string& index, int64_t vectors) const {
+    const std::string width = std::to_string(kFusedVectorWidth);
+    std::string s = "struct alignas(16) spmd_f32x4 { float v[4]; };\n"
+                    "struct alignas(8) spmd_u16x4 { unsigned short v[4]; };\n";
+    s += signature(std::string(kFusedKernelName) + "_vec4") + loop(index, "n", vectors);
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (!full(k)) continue;
+      const std::string t = vectorType(inputs[k].dtype);
+      s += "    const " + t + " l" + std::to_string(k) + " = reinterpret_cast<const " + t + "*>(in" +
+           std::to_string(k) + ")[n];\n";
+    }
+    for (size_t r = 0; r < program.results.size(); ++r) s += "    " + vectorType(resultType(r)) + " s" + std::to_string(r) + ";\n";
+    s += "#pragma unroll\n    for (" + index + " j = 0; j < " + width + suffix + "; ++j) {\n";
+    s += "      const " + index + " i = n * " + width + suffix + " + j;\n";
+    s += body(
+        "      ",
+        [&](size_t k) { return full(k) ? loadExpr(inputs[k].dtype, "l" + std::to_string(k) + ".v[j]") : elementAt(k); },
+        [&](size_t r, const std::string& v) { return "s" + std::to_string(r) + ".v[j] = " + v; });
+    s += "    }\n";
+    for (size_t r = 0; r < program.results.size(); ++r) {
+      const std::string t = vectorType(resultType(r));
+      s += "    reinterpret_cast<" + t + "*>(out" + std::to_string(r) + ")[n] = s" + std::to_string(r) + ";\n";
+    }
+    return s + "  }\n}\n";
+  }
+};
+
 }  // namespace
 
 std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs) {
@@ -237,33 +326,9 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
   src += "// " + printPointwiseProgram(program) + "\n";
   src += "// iteration space " + shapeText(shape) + ", " + std::to_string(numel) + " elements\n";
   src += prelude(dtypes, ops);
-  src += "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kFusedBlockSize) + ") " + kFusedKernelName + "(";
-  std::string params;
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    params += std::string(k ? ",\n    " : "\n    ") + "const " + storageType(inputs[k].dtype) + "* __restrict__ in" +
-              std::to_string(k) + "  /* " + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape) + " */";
-  }
-  for (size_t r = 0; r < program.results.size(); ++r) {
-    const c10::ScalarType t = program.statements[program.results[r]].dtype;
-    params += std::string(",\n    ") + storageType(t) + "* __restrict__ out" + std::to_string(r) + "  /* " +
-              dtypeShortName(t) + shapeText(shape) + " */";
-  }
-  src += params + ") {\n";
-  src += "  for (" + index + " i = blockIdx.x * " + std::to_string(kFusedBlockSize) + suffix + " + threadIdx.x; i < " +
-         std::to_string(numel) + suffix + "; i += gridDim.x * " + std::to_string(kFusedBlockSize) + suffix + ") {\n";
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    const std::string element = "in" + std::to_string(k) + "[" + indexExpr(inputs[k].shape, shape, suffix) + "]";
-    src += "    const float a" + std::to_string(k) + " = " + loadExpr(inputs[k].dtype, element) + ";\n";
-  }
-  for (size_t i = 0; i < program.statements.size(); ++i) {
-    const PointwiseStatement& s = program.statements[i];
-    src += "    const float t" + std::to_string(i) + " = " + rounded(s.dtype, opExpr(s)) + ";\n";
-  }
-  for (size_t r = 0; r < program.results.size(); ++r) {
-    const int t = program.results[r];
-    src += "    out" + std::to_string(r) + "[i] = " + storeExpr(program.statements[t].dtype, "t" + std::to_string(t)) + ";\n";
-  }
-  src += "  }\n}\n";
+  KernelText k{program, inputs, shape, suffix};
+  src += k.scalarKernel(index, numel);
+  if (numel % kFusedVectorWidth == 0) src += k.vectorKernel(index, numel / kFusedVectorWidth);
   return src;
 }
 

@@ -1,7 +1,7 @@
 // CUDA C for a pointwise program (ops/pointwise_program.h) on static shapes:
-// one kernel, `spmd_fused`, whose arguments are the inputs' and outputs'
-// data pointers in order (contiguous tensors); shapes, broadcasting and the
-// element count are constants in the source. The text is deterministic
+// `spmd_fused` (and `spmd_fused_vec4`, see below), whose arguments are the
+// inputs' and outputs' data pointers in order (contiguous tensors); shapes,
+// broadcasting and the element count are constants in the source. The text is deterministic
 // (golden tests read it) and needs no headers, so NVRTC compiles it as is.
 #pragma once
 
@@ -20,6 +20,10 @@ namespace spmd {
 constexpr int kCodegenVersion = 1;
 constexpr const char* kFusedKernelName = "spmd_fused";
 constexpr int kFusedBlockSize = 256;
+// `spmd_fused_vec4`, made when the element count is a multiple of it, takes
+// this many elements per iteration: spmd::fused launches it when every data
+// pointer is 16-byte aligned.
+constexpr int kFusedVectorWidth = 4;
 
 struct KernelTensor {
   c10::ScalarType dtype = c10::ScalarType::Float;
