@@ -398,6 +398,15 @@ def main():
     check("unknown value", [write("value.json", graph_json(unknown_value))], 1,
           E + r".*/value\.json: /nodes/1/args/0/value: unknown value 'x9'")
     check("missing --input", ["samples/mlp.pt"], 1, E + r"samples/mlp\.pt: forward\(x\): missing --input spec for 'x'")
+    fused = "graph\n  input %x: f32[4,8] data\n  %y: {t}[4,8] = spmd::fused([%x], \"{p}\")\n  return (%y)\n"
+    check("bad generated-kernel program", [write("prog.spmd", fused.format(t="f32", p="t0:f32 = frob(in0); return t0")),
+                                           "--kernels"], 1,
+          E + r".*/prog\.spmd: /nodes/0: spmd::fused rejects its arguments: spmd::fused: bad program: "
+          r"at character 9: unknown operation")
+    check("generated kernel of another dtype", [write("dt.spmd", fused.format(t="bf16", p="t0:f32 = neg(in0); return t0")),
+                                                "--kernels"], 1,
+          E + r".*/dt\.spmd: /nodes/0/outputs/0: spmd::fused gives dtype float32, the graph says bfloat16")
+    check("--source without --kernels", ["samples/mlp.pt", "--source"], 2, r"spmd-inspect: error: --source requires --kernels")
     check("unknown --input", MLP + ["--input", "y:f32[1]"], 1,
           E + r"samples/mlp\.pt: --input y: forward has no argument 'y'")
     check("bad spec syntax", ["samples/mlp.pt", "--input", "x:f32[100,"], 1,
