@@ -16,13 +16,14 @@ config.test_exec_root = getattr(config, "spmd_exec_root", os.path.join(config.te
 
 tools = {
     "spmd-opt": getattr(config, "spmd_opt", None),
+    "spmd-inspect": getattr(config, "spmd_inspect", None),
     "FileCheck": getattr(config, "filecheck", None),
     "not": getattr(config, "not_tool", None),
 }
 for name, path in tools.items():
     # A missing tool fails the whole suite rather than skipping it.
     if not path or not os.path.isfile(path) or not os.access(path, os.X_OK):
-        lit_config.fatal(f"{name} not found (got {path!r}); install llvm-15-tools and build spmd-opt")
+        lit_config.fatal(f"{name} not found (got {path!r}); install llvm-15-tools and build spmd-opt and spmd-inspect")
     # The tool's name as a word of a RUN line, not inside a path or a longer name.
     config.substitutions.append((r"(?<![\w./-])" + re.escape(name) + r"(?![\w./-])", path))
 config.substitutions.append(("%python", sys.executable))

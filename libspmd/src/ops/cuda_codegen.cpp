@@ -191,8 +191,8 @@ std::string rounded(c10::ScalarType t, const std::string& expr) {
 }
 
 // The two kernels of one program: `spmd_fused`, one element per iteration,
-// for any alignment; `spmd_fused_vec4`, four per iteration with vector loads
-// and stores of the operands that span the whole iteration space.
+// for any alignment; `spmd_fused_vec`, four or eight per iteration with
+// vector loads and stores of the operands that span the iteration space.
 struct KernelText {
   const PointwiseProgram& program;
   const std::vector<KernelTensor>& inputs;
@@ -249,20 +249,34 @@ struct KernelText {
     return s + "  }\n}\n";
   }
 
-  static std::string vectorType(c10::ScalarType t) { return t == c10::ScalarType::Float ? "spmd_f32x4" : "spmd_u16x4"; }
+  static std::string vectorType(c10::ScalarType t, int width) {
+    if (width == 8) return "spmd_u16x8";
+    return t == c10::ScalarType::Float ? "spmd_f32x4" : "spmd_u16x4";
+  }
 
-  std::string vectorKernel(const std::string& index, int64_t vectors) const {
-    const std::string width = std::to_string(kFusedVectorWidth);
-    std::string s = "struct alignas(16) spmd_f32x4 { float v[4]; };\n"
-                    "struct alignas(8) spmd_u16x4 { unsigned short v[4]; };\n";
-    s += signature(std::string(kFusedKernelName) + "_vec4") + loop(index, "n", vectors);
+  // Eight 16-bit elements (16 bytes) per access where every vector operand
+  // is 16-bit, else four (16 bytes of f32, 8 of 16-bit).
+  int vectorWidth() const {
+    bool sixteenBit = true;
+    for (size_t k = 0; k < inputs.size(); ++k) sixteenBit = sixteenBit && (!full(k) || inputs[k].dtype != c10::ScalarType::Float);
+    for (size_t r = 0; r < program.results.size(); ++r) sixteenBit = sixteenBit && resultType(r) != c10::ScalarType::Float;
+    return sixteenBit ? 8 : 4;
+  }
+
+  std::string vectorKernel(const std::string& index, int64_t numel) const {
+    const int w = vectorWidth();
+    const std::string width = std::to_string(w);
+    std::string s = w == 8 ? "struct alignas(16) spmd_u16x8 { unsigned short v[8]; };\n"
+                           : "struct alignas(16) spmd_f32x4 { float v[4]; };\n"
+                             "struct alignas(8) spmd_u16x4 { unsigned short v[4]; };\n";
+    s += signature(std::string(kFusedKernelName) + "_vec") + loop(index, "n", numel / w);
     for (size_t k = 0; k < inputs.size(); ++k) {
       if (!full(k)) continue;
-      const std::string t = vectorType(inputs[k].dtype);
+      const std::string t = vectorType(inputs[k].dtype, w);
       s += "    const " + t + " l" + std::to_string(k) + " = reinterpret_cast<const " + t + "*>(in" +
            std::to_string(k) + ")[n];\n";
     }
-    for (size_t r = 0; r < program.results.size(); ++r) s += "    " + vectorType(resultType(r)) + " s" + std::to_string(r) + ";\n";
+    for (size_t r = 0; r < program.results.size(); ++r) s += "    " + vectorType(resultType(r), w) + " s" + std::to_string(r) + ";\n";
     s += "#pragma unroll\n    for (" + index + " j = 0; j < " + width + suffix + "; ++j) {\n";
     s += "      const " + index + " i = n * " + width + suffix + " + j;\n";
     s += body(
@@ -271,7 +285,7 @@ struct KernelText {
         [&](size_t r, const std::string& v) { return "s" + std::to_string(r) + ".v[j] = " + v; });
     s += "    }\n";
     for (size_t r = 0; r < program.results.size(); ++r) {
-      const std::string t = vectorType(resultType(r));
+      const std::string t = vectorType(resultType(r), w);
       s += "    reinterpret_cast<" + t + "*>(out" + std::to_string(r) + ")[n] = s" + std::to_string(r) + ";\n";
     }
     return s + "  }\n}\n";
@@ -298,6 +312,12 @@ std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs) {
 int64_t fusedGridSize(int64_t numel, int multiprocessors) {
   const int64_t needed = (numel + kFusedBlockSize - 1) / kFusedBlockSize;
   return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{multiprocessors} * 16));
+}
+
+int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs) {
+  const std::vector<int64_t> shape = broadcastShapes(inputs);
+  const KernelText k{program, inputs, shape, "u"};
+  return product(shape, 0, shape.size()) % k.vectorWidth() == 0 ? k.vectorWidth() : 0;
 }
 
 std::string pointwiseKernelSource(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs) {
@@ -328,7 +348,7 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
   src += prelude(dtypes, ops);
   KernelText k{program, inputs, shape, suffix};
   src += k.scalarKernel(index, numel);
-  if (numel % kFusedVectorWidth == 0) src += k.vectorKernel(index, numel / kFusedVectorWidth);
+  if (numel % k.vectorWidth() == 0) src += k.vectorKernel(index, numel);
   return src;
 }
 

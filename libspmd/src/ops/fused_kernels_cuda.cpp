@@ -51,9 +51,9 @@ class KernelCache {
     images_[{k.arch, k.source}] = k.image;
   }
 
-  // The kernel and its four-wide form (nullptr where the source has none).
+  // The kernel and its vector form (nullptr where the source has none).
   struct Functions {
-    CUfunction scalar = nullptr, vec4 = nullptr;
+    CUfunction scalar = nullptr, vector = nullptr;
   };
 
   Functions functions(int device, const std::string& key, const std::string& source) {
@@ -67,8 +67,7 @@ class KernelCache {
     checkDriver(cuModuleLoadData(&module, image->second.data()), "loading a generated kernel");
     Functions f;
     checkDriver(cuModuleGetFunction(&f.scalar, module, kFusedKernelName), "finding a generated kernel");
-    const std::string vec4 = std::string(kFusedKernelName) + "_vec4";
-    if (cuModuleGetFunction(&f.vec4, module, vec4.c_str()) != CUDA_SUCCESS) f.vec4 = nullptr;
+    if (cuModuleGetFunction(&f.vector, module, kFusedVectorKernelName) != CUDA_SUCCESS) f.vector = nullptr;
     return functions_[{device, key}] = f;
   }
 
@@ -126,12 +125,13 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   if (numel == 0) return out;
   std::vector<void*> args;
   for (void*& p : pointers) args.push_back(&p);
-  // Four elements per iteration where every operand allows 16-byte access.
-  bool aligned = f.vec4 != nullptr;
+  // The vector form where every operand allows 16-byte access.
+  const int width = f.vector ? fusedVectorWidth(program, sig) : 0;
+  bool aligned = width > 0;
   for (void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const auto grid = static_cast<unsigned int>(fusedGridSize(aligned ? numel / kFusedVectorWidth : numel, sms));
-  const CUresult launched = cuLaunchKernel(aligned ? f.vec4 : f.scalar, grid, 1, 1, kFusedBlockSize, 1, 1, 0,
+  const auto grid = static_cast<unsigned int>(fusedGridSize(aligned ? numel / width : numel, sms));
+  const CUresult launched = cuLaunchKernel(aligned ? f.vector : f.scalar, grid, 1, 1, kFusedBlockSize, 1, 1, 0,
                                                    at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
   TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused: launching a generated kernel failed (CUDA error ", launched, ")");
   return out;

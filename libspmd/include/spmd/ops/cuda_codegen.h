@@ -1,5 +1,5 @@
 // CUDA C for a pointwise program (ops/pointwise_program.h) on static shapes:
-// `spmd_fused` (and `spmd_fused_vec4`, see below), whose arguments are the
+// `spmd_fused` (and `spmd_fused_vec`, see below), whose arguments are the
 // inputs' and outputs' data pointers in order (contiguous tensors); shapes,
 // broadcasting and the element count are constants in the source. The text is deterministic
 // (golden tests read it) and needs no headers, so NVRTC compiles it as is.
@@ -20,10 +20,7 @@ namespace spmd {
 constexpr int kCodegenVersion = 1;
 constexpr const char* kFusedKernelName = "spmd_fused";
 constexpr int kFusedBlockSize = 256;
-// `spmd_fused_vec4`, made when the element count is a multiple of it, takes
-// this many elements per iteration: spmd::fused launches it when every data
-// pointer is 16-byte aligned.
-constexpr int kFusedVectorWidth = 4;
+constexpr const char* kFusedVectorKernelName = "spmd_fused_vec";
 
 struct KernelTensor {
   c10::ScalarType dtype = c10::ScalarType::Float;
@@ -37,6 +34,12 @@ std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs);
 // The kernel for `program` over `inputs` (in the program's input order);
 // throws std::invalid_argument for inputs that do not match the program.
 std::string pointwiseKernelSource(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs);
+
+// `spmd_fused_vec`'s elements per iteration (8 where every operand it reads
+// or writes whole is 16-bit, else 4), or 0 when the element count is no
+// multiple of it and the source has no such kernel. spmd::fused launches it
+// when every data pointer is 16-byte aligned.
+int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs);
 
 // Blocks to launch for `numel` elements (a grid-stride loop covers the rest).
 int64_t fusedGridSize(int64_t numel, int multiprocessors);
