@@ -7,8 +7,11 @@
 // `inK` is the fused node's K-th input (broadcast to the iteration space),
 // `tK` the K-th statement's result, and a number a constant. Every statement
 // computes in float and then rounds to its dtype, as the ATen op it stands
-// for rounds its result, so a program equals its unfused ops. The results
-// named by `return` are the node's outputs, of the iteration space's shape.
+// for rounds its result, so a program computes what its unfused ops do, up to
+// how their kernels round inside (ATen's add with alpha may fuse its multiply
+// and add; math functions differ by an ulp between implementations). The
+// results named by `return` are the node's outputs, of the iteration space's
+// shape.
 #pragma once
 
 #include <c10/core/ScalarType.h>
