@@ -17,6 +17,7 @@
 #include <nvrtc.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -56,10 +57,12 @@ class KernelCache {
     CUfunction scalar = nullptr, vector = nullptr;
   };
 
-  Functions functions(int device, const std::string& key, const std::string& source) {
+  // `sourceOf` generates the source, on the first call for `key` only.
+  Functions functions(int device, const std::string& key, const std::function<std::string()>& sourceOf) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = functions_.find({device, key});
     if (it != functions_.end()) return it->second;
+    const std::string source = sourceOf();
     const std::string arch = currentKernelArch();
     auto image = images_.find({arch, source});
     if (image == images_.end()) image = images_.emplace(std::make_pair(arch, source), compileKernel(source).image).first;
@@ -105,7 +108,8 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   KernelCache::Functions f;
   try {
     ensureContext();
-    f = KernelCache::instance().functions(inputs[0].get_device(), key, pointwiseKernelSource(program, sig));
+    f = KernelCache::instance().functions(inputs[0].get_device(), key,
+                                          [&] { return pointwiseKernelSource(program, sig); });
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "spmd::fused: ", e.what());
   }
