@@ -47,7 +47,7 @@ std::vector<CompiledKernel> compileKernels(const Graph& graph, DiagnosticEngine*
   }
   if (!gpu && !kernels.empty() && diagnostics) {
     diagnostics->note("no GPU here: the " + std::to_string(kernels.size()) +
-                      " distinct generated kernel(s) are stored as source; spmd-run compiles them before the first step");
+                      " distinct generated kernel(s) are stored as source; spmd-run compiles each at its first launch");
   }
   return kernels;
 }

@@ -38,7 +38,7 @@ struct Artifact {
   std::set<std::string> zeroState;
   // The generated kernels' sources, each with its compiled image when
   // spmd-lower ran on a GPU (arch and image empty otherwise: spmd-run
-  // compiles it before the first step).
+  // compiles it at its first launch).
   std::vector<CompiledKernel> kernels;
 };
 
