@@ -27,7 +27,7 @@ void targetDevice(Graph& graph, const std::string& device) {
 }
 
 // Each distinct generated kernel's source, compiled for this machine's GPU
-// when it has one; else left for spmd-run to compile before its first step.
+// when it has one; else left for spmd-run to compile at its first launch.
 std::vector<CompiledKernel> compileKernels(const Graph& graph, DiagnosticEngine* diagnostics) {
   TimedPhase phase("compile kernels");
   std::vector<CompiledKernel> kernels;

@@ -128,7 +128,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const std::string fingerprint = checkpoints ? stepFingerprint(artifact) : "";
 
   device.makeCurrent();
-  // Compiled at lower time: no launch compiles them again.
+  // Compiled at lower time: a launch finds them instead of compiling them.
   for (const CompiledKernel& kernel : artifact.kernels) {
     if (!kernel.image.empty()) installCompiledKernel(kernel);
   }
