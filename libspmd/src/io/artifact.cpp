@@ -284,17 +284,23 @@ at::Tensor tensorFrom(const IndexEntry& e, std::string_view data, const Source& 
   return t;
 }
 
-// kernels.json and the records it names, added to `sum` in the order the
-// writer added them.
-std::vector<CompiledKernel> readKernels(Zip& zip, Checksum& sum) {
-  const std::string text = record(zip, "kernels.json");
+// The JSON array record `name` holds as `text`; errors name the record.
+nlohmann::json jsonArray(const std::string& text, const std::string& name) {
   nlohmann::json list;
   try {
     list = parseJson(text);
   } catch (const Diagnostic& d) {
-    throw Diagnostic("kernels.json", d.message());
+    throw Diagnostic(name, d.message());
   }
-  if (!list.is_array()) throw Diagnostic("kernels.json", "expected an array");
+  if (!list.is_array()) throw Diagnostic(name, "expected an array");
+  return list;
+}
+
+// kernels.json and the records it names, added to `sum` in the order the
+// writer added them.
+std::vector<CompiledKernel> readKernels(Zip& zip, Checksum& sum) {
+  const std::string text = record(zip, "kernels.json");
+  const nlohmann::json list = jsonArray(text, "kernels.json");
   std::vector<CompiledKernel> kernels;
   auto named = [&](const nlohmann::json& entry, const char* key, const std::string& where) {
     if (!entry.contains(key) || !entry[key].is_string()) throw Diagnostic(where + "/" + key, "expected a string");
@@ -325,13 +331,7 @@ Artifact readVerified(Zip& zip, const Source& source) {
   const std::string graphText = record(zip, "graph.json");
   sum.add(graphText);
   const std::string indexText = record(zip, "tensors.json");
-  nlohmann::json index;
-  try {
-    index = parseJson(indexText);
-  } catch (const Diagnostic& d) {
-    throw Diagnostic("tensors.json", d.message());
-  }
-  if (!index.is_array()) throw Diagnostic("tensors.json", "expected an array");
+  const nlohmann::json index = jsonArray(indexText, "tensors.json");
   std::vector<IndexEntry> entries;
   std::vector<std::string_view> data;
   for (size_t i = 0; i < index.size(); ++i) {
