@@ -15,6 +15,8 @@
 #include <torch/script.h>
 #include <torch/serialize.h>
 
+#include <filesystem>
+
 #include "test_support.h"
 
 using namespace spmd;
@@ -171,4 +173,30 @@ def forward(self, x, t):
   const Graph onCpu = importTorchScript(saved.str(), "tiny.pt", specs, TraceOn::Cpu);
   CHECK(writeGraphJson(onMeta) == writeGraphJson(onCpu));
   CHECK(writeGraphJson(importTorchScript(saved.str(), "tiny.pt", specs)) == writeGraphJson(onCpu));
+}
+
+// spmd-expand loads a module without its parameters' and buffers' values
+// (the meta trace reads none). A value read from a tensor held otherwise,
+// here a plain attribute and one in a list, becomes a constant of the trace:
+// it must be read, and the module loaded whole.
+TEST_CASE("tensor attributes other than parameters and buffers keep their values") {
+  torch::jit::Module m("WithConstants");
+  m.register_parameter("w", torch::randn({8, 4}), false);
+  m.register_attribute("offset", c10::TensorType::get(), torch::full({}, 0.5));
+  m.register_attribute("scales", c10::ListType::ofTensors(), c10::List<at::Tensor>({torch::full({}, 3.0)}));
+  m.define(R"(
+def forward(self, x):
+    return torch.sum(torch.matmul(x, self.w)) * self.scales[0].item() + self.offset.item()
+)");
+  const std::string path = (std::filesystem::temp_directory_path() / "spmd-import-constants.pt").string();
+  m.save(path);
+  const auto specs = parseInputSpecs({"x:f32[3,8]"});
+  const at::Tensor x = torch::randn({3, 8});
+  const at::Tensor expected = m.forward({x}).toTensor();
+  for (TraceOn on : {TraceOn::Auto, TraceOn::Meta, TraceOn::Cpu}) {
+    INFO("trace on " << static_cast<int>(on));
+    const Graph graph = importTorchScript(readFile(path), path, specs, on);
+    REQUIRE(verifyGraph(graph).empty());
+    requireSameTensor(runImported(graph, {{"x", x}}).outputs.at(0), expected, "loss");
+  }
 }

@@ -7,16 +7,13 @@
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
 #include "spmd/support/phase_times.h"
-#include "huge_pages.h"
 #include "torchscript_internal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/zeros.h>
-#include <caffe2/serialize/in_memory_adapter.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/passes/inliner.h>
-#include <torch/csrc/jit/serialization/import.h>
 
 #include <algorithm>
 #include <set>
@@ -29,6 +26,9 @@ namespace jit = torch::jit;
 using torchscript_detail::convertTrace;
 using torchscript_detail::exampleInput;
 using torchscript_detail::forwardFailure;
+using torchscript_detail::loadModule;
+using torchscript_detail::NamedTensor;
+using torchscript_detail::WeightValues;
 using torchscript_detail::markDataDependence;
 using torchscript_detail::moduleState;
 using torchscript_detail::onMeta;
@@ -59,15 +59,67 @@ std::vector<InputSpec> orderSpecs(const std::vector<std::string>& names, const s
   return ordered;
 }
 
-jit::Module loadModule(std::string_view bytes) {
-  TimedPhase phase("load the module (jit::load)");
-  HugePageAllocations hugePages;
-  try {
-    return jit::load(std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), static_cast<off_t>(bytes.size())));
-  } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    throw Diagnostic("", "not a loadable TorchScript module: " + what.substr(0, what.find('\n')));
+// The module and what the trace needs of it: forward's inlined graph, which
+// of its values depend on data, the specs in forward's order and the state.
+struct Prepared {
+  jit::Module module;
+  std::shared_ptr<jit::Graph> forward;
+  std::vector<InputSpec> ordered;
+  std::vector<NamedTensor> state;
+};
+
+Prepared prepare(jit::Module module, const std::vector<InputSpec>& specs) {
+  if (!module.find_method("forward")) throw Diagnostic("", "the module has no forward method");
+  Prepared p{module, nullptr, orderSpecs(forwardArgumentNames(module), specs), moduleState(module)};
+  p.forward = jit::toGraphFunction(module.get_method("forward").function()).graph()->copy();
+  jit::Inline(*p.forward);
+  std::set<const jit::Value*> dependent;
+  markDataDependence(p.forward->block(), dependent);
+  return p;
+}
+
+// Tracing on the meta device computes nothing, so a large model imports in
+// a moment; its weights are not even read. Throws where an op has no meta
+// kernel or the trace reads a value (a tensor constant, .item()).
+Graph traceOnMeta(Prepared& p, const std::string& fileName) {
+  // On LibTorch 1.13, ops without meta kernels run on zero CPU tensors for
+  // the length of the trace.
+  MetaFallbackScope metaFallback;
+  std::vector<at::Tensor> metaInputs;
+  for (const auto& spec : p.ordered) metaInputs.push_back(at::zeros(spec.shape, at::TensorOptions().dtype(spec.dtype).device(at::kMeta)));
+  const auto metaState = onMeta(p.state);
+  swapModuleTensors(p.module, metaState);
+  std::shared_ptr<jit::Graph> traced;
+  {
+    TimedPhase phase("trace forward on the meta device");
+    traced = traceForward(p.module, p.forward, metaInputs, metaState);
   }
+  TimedPhase phase("convert the trace");
+  return convertTrace(*traced, p.ordered, metaState, fileName);
+}
+
+// `metaFailure` says why the meta trace failed, if it was tried.
+Graph traceOnCpu(Prepared& p, const std::string& fileName, const std::string& metaFailure) {
+  // --time-passes names what sent the trace to the CPU.
+  TimedPhase phase("trace forward on CPU tensors" + (metaFailure.empty() ? "" : " (on meta: " + metaFailure + ")"));
+  at::Generator gen = at::detail::createCPUGenerator(0);
+  std::vector<at::Tensor> dataInputs;
+  for (const auto& spec : p.ordered) dataInputs.push_back(exampleInput(spec, gen));
+  std::shared_ptr<jit::Graph> traced;
+  try {
+    traced = traceForward(p.module, p.forward, dataInputs, p.state);
+  } catch (const c10::Error& e) {
+    throw forwardFailure(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw forwardFailure(e.what());
+  }
+  return convertTrace(*traced, p.ordered, p.state, fileName);
+}
+
+std::string firstLineOf(const std::exception& e) {
+  const c10::Error* c10error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = c10error ? c10error->what_without_backtrace() : e.what();
+  return what.substr(0, what.find('\n'));
 }
 
 }  // namespace
@@ -75,65 +127,29 @@ jit::Module loadModule(std::string_view bytes) {
 Graph importTorchScript(std::string_view bytes, const std::string& fileName,
                         const std::vector<InputSpec>& specs, TraceOn traceOn) {
   ensureSpmdOpsRegistered();
-  jit::Module module = loadModule(bytes);
-  if (!module.find_method("forward")) throw Diagnostic("", "the module has no forward method");
-  const auto ordered = orderSpecs(forwardArgumentNames(module), specs);
-
-  auto forward = jit::toGraphFunction(module.get_method("forward").function()).graph()->copy();
-  jit::Inline(*forward);
-  std::set<const jit::Value*> dependent;
-  markDataDependence(forward->block(), dependent);
-
-  const auto state = moduleState(module);
-  std::string metaFailure;  // why the trace on the meta device failed, if it did
-  // Tracing on the meta device computes nothing, so a large model imports in
-  // a moment. Where an op has no meta kernel or the trace reads a value (a
-  // tensor constant, .item()), the module is traced on CPU tensors instead.
+  std::string metaFailure;
   // (LibTorch 1.13 lacks meta kernels for many ops, relu among them: there
   // most modules take the CPU path.)
-  if (traceOn != TraceOn::Cpu) try {
-    // On LibTorch 1.13, ops without meta kernels run on zero CPU tensors
-    // for the length of the trace.
-    MetaFallbackScope metaFallback;
-    std::vector<at::Tensor> metaInputs;
-    for (const auto& spec : ordered) metaInputs.push_back(at::zeros(spec.shape, at::TensorOptions().dtype(spec.dtype).device(at::kMeta)));
-    const auto metaState = onMeta(state);
-    swapModuleTensors(module, metaState);
-    std::shared_ptr<jit::Graph> traced;
-    {
-      TimedPhase phase("trace forward on the meta device");
-      traced = traceForward(module, forward, metaInputs, metaState);
+  if (traceOn != TraceOn::Cpu) {
+    std::optional<jit::Module> module = loadModule(bytes, WeightValues::Skip);
+    if (!module) module = loadModule(bytes, WeightValues::Read);
+    Prepared p = prepare(*module, specs);
+    try {
+      return traceOnMeta(p, fileName);
+    } catch (const std::exception& e) {
+      if (traceOn == TraceOn::Meta) throw;
+      metaFailure = firstLineOf(e);
     }
-    TimedPhase phase("convert the trace");
-    Graph graph = convertTrace(*traced, ordered, metaState, fileName);
-    swapModuleTensors(module, state);
-    return graph;
-  } catch (const std::exception& e) {
-    swapModuleTensors(module, state);
-    if (traceOn == TraceOn::Meta) throw;
-    const c10::Error* c10error = dynamic_cast<const c10::Error*>(&e);
-    metaFailure = c10error ? c10error->what_without_backtrace() : e.what();
-    metaFailure = metaFailure.substr(0, metaFailure.find('\n'));
     // Tracing again on CPU inputs allocates them whole: not for inputs
     // beyond the bound shape inference keeps to (issue #19).
-    int64_t bytes = 0;
-    for (const auto& spec : ordered) bytes += *boundedNumel(spec.shape) * static_cast<int64_t>(c10::elementSize(spec.dtype));
-    if (bytes > kMaxStandInBytes) throw forwardFailure(metaFailure);
+    int64_t inputBytes = 0;
+    for (const auto& spec : p.ordered) inputBytes += *boundedNumel(spec.shape) * static_cast<int64_t>(c10::elementSize(spec.dtype));
+    if (inputBytes > kMaxStandInBytes) throw forwardFailure(metaFailure);
   }
-  // --time-passes names what sent the trace to the CPU.
-  TimedPhase phase("trace forward on CPU tensors" + (metaFailure.empty() ? "" : " (on meta: " + metaFailure + ")"));
-  at::Generator gen = at::detail::createCPUGenerator(0);
-  std::vector<at::Tensor> dataInputs;
-  for (const auto& spec : ordered) dataInputs.push_back(exampleInput(spec, gen));
-  std::shared_ptr<jit::Graph> traced;
-  try {
-    traced = traceForward(module, forward, dataInputs, state);
-  } catch (const c10::Error& e) {
-    throw forwardFailure(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw forwardFailure(e.what());
-  }
-  return convertTrace(*traced, ordered, state, fileName);
+  // The module is loaded again, with its weights: the trace on CPU tensors
+  // computes with them.
+  Prepared p = prepare(*loadModule(bytes, WeightValues::Read), specs);
+  return traceOnCpu(p, fileName, metaFailure);
 }
 
 }  // namespace spmd

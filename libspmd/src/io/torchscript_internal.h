@@ -12,6 +12,8 @@
 #include <torch/csrc/jit/ir/ir.h>
 
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <set>
 #include <unordered_map>
 #include <string>
@@ -38,6 +40,17 @@ Diagnostic forwardFailure(const std::string& report);
 // ---- data-dependent control flow (torchscript_checks.cpp) -------------------
 
 void markDataDependence(const jit::Block* block, std::set<const jit::Value*>& dependent);
+
+// ---- loading the module (torchscript_load.cpp) ------------------------------
+
+// Skip leaves the parameters' and buffers' storages unread (their memory is
+// allocated, never written): for a module whose parameters and buffers are
+// swapped for meta tensors before anything reads them. Returns nullopt when
+// an unread storage is reachable other than as a parameter or buffer (a
+// plain tensor attribute, a custom class): such a module needs Read.
+// Throws Diagnostic when the bytes are no loadable module.
+enum class WeightValues { Read, Skip };
+std::optional<jit::Module> loadModule(std::string_view bytes, WeightValues values);
 
 // ---- running the module under the tracer (torchscript_trace.cpp) -----------
 

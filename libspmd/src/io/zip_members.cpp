@@ -22,9 +22,11 @@ size_t endOfDirectory(const char* z, size_t n) {
 
 }  // namespace
 
-std::vector<ZipMember> zipMembers(const MappedFile& file) {
-  const char* z = file.bytes();
-  const size_t n = file.size();
+std::vector<ZipMember> zipMembers(const MappedFile& file) { return zipMembers(file.view()); }
+
+std::vector<ZipMember> zipMembers(std::string_view zip) {
+  const char* z = zip.data();
+  const size_t n = zip.size();
   const size_t eocd = endOfDirectory(z, n);
   uint64_t entries = littleEndian(z + eocd + 10, 2), directory = littleEndian(z + eocd + 16, 4);
   if ((entries == 0xffff || directory == 0xffffffff) && eocd >= 20 && littleEndian(z + eocd - 20, 4) == 0x07064b50) {

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace spmd {
@@ -23,5 +24,6 @@ struct ZipMember {
 // Throws Diagnostic (where "", naming no file) when `file` is not a zip file
 // or a member lies outside it.
 std::vector<ZipMember> zipMembers(const MappedFile& file);
+std::vector<ZipMember> zipMembers(std::string_view zip);
 
 }  // namespace spmd
