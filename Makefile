@@ -6,7 +6,7 @@ PYTHON  ?= /usr/bin/python3
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev libcli11-dev \
+DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev zlib1g-dev libcli11-dev \
            nlohmann-json3-dev catch2 graphviz python3-jsonschema procps llvm-15-tools \
            python3-torchvision
 INSPECT := $(BUILD)/spmd-inspect

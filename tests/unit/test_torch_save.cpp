@@ -7,9 +7,13 @@
 // files are checked by PyTorch against the tensors as JSON, and against the
 // pickle torch.save itself writes for the same dict.
 #include "spmd/io/torch_save.h"
+#include "spmd/io/zip_members.h"
+#include "spmd/io/zip_writer.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/mapped_file.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
@@ -566,4 +570,61 @@ TEST_CASE("saveTorchSaveValue: nested dicts, lists, tuples and scalars read back
 
 TEST_CASE("saveTorchSaveValue refuses what torch.save's state dicts do not hold", "[torch_save]") {
   checkError([] { saveTorchSaveValue(c10::IValue(c10::complex<double>(1, 2))); }, "cannot save a ComplexDouble");
+}
+
+// ---- ZipWriter: the zip files spmd writes (artifacts, torch.save files) ---------
+
+namespace {
+
+const char* kZipCheckScript = R"PY(
+import json, sys, zipfile
+path, expected = sys.argv[1], json.load(open(sys.argv[2]))
+with zipfile.ZipFile(path) as z:
+    bad = z.testzip()  # reads every member and checks its CRC-32
+    assert bad is None, "bad CRC-32: " + bad
+    got = {i.filename: z.read(i).hex() for i in z.infolist()}
+assert got == expected, sorted(set(got.items()) ^ set(expected.items()))[:4]
+)PY";
+
+}  // namespace
+
+TEST_CASE("ZipWriter's zips read back in LibTorch, zip_members and Python's zipfile", "[zip]") {
+  TempDir dir;
+  std::ofstream(dir.path("check.py")) << kZipCheckScript;
+  const at::Tensor big = at::randint(0, 256, {3 << 20}, at::kByte);  // pieces of 1 MiB, and a part
+  const std::vector<std::pair<std::string, std::string>> records = {
+      {"a.json", "{}"}, {"empty", ""}, {"odd", "seven b"},
+      {"big", std::string(static_cast<const char*>(big.data_ptr()), big.nbytes())}};
+  for (const bool zip64 : {false, true}) {
+    INFO((zip64 ? "with" : "without") << " zip64 fields");
+    const std::string path = dir.path(zip64 ? "64.zip" : "32.zip");
+    {
+      std::ofstream out(path, std::ios::binary);
+      ZipWriter writer([&](const void* data, size_t size) { out.write(static_cast<const char*>(data), size); }, zip64);
+      for (const auto& [name, bytes] : records) writer.add(name, bytes.data(), bytes.size());
+      writer.finish();
+    }
+    json expected = json::object();
+    expected["archive/version"] = "330a";  // "3\n"
+    caffe2::serialize::PyTorchStreamReader reader(path);
+    const auto mapping = std::make_shared<MappedFile>(path);
+    const std::vector<ZipMember> members = zipMembers(*mapping);
+    REQUIRE(members.size() == records.size() + 1);
+    for (size_t i = 0; i < records.size(); ++i) {
+      const auto& [name, bytes] = records[i];
+      auto [data, size] = reader.getRecord(name);
+      CHECK(std::string(static_cast<const char*>(data.get()), size) == bytes);
+      CHECK(reader.getRecordOffset(name) % 64 == 0);
+      CHECK(members[i].name == "archive/" + name);
+      CHECK(members[i].offset == reader.getRecordOffset(name));
+      CHECK(members[i].size == bytes.size());
+      std::string hex;
+      for (unsigned char c : bytes) hex += "0123456789abcdef"[c >> 4], hex += "0123456789abcdef"[c & 15];
+      expected["archive/" + name] = hex;
+    }
+    std::ofstream(dir.path("expected.json")) << expected.dump();
+    const std::string command = std::string(SPMD_TORCH_PYTHON) + " " + dir.path("check.py") + " " + path + " " +
+                                dir.path("expected.json");
+    CHECK(std::system(command.c_str()) == 0);
+  }
 }

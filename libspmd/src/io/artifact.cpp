@@ -2,6 +2,7 @@
 
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
+#include "spmd/io/zip_writer.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/echo.h"
@@ -18,7 +19,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <optional>
 
 namespace spmd {
 namespace {
@@ -34,16 +34,23 @@ class Checksum {
  public:
   void add(const void* data, size_t size) {
     const auto* p = static_cast<const unsigned char*>(data);
-    mix(3, size);  // the length too: bytes moved from one field to the next change the sum
+    // The lanes in locals: members could alias the bytes read (they are
+    // chars), and reloading them each step would halve the speed.
+    uint64_t a = lanes_[0], b = lanes_[1], c = lanes_[2], d = lanes_[3];
+    d = mix(d, size);  // the length too: bytes moved from one field to the next change the sum
     for (; size >= 32; p += 32, size -= 32) {
-      for (int lane = 0; lane < 4; ++lane) mix(lane, word(p + 8 * lane));
+      a = mix(a, word(p));
+      b = mix(b, word(p + 8));
+      c = mix(c, word(p + 16));
+      d = mix(d, word(p + 24));
     }
-    for (; size >= 8; p += 8, size -= 8) mix(0, word(p));
+    for (; size >= 8; p += 8, size -= 8) a = mix(a, word(p));
     if (size > 0) {
       uint64_t tail = 0;
       std::memcpy(&tail, p, size);
-      mix(1, tail);
+      b = mix(b, tail);
     }
+    lanes_[0] = a, lanes_[1] = b, lanes_[2] = c, lanes_[3] = d;
   }
   void add(std::string_view s) { add(s.data(), s.size()); }
   std::string hex() const {
@@ -62,7 +69,7 @@ class Checksum {
     return w;
   }
   static uint64_t rotate(uint64_t x) { return (x << 29) | (x >> 35); }
-  void mix(int lane, uint64_t w) { lanes_[lane] = rotate((lanes_[lane] ^ w) * kOdd); }
+  static uint64_t mix(uint64_t lane, uint64_t w) { return rotate((lane ^ w) * kOdd); }
   uint64_t lanes_[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull, 0x082efa98ec4e6c89ull};
 };
 
@@ -142,26 +149,14 @@ Records recordsOf(const Artifact& artifact) {
 void writeZip(const Records& r, const std::string& path) {
   TimedPhase phase("zip records");
   OutputFile out(path);
-  // The zip writer must not fail (its destructor would finish the archive
-  // and throw again): after a failed write the rest is dropped, and the
-  // failure is reported once the archive is done.
-  std::optional<Diagnostic> failure;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) -> size_t {
-    if (!failure) try {
-      out.write(data, size);
-    } catch (const Diagnostic& d) {
-      failure = d;
-    }
-    return size;
-  });
-  writer.writeRecord("header.json", r.header.data(), r.header.size());
-  writer.writeRecord("graph.json", r.graph.data(), r.graph.size());
-  writer.writeRecord("tensors.json", r.index.data(), r.index.size());
-  writer.writeRecord("kernels.json", r.kernelIndex.data(), r.kernelIndex.size());
-  for (const auto& [name, bytes] : r.kernelFiles) writer.writeRecord(name, bytes.data(), bytes.size());
-  for (const auto& [key, t] : r.tensors) writer.writeRecord(key, t.data_ptr(), t.nbytes());
-  writer.writeEndOfFile();
-  if (failure) throw *failure;
+  ZipWriter writer([&](const void* data, size_t size) { out.write(data, size); });
+  writer.add("header.json", r.header.data(), r.header.size());
+  writer.add("graph.json", r.graph.data(), r.graph.size());
+  writer.add("tensors.json", r.index.data(), r.index.size());
+  writer.add("kernels.json", r.kernelIndex.data(), r.kernelIndex.size());
+  for (const auto& [name, bytes] : r.kernelFiles) writer.add(name, bytes.data(), bytes.size());
+  for (const auto& [key, t] : r.tensors) writer.add(key, t.data_ptr(), t.nbytes());
+  writer.finish();
   out.commit();
 }
 
@@ -271,7 +266,7 @@ std::string_view recordData(Zip& zip, const Source& source, const IndexEntry& e)
 }
 
 // The tensor of entry `e` over `data`: a view of the mapping where its
-// alignment allows (PyTorchStreamWriter aligns records to 64 bytes), else a copy.
+// alignment allows (ZipWriter aligns records to 64 bytes), else a copy.
 at::Tensor tensorFrom(const IndexEntry& e, std::string_view data, const Source& source) {
   const bool aligned = reinterpret_cast<uintptr_t>(data.data()) % c10::elementSize(e.dtype) == 0;
   if (source.mapping && aligned && !data.empty()) {

@@ -115,6 +115,7 @@ LoadedGraph loadGraphFrom(std::string_view bytes, const std::string& displayName
     if (isZip(bytes) && isArtifact(bytes)) {
       loaded.format = InputFormat::Artifact;
       const bool inMapping = mapping && bytes.data() == mapping->bytes() && bytes.size() == mapping->size();
+      if (inMapping) mapping->prefault();  // the checksum reads all of it
       loaded.artifact = std::make_shared<Artifact>(readArtifact(bytes, inMapping ? mapping : nullptr));
       loaded.graph = loaded.artifact->graph;
     } else if (isZip(bytes)) {

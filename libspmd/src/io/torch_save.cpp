@@ -21,6 +21,7 @@
 #include "spmd/io/torch_save.h"
 
 #include "spmd/io/load.h"
+#include "spmd/io/zip_writer.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/mapped_file.h"
 #include "torch_save_internal.h"
@@ -42,7 +43,6 @@ namespace spmd {
 namespace {
 
 using caffe2::serialize::PyTorchStreamReader;
-using caffe2::serialize::PyTorchStreamWriter;
 using caffe2::serialize::ReadAdapterInterface;
 namespace op = torch_save_detail::op;
 using torch_save_detail::fail;
@@ -157,6 +157,7 @@ std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string& path
   try {
     auto mapping = std::make_shared<MappedFile>(path, MappedFile::Access::CopyOnWrite);
     if (mapping->size() == 0) fail("empty file");
+    mapping->prefault();  // every weight is about to be read
     PyTorchStreamReader reader(std::make_shared<caffe2::serialize::MemoryReadAdapter>(
         mapping->bytes(), static_cast<off_t>(mapping->size())));
     if (!reader.hasRecord("data.pkl") || !reader.hasRecord("constants.pkl")) {
@@ -184,27 +185,20 @@ std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string& path
 namespace {
 
 // The zip archive torch.save writes around `pickle`: records in the order
-// Python writes them; writeEndOfFile adds "version" ("3\n", what LibTorch
-// 1.13 and Python's torch.save of 1.13 write, which PyTorch 2.x reads as
-// well). Storage data/<i> is tensors[i]'s bytes.
+// Python writes them, then "version" ("3\n", what LibTorch 1.13 and Python's
+// torch.save of 1.13 write, which PyTorch 2.x reads as well). Storage
+// data/<i> is tensors[i]'s bytes.
 std::string archive(const std::string& pickle, const std::vector<at::Tensor>& tensors) {
   std::string bytes;
-  try {
-    PyTorchStreamWriter writer([&bytes](const void* data, size_t size) {
-      bytes.append(static_cast<const char*>(data), size);
-      return size;
-    });
-    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-    const std::string order = "little";
-    writer.writeRecord("byteorder", order.data(), order.size());
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const at::Tensor& t = tensors[i];
-      writer.writeRecord("data/" + std::to_string(i), t.numel() > 0 ? t.data_ptr() : nullptr, t.nbytes());
-    }
-    writer.writeEndOfFile();
-  } catch (const c10::Error& e) {
-    fail("cannot write torch.save file: " + firstLine(e));
+  ZipWriter writer([&bytes](const void* data, size_t size) { bytes.append(static_cast<const char*>(data), size); });
+  writer.add("data.pkl", pickle.data(), pickle.size());
+  const std::string order = "little";
+  writer.add("byteorder", order.data(), order.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    writer.add("data/" + std::to_string(i), t.numel() > 0 ? t.data_ptr() : nullptr, t.nbytes());
   }
+  writer.finish();
   return bytes;
 }
 

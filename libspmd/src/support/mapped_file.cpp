@@ -34,6 +34,13 @@ MappedFile::MappedFile(const std::string& path, Access access) {
   ::close(fd);
 }
 
+void MappedFile::prefault() const {
+#ifndef MADV_POPULATE_READ
+  constexpr int MADV_POPULATE_READ = 22;  // Linux 5.14; older headers lack it
+#endif
+  if (data_) ::madvise(data_, size_, MADV_POPULATE_READ);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(data_, size_);
 }
