@@ -250,3 +250,27 @@ TEST_CASE("generated kernels match ATen's CUDA kernels", "[fused][cuda]") {
   }
 }
 #endif
+
+#ifdef SPMD_WITH_CUDA
+// GPU only: what spmd-run relies on to compile nothing, an installed image
+// found by the launch that generates the same source.
+TEST_CASE("a launch uses an installed kernel image instead of compiling", "[fused][cuda]") {
+  if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  ensureFusedKernelOpsRegistered();
+  ensureFusedKernelsCudaRegistered();
+  const auto fused = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("spmd::fused", "")
+                         .typed<std::vector<at::Tensor>(at::TensorList, c10::string_view)>();
+  const at::Tensor x = at::rand({37, 5}, at::TensorOptions().device(at::kCUDA));
+  // Programs no other test launches, so that no earlier launch cached them.
+  const std::string installed = "t0:f32 = neg(in0); t1:f32 = exp(t0); return t1";
+  const std::string notInstalled = "t0:f32 = exp(in0); t1:f32 = neg(t0); return t1";
+  installCompiledKernel(compileKernel(pointwiseKernelSource(parsePointwiseProgram(installed), {{at::kFloat, {37, 5}}})));
+  const size_t before = kernelsCompiledAtLaunch();
+  const at::Tensor y = fused.call({x}, installed)[0];
+  CHECK(kernelsCompiledAtLaunch() == before);
+  CHECK(at::allclose(y.cpu(), at::exp(-x).cpu()));
+  fused.call({x}, notInstalled);
+  CHECK(kernelsCompiledAtLaunch() == before + 1);
+}
+#endif

@@ -33,11 +33,17 @@ using json = nlohmann::ordered_json;
 class Checksum {
  public:
   void add(const void* data, size_t size) {
+    begin(size);
+    feed(data, size);
+  }
+  // add() a piece at a time: begin() with the whole size, then feed() the
+  // pieces in order, each but the last a multiple of 32 bytes.
+  void begin(size_t size) { lanes_[3] = mix(lanes_[3], size); }  // the length too: bytes moved from one field to the next change the sum
+  void feed(const void* data, size_t size) {
     const auto* p = static_cast<const unsigned char*>(data);
     // The lanes in locals: members could alias the bytes read (they are
     // chars), and reloading them each step would halve the speed.
     uint64_t a = lanes_[0], b = lanes_[1], c = lanes_[2], d = lanes_[3];
-    d = mix(d, size);  // the length too: bytes moved from one field to the next change the sum
     for (; size >= 32; p += 32, size -= 32) {
       a = mix(a, word(p));
       b = mix(b, word(p + 8));
@@ -88,83 +94,80 @@ std::string headerFieldsText(const nlohmann::json& header) {
 
 namespace {
 
-// What an artifact's zip holds: three JSON records, the header carrying the
-// checksum over all of it, and the tensors by record name.
-struct Records {
-  std::string header, graph, index, kernelIndex;
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  std::vector<std::pair<std::string, std::string_view>> kernelFiles;  // record name, bytes
+// Writes the artifact's records, each added to the checksum as it is
+// written (the piece just summed is still in cache when it is written), in
+// the order the reader sums them; header.json, which carries the sum, last.
+class RecordWriter {
+ public:
+  explicit RecordWriter(OutputFile& out)
+      : zip_([&out](const void* data, size_t size) { out.write(data, size); }) {}
+
+  void add(const std::string& name, const void* data, size_t size) {
+    sum_.begin(size);
+    zip_.add(name, data, size, [this](const void* piece, size_t n) { sum_.feed(piece, n); });
+  }
+  void add(const std::string& name, std::string_view bytes) { add(name, bytes.data(), bytes.size()); }
+
+  void finish(nlohmann::json header) {
+    sum_.add(headerFieldsText(header));
+    header["checksum"] = sum_.hex();
+    const std::string text = header.dump(2) + "\n";
+    zip_.add("header.json", text.data(), text.size());
+    zip_.finish();
+  }
+
+ private:
+  ZipWriter zip_;
+  Checksum sum_;
 };
 
-// kernels.json: per kernel its source's record, and its architecture and
-// image record when compiled.
-std::string kernelIndexOf(const Artifact& artifact, Records& r, Checksum& sum) {
-  json list = json::array();
-  for (size_t k = 0; k < artifact.kernels.size(); ++k) {
-    const CompiledKernel& kernel = artifact.kernels[k];
-    json entry{{"source", "kernels/" + std::to_string(k) + ".cu"}};
-    r.kernelFiles.emplace_back(entry["source"], kernel.source);
-    if (!kernel.image.empty()) {
-      entry["arch"] = kernel.arch;
-      entry["image"] = "kernels/" + std::to_string(k) + ".cubin";
-      r.kernelFiles.emplace_back(entry["image"], kernel.image);
-    }
-    list.push_back(entry);
-  }
-  for (const auto& [name, bytes] : r.kernelFiles) sum.add(bytes);
-  const std::string text = list.dump();
-  sum.add(text);
-  return text;
-}
-
-Records recordsOf(const Artifact& artifact) {
-  TimedPhase phase("index and checksum");
-  Records r;
-  Checksum sum;
-  r.graph = writeGraphJson(artifact.graph);
-  sum.add(r.graph);
+// tensors/<i> for each tensor with values, and tensors.json indexing them all.
+void writeTensors(const Artifact& artifact, RecordWriter& records) {
   json index = json::array();
+  size_t written = 0;
   for (const auto& [name, t] : artifact.state) {
     if (artifact.zeroState.count(name)) {
       index.push_back(json{{"name", name}, {"dtype", dtypeName(t.scalar_type())}, {"shape", t.sizes().vec()}, {"zeros", true}});
       continue;
     }
-    at::Tensor c = t.detach().to(at::kCPU).contiguous();
-    std::string key = "tensors/" + std::to_string(r.tensors.size());
+    const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+    const std::string key = "tensors/" + std::to_string(written++);
     index.push_back(json{{"name", name}, {"dtype", dtypeName(c.scalar_type())}, {"shape", c.sizes().vec()}, {"record", key}});
-    sum.add(c.data_ptr(), c.nbytes());
-    r.tensors.emplace_back(key, c);
+    records.add(key, c.data_ptr(), c.nbytes());
   }
-  r.index = index.dump();
-  sum.add(r.index);
-  r.kernelIndex = kernelIndexOf(artifact, r, sum);
-  nlohmann::json header{{"format", kArtifactFormat}, {"version", kArtifactVersion}, {"device", artifact.device},
-                        {"cudagraphs", artifact.cudagraphs}, {"nodes", artifact.graph.nodes().size()}};
-  sum.add(headerFieldsText(header));
-  header["checksum"] = sum.hex();
-  r.header = header.dump(2) + "\n";
-  return r;
+  records.add("tensors.json", index.dump());
 }
 
-void writeZip(const Records& r, const std::string& path) {
-  TimedPhase phase("zip records");
-  OutputFile out(path);
-  ZipWriter writer([&](const void* data, size_t size) { out.write(data, size); });
-  writer.add("header.json", r.header.data(), r.header.size());
-  writer.add("graph.json", r.graph.data(), r.graph.size());
-  writer.add("tensors.json", r.index.data(), r.index.size());
-  writer.add("kernels.json", r.kernelIndex.data(), r.kernelIndex.size());
-  for (const auto& [name, bytes] : r.kernelFiles) writer.add(name, bytes.data(), bytes.size());
-  for (const auto& [key, t] : r.tensors) writer.add(key, t.data_ptr(), t.nbytes());
-  writer.finish();
-  out.commit();
+// kernels/<k>.cu, and .cubin when compiled, and kernels.json naming them
+// with the image's architecture.
+void writeKernels(const Artifact& artifact, RecordWriter& records) {
+  json list = json::array();
+  for (size_t k = 0; k < artifact.kernels.size(); ++k) {
+    const CompiledKernel& kernel = artifact.kernels[k];
+    json entry{{"source", "kernels/" + std::to_string(k) + ".cu"}};
+    records.add(entry["source"], kernel.source);
+    if (!kernel.image.empty()) {
+      entry["arch"] = kernel.arch;
+      entry["image"] = "kernels/" + std::to_string(k) + ".cubin";
+      records.add(entry["image"], kernel.image);
+    }
+    list.push_back(entry);
+  }
+  records.add("kernels.json", list.dump());
 }
 
 }  // namespace
 
 void writeArtifact(const Artifact& artifact, const std::string& path) {
   TimedPhase phase("write " + path);
-  writeZip(recordsOf(artifact), path);
+  OutputFile out(path);
+  RecordWriter records(out);
+  records.add("graph.json", writeGraphJson(artifact.graph));
+  writeTensors(artifact, records);
+  writeKernels(artifact, records);
+  records.finish(nlohmann::json{{"format", kArtifactFormat}, {"version", kArtifactVersion}, {"device", artifact.device},
+                                {"cudagraphs", artifact.cudagraphs}, {"nodes", artifact.graph.nodes().size()}});
+  out.commit();
 }
 
 namespace {

@@ -10,7 +10,7 @@ namespace spmd {
 namespace {
 
 constexpr uint64_t kAlignment = 64;             // of each member's data, as PyTorch aligns it
-constexpr size_t kPiece = size_t{1} << 20;       // CRC-32'd then written while in cache
+constexpr size_t kPiece = size_t{1} << 20;       // read, CRC-32'd and written while in cache
 constexpr uint16_t kFlags = 0x0808;              // sizes and CRC after the data; UTF-8 names
 constexpr uint16_t kPaddingField = 0x4246;       // the extra field PyTorch pads with ("FB")
 constexpr uint16_t kZip64Field = 0x0001;
@@ -55,7 +55,7 @@ void ZipWriter::put(const void* data, size_t size) {
 
 bool ZipWriter::zip64(uint64_t value) const { return alwaysZip64_ || value >= kMax32; }
 
-void ZipWriter::add(const std::string& name, const void* data, size_t size) {
+void ZipWriter::add(const std::string& name, const void* data, size_t size, const PieceObserver& eachPiece) {
   Entry entry{"archive/" + name, written_, size, 0};
   const bool large = zip64(size);
   // The local header's CRC and sizes are zero (flag bit 3): they follow the
@@ -74,6 +74,7 @@ void ZipWriter::add(const std::string& name, const void* data, size_t size) {
   const auto* bytes = static_cast<const unsigned char*>(data);
   for (size_t at = 0; at < size; at += kPiece) {
     const size_t n = std::min(kPiece, size - at);
+    if (eachPiece) eachPiece(bytes + at, n);
     crc = crc32_z(crc, bytes + at, n);
     put(bytes + at, n);
   }

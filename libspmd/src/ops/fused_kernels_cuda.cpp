@@ -65,7 +65,10 @@ class KernelCache {
     const std::string source = sourceOf();
     const std::string arch = currentKernelArch();
     auto image = images_.find({arch, source});
-    if (image == images_.end()) image = images_.emplace(std::make_pair(arch, source), compileKernel(source).image).first;
+    if (image == images_.end()) {
+      image = images_.emplace(std::make_pair(arch, source), compileKernel(source).image).first;
+      ++compiledAtLaunch_;
+    }
     CUmodule module = nullptr;
     checkDriver(cuModuleLoadData(&module, image->second.data()), "loading a generated kernel");
     Functions f;
@@ -74,10 +77,16 @@ class KernelCache {
     return functions_[{device, key}] = f;
   }
 
+  size_t compiledAtLaunch() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return compiledAtLaunch_;
+  }
+
  private:
   std::mutex mutex_;
   std::map<std::pair<std::string, std::string>, std::string> images_;
   std::map<std::pair<int, std::string>, Functions> functions_;
+  size_t compiledAtLaunch_ = 0;
 };
 
 // The driver API wants a current context; ATen's runtime calls make the
@@ -178,6 +187,8 @@ CompiledKernel compileKernel(const std::string& source) {
 }
 
 void installCompiledKernel(const CompiledKernel& kernel) { KernelCache::instance().install(kernel); }
+
+size_t kernelsCompiledAtLaunch() { return KernelCache::instance().compiledAtLaunch(); }
 
 void ensureFusedKernelsCudaRegistered() {}
 

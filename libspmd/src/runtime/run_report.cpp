@@ -104,7 +104,8 @@ void RunRecord::writeJson(std::ostream& out) const {
                hi = *std::max_element(ms_.begin(), ms_.end());
   std::ostringstream j;
   j << "{\"ranks\": " << ranks_ << ", \"device\": \"" << device_ << "\", \"steps\": " << steps_
-    << ", \"timed_steps\": " << ms_.size() << ", \"peak_bytes\": " << peakBytes_ << ", \"losses\": [";
+    << ", \"timed_steps\": " << ms_.size() << ", \"peak_bytes\": " << peakBytes_
+    << ", \"kernels_compiled_at_launch\": " << kernelsCompiled_ << ", \"losses\": [";
   auto list = [&j](const char* key, const std::vector<double>& values) {
     if (values.empty()) return;
     j << "], \"" << key << "\": [";

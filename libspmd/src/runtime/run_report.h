@@ -56,9 +56,11 @@ class RunRecord {
   // The next step's loss and time; `timed`: past the warm-up, so in the timings.
   void addStep(const StepReport& step, bool timed);
   void setPeakBytes(int64_t bytes) { peakBytes_ = bytes; }
+  void setKernelsCompiled(size_t kernels) { kernelsCompiled_ = kernels; }
 
   // One JSON object on one line: ranks, device, steps, timed steps, peak
-  // bytes, losses (and lrs, grad_norms where the step has them), ms per step (median, min, max), steps per second.
+  // bytes, generated kernels compiled at launch, losses (and lrs, grad_norms
+  // where the step has them), ms per step (median, min, max), steps per second.
   void writeJson(std::ostream& out) const;
   // The text summary; `finalLoss` first where no step line showed it.
   void writeSummary(std::ostream& out, bool finalLoss) const;
@@ -69,6 +71,7 @@ class RunRecord {
   int steps_;
   std::vector<double> losses_, ms_, lrs_, gradNorms_;
   int64_t peakBytes_ = 0;
+  size_t kernelsCompiled_ = 0;
 };
 
 }  // namespace spmd

@@ -187,6 +187,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     }
   }
   record.setPeakBytes(device.peakBytes());
+  record.setKernelsCompiled(kernelsCompiledAtLaunch());
   device.synchronize();
   // Captured graphs hold NCCL's resources: they go before the communicator.
   plans.reset();

@@ -24,8 +24,10 @@ class ZipWriter {
   // write 4 GiB.
   explicit ZipWriter(std::function<void(const void*, size_t)> sink, bool alwaysZip64 = false);
 
-  // Adds "archive/<name>".
-  void add(const std::string& name, const void* data, size_t size);
+  // Adds "archive/<name>". `eachPiece`, when given, sees the data in the
+  // pieces written, each 1 MiB but the last, before it is written.
+  using PieceObserver = std::function<void(const void*, size_t)>;
+  void add(const std::string& name, const void* data, size_t size, const PieceObserver& eachPiece = nullptr);
   // The version record, the central directory and its end. Nothing may be
   // added after.
   void finish();

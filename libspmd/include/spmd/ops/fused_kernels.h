@@ -7,6 +7,7 @@
 // are tested against); on the meta device it gives shapes and dtypes.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace spmd {
@@ -35,5 +36,9 @@ CompiledKernel compileKernel(const std::string& source);
 // its architecture, so that no launch compiles it again (spmd-run installs
 // an artifact's kernels before the first step).
 void installCompiledKernel(const CompiledKernel& kernel);
+// How many kernels launches of spmd::fused have compiled in this process,
+// finding no installed image: 0 for an artifact lowered on a GPU of the
+// architecture it runs on.
+size_t kernelsCompiledAtLaunch();
 
 }  // namespace spmd
