@@ -145,7 +145,7 @@ compile_model() {
 compile_time() {
   local m=$1 p=$2 lg=$WORK/logs/$1.$2.compile_time.log
   # shellcheck disable=SC2086
-  if B=$B DEVICE=$DEVICE PYTHON=$PY RUNS=$PIPELINE_RUNS LOWER_FLAGS="$LOWER_FLAGS" WORK=$WORK/ct \
+  if B=$B DEVICE=$DEVICE PYTHON=$PY RUNS=$PIPELINE_RUNS LOWER_FLAGS="$LOWER_FLAGS" WORK=$WORK/ct PRECISION=$p \
       EXTRA_EXPAND_FLAGS="$EXPAND_FLAGS $(expand_flags "$p")" timeout -k 10 "$((TIMEOUT * 4))" \
       bash bench/compile_time.sh "$WORK/models" "$m" $((STEPS[$m] + WARMUP[$m])) "$RESULTS" 2> "$lg"; then
     log "$m ($p): compile time $(tail -n 1 "$RESULTS" | cut -c1-200)"

@@ -8,6 +8,7 @@
 # a summary on stderr. Every time is the median of RUNS (default 5) runs with
 # the file in the page cache (one untimed read first), as a user recompiling
 # meets it. Knobs: B, DEVICE, PYTHON, RUNS, EXTRA_EXPAND_FLAGS (a precision's),
+# PRECISION (the record's label, default fp32),
 # LOWER_FLAGS, WORK (scratch, default a temporary folder).
 set -euo pipefail
 if [ $# -ne 4 ]; then echo "usage: compile_time.sh MODELS_DIR MODEL ITERS RESULTS.jsonl" >&2; exit 2; fi
@@ -52,6 +53,6 @@ for ((i = 0; i < RUNS; i++)); do
   timed pipeline "set -o pipefail; $e | $s | $u | $l -o '$w.spmd' 2> '$w.notes'"
   rm -f "$w.spmd"
 done
-"$PY" bench/record.py compile-time --model "$M" --bytes "$(stat -c %s "$model")" --copy "${copy[@]}" \
+"$PY" bench/record.py compile-time --model "$M" --precision "${PRECISION:-fp32}" --bytes "$(stat -c %s "$model")" --copy "${copy[@]}" \
   --startup "${startup[@]}" --stage expand "${expand[@]}" --stage split "${split[@]}" \
   --stage unroll "${unroll[@]}" --stage lower "${lower[@]}" --pipeline "${pipeline[@]}" | tee -a "$RESULTS" >&2

@@ -164,6 +164,14 @@ size_t Graph::indexOf(const Node& node) const {
   return it->second;
 }
 
+size_t Graph::positionForEdit(const Node& node) const {
+  if (!positionsStale_) return indexOf(node);
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i].get() == &node) return i;
+  }
+  throw std::logic_error("Graph: " + node.qualifiedName() + " is not in the graph");
+}
+
 const Node& Graph::insertAt(size_t position, Node node) {
   auto owned = std::make_unique<Node>(std::move(node));
   const Node& added = *owned;
@@ -183,9 +191,11 @@ const Node& Graph::insertAt(size_t position, Node node) {
 
 const Node& Graph::addNode(Node node) { return insertAt(nodes_.size(), std::move(node)); }
 
-const Node& Graph::insertBefore(const Node& anchor, Node node) { return insertAt(indexOf(anchor), std::move(node)); }
+const Node& Graph::insertBefore(const Node& anchor, Node node) { return insertAt(positionForEdit(anchor), std::move(node)); }
 
-const Node& Graph::insertAfter(const Node& anchor, Node node) { return insertAt(indexOf(anchor) + 1, std::move(node)); }
+const Node& Graph::insertAfter(const Node& anchor, Node node) {
+  return insertAt(positionForEdit(anchor) + 1, std::move(node));
+}
 
 void Graph::erase(const Node& node) {
   for (ValueId o : node.outputs) {
@@ -194,14 +204,14 @@ void Graph::erase(const Node& node) {
                              users_[o].front()->qualifiedName());
     }
   }
-  const size_t at = indexOf(node);
+  const size_t at = positionForEdit(node);
   unlink(node);
   nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(at));
   positionsStale_ = true;
 }
 
 Node Graph::extract(const Node& node) {
-  const size_t at = indexOf(node);
+  const size_t at = positionForEdit(node);
   std::unique_ptr<Node> removed = std::move(nodes_[at]);
   nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(at));
   unlink(*removed);
@@ -210,7 +220,7 @@ Node Graph::extract(const Node& node) {
 }
 
 const Node& Graph::replaceNode(const Node& old, Node replacement) {
-  const size_t at = indexOf(old);
+  const size_t at = positionForEdit(old);
   // The replacement's readers are the old node's.
   const Node removed = extract(old);
   for (ValueId o : removed.outputs) {

@@ -338,6 +338,11 @@ class Graph {
   // Def-use links, by value id: one users_ entry per argument that reads it.
   std::vector<const Node*> producer_;
   std::vector<std::vector<const Node*>> users_;
+  // One node's position for a mutation: from indexOf's cache when it is
+  // current, else by a scan, so that a pass erasing nodes one by one does
+  // not rebuild the cache after each (a quadratic cost: 0.4 s of
+  // spmd-lower's fuse-optimizer for GPT's 2594 optimizer nodes).
+  size_t positionForEdit(const Node& node) const;
   // indexOf's cache, rebuilt after the node order changes.
   mutable std::unordered_map<const Node*, size_t> position_;
   mutable bool positionsStale_ = true;
