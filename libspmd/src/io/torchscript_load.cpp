@@ -34,7 +34,7 @@ bool isAttributeStorage(const std::string& name) {
          name.find('/', first + 6) == std::string::npos;
 }
 
-// Serves the zip from memory. In SkipAttributeStorages mode a read of a whole
+// Serves the zip from memory. With WeightValues::Skip a read of a whole
 // attribute storage record copies nothing and remembers where it was to go.
 class ModuleReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
  public:
@@ -55,7 +55,7 @@ class ModuleReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
     if (pos >= bytes_.size()) return 0;
     n = std::min<size_t>(n, bytes_.size() - pos);
     if (n > 0 && skippable_.count({pos, n})) {
-      unread_->insert(buf);
+      unread_.insert(buf);
       return n;
     }
     std::memcpy(buf, bytes_.data() + pos, n);
@@ -63,12 +63,12 @@ class ModuleReadAdapter final : public caffe2::serialize::ReadAdapterInterface {
   }
 
   // Where the unread records went: the data pointers of their storages.
-  std::shared_ptr<std::set<const void*>> unread() const { return unread_; }
+  const std::set<const void*>& unread() const { return unread_; }
 
  private:
   std::string_view bytes_;
   std::set<std::pair<uint64_t, size_t>> skippable_;  // (offset, size) of records not to read
-  std::shared_ptr<std::set<const void*>> unread_ = std::make_shared<std::set<const void*>>();
+  mutable std::set<const void*> unread_;  // read() is const in the interface
 };
 
 // Whether an unread storage is reachable from the module other than through
@@ -136,7 +136,7 @@ std::optional<jit::Module> loadModule(std::string_view bytes, WeightValues value
   TimedPhase phase("load the module without its weights (jit::load)");
   auto adapter = std::make_shared<ModuleReadAdapter>(bytes, values);
   jit::Module module = importModule(adapter);
-  if (UnreadReach(*adapter->unread()).fromSlots(*module._ivalue())) return std::nullopt;
+  if (UnreadReach(adapter->unread()).fromSlots(*module._ivalue())) return std::nullopt;
   return module;
 }
 

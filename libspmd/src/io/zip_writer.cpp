@@ -4,7 +4,6 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <limits>
 
 namespace spmd {
 namespace {
