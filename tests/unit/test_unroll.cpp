@@ -10,6 +10,7 @@
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"
 #include "spmd/io/weights.h"
+#include "spmd/ir/parser.h"
 #include "spmd/support/diagnostic.h"
 
 #include <torch/torch.h>
@@ -159,6 +160,39 @@ TEST_CASE("optimizer updates run in place over their state, with the same result
     }
   }
   CHECK(Interpreter(fused).overwrittenInputs().empty());
+}
+
+// spmd::fused_adam (lowered for CUDA; its kernel runs only there, see
+// bench/gpu_precision_parity.sh) runs in place over the parameters, moments
+// and steps when the update is their last reader, and on copies otherwise.
+TEST_CASE("fused Adam runs in place over the state it replaces", "[unroll]") {
+  const std::string head = R"(graph
+  input %x: f32[4,3] data
+  input %w: f32[3,2] parameter
+  input %w.step: f32[] state
+  input %w.exp_avg: f32[3,2] state
+  input %w.exp_avg_sq: f32[3,2] state
+  %mm: f32[4,2] = aten::mm(%x, %w)  # role=forward
+  %loss: f32[] = aten::sum(%mm, None)  # role=forward
+  %g: f32[3,2] = aten::mul.Scalar(%w, 2.0)  # role=backward
+  %w.new: f32[3,2], %m: f32[3,2], %v: f32[3,2], %s: f32[] = spmd::fused_adam([%w], [%g], [%w.exp_avg], [%w.exp_avg_sq], [%w.step], 0.01, 0.9, 0.999, 0.0, 1e-08, False)  # role=optimizer
+)";
+  const std::string updates = R"(  update %w <- %w.new
+  update %w.step <- %s
+  update %w.exp_avg <- %m
+  update %w.exp_avg_sq <- %v
+)";
+  const Graph last = parseListing(head + "  return (%loss)\n" + updates);
+  Interpreter inPlace(last, Interpreter::Buffers::Reuse);
+  CHECK(inPlace.inPlaceNodes() == 1);
+  std::vector<std::string> written = inPlace.overwrittenInputs();
+  std::sort(written.begin(), written.end());
+  CHECK(written == std::vector<std::string>{"w", "w.exp_avg", "w.exp_avg_sq", "w.step"});
+  CHECK(Interpreter(last).inPlaceNodes() == 0);
+  // A node after the update still reads the old parameter: copies.
+  const Graph readAfter =
+      parseListing(head + "  %old: f32[] = aten::sum(%w, None)  # role=optimizer\n  return (%loss, %old)\n" + updates);
+  CHECK(Interpreter(readAfter, Interpreter::Buffers::Reuse).inPlaceNodes() == 0);
 }
 
 namespace {

@@ -33,11 +33,11 @@ std::vector<at::Tensor> clones(at::TensorList ts) {
   return out;
 }
 
-// `lr`: a double, or (the .tensor_lr overload) a tensor on the device.
-std::vector<at::Tensor> callFusedAdam(at::TensorList params, at::TensorList grads, at::TensorList expAvgs,
-                                      at::TensorList expAvgSqs, at::TensorList steps, const c10::IValue& lr, double beta1,
-                                      double beta2, double weightDecay, double eps, bool adamw) {
-  std::vector<at::Tensor> p = clones(params), m = clones(expAvgs), v = clones(expAvgSqs), s = clones(steps);
+// Updates params, exp_avgs, exp_avg_sqs and steps where they are. `lr`: a
+// double, or (the .tensor_lr overload) a tensor on the device.
+void updateInPlace(const std::vector<at::Tensor>& p, at::TensorList grads, const std::vector<at::Tensor>& m,
+                   const std::vector<at::Tensor>& v, const std::vector<at::Tensor>& s, const c10::IValue& lr,
+                   double beta1, double beta2, double weightDecay, double eps, bool adamw) {
   at::_foreach_add_(s, 1);
   auto list = [](const std::vector<at::Tensor>& ts) { return c10::IValue(c10::List<at::Tensor>(ts)); };
   const std::string op = std::string(adamw ? "aten::_fused_adamw_" : "aten::_fused_adam_") + (lr.isTensor() ? ".tensor_lr" : "");
@@ -55,6 +55,16 @@ std::vector<at::Tensor> callFusedAdam(at::TensorList params, at::TensorList grad
                       {"eps", eps},
                       {"amsgrad", false},
                       {"maximize", false}});
+}
+
+std::vector<at::Tensor> vec(at::TensorList ts) { return std::vector<at::Tensor>(ts.begin(), ts.end()); }
+
+// The functional form: the update applied to copies.
+std::vector<at::Tensor> callFusedAdam(at::TensorList params, at::TensorList grads, at::TensorList expAvgs,
+                                      at::TensorList expAvgSqs, at::TensorList steps, const c10::IValue& lr, double beta1,
+                                      double beta2, double weightDecay, double eps, bool adamw) {
+  std::vector<at::Tensor> p = clones(params), m = clones(expAvgs), v = clones(expAvgSqs), s = clones(steps);
+  updateInPlace(p, grads, m, v, s, lr, beta1, beta2, weightDecay, eps, adamw);
   return concat({p, m, v, s});
 }
 
@@ -70,6 +80,21 @@ std::vector<at::Tensor> fusedAdamTensorLr(at::TensorList params, at::TensorList 
                                           at::TensorList expAvgSqs, at::TensorList steps, const at::Tensor& lr, double beta1,
                                           double beta2, double weightDecay, double eps, bool adamw) {
   return callFusedAdam(params, grads, expAvgs, expAvgSqs, steps, lr.to(at::kFloat), beta1, beta2, weightDecay, eps, adamw);
+}
+
+// spmd::fused_adam_: the in-place form, which the interpreter runs where
+// the parameters, moments and steps die at the update (runtime/interpreter.cpp).
+void fusedAdamInPlace(at::TensorList params, at::TensorList grads, at::TensorList expAvgs, at::TensorList expAvgSqs,
+                      at::TensorList steps, double lr, double beta1, double beta2, double weightDecay, double eps,
+                      bool adamw) {
+  updateInPlace(vec(params), grads, vec(expAvgs), vec(expAvgSqs), vec(steps), lr, beta1, beta2, weightDecay, eps, adamw);
+}
+
+void fusedAdamInPlaceTensorLr(at::TensorList params, at::TensorList grads, at::TensorList expAvgs,
+                              at::TensorList expAvgSqs, at::TensorList steps, const at::Tensor& lr, double beta1,
+                              double beta2, double weightDecay, double eps, bool adamw) {
+  updateInPlace(vec(params), grads, vec(expAvgs), vec(expAvgSqs), vec(steps), lr.to(at::kFloat), beta1, beta2,
+                weightDecay, eps, adamw);
 }
 
 std::vector<at::Tensor> fusedAdamMeta(at::TensorList params, at::TensorList, at::TensorList expAvgs, at::TensorList expAvgSqs,
@@ -101,6 +126,12 @@ TORCH_LIBRARY_FRAGMENT(spmd, m) {
   m.def(
       "fused_adam.tensor_lr(Tensor[] params, Tensor[] grads, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, Tensor[] steps, "
       "Tensor lr, float beta1, float beta2, float weight_decay, float eps, bool adamw) -> Tensor[]");
+  m.def(
+      "fused_adam_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor(d!)[] steps, float lr, float beta1, float beta2, float weight_decay, float eps, bool adamw) -> ()");
+  m.def(
+      "fused_adam_.tensor_lr(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+      "Tensor(d!)[] steps, Tensor lr, float beta1, float beta2, float weight_decay, float eps, bool adamw) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(spmd, Meta, m) {
@@ -111,4 +142,6 @@ TORCH_LIBRARY_IMPL(spmd, Meta, m) {
 TORCH_LIBRARY_IMPL(spmd, CUDA, m) {
   m.impl("fused_adam", &spmd::fusedAdam);
   m.impl("fused_adam.tensor_lr", &spmd::fusedAdamTensorLr);
+  m.impl("fused_adam_", &spmd::fusedAdamInPlace);
+  m.impl("fused_adam_.tensor_lr", &spmd::fusedAdamInPlaceTensorLr);
 }

@@ -45,7 +45,9 @@ class ReusePlanner {
     const Node* producer = g_.producer(v);
     if (!producer) return false;
     const std::string& op = producer->op;
-    if (op.rfind("aten::", 0) != 0 || mayCopyOrAlias(op) || hasTrait(op, OpTrait::ViewOfFirstArgument)) return false;
+    // spmd::fused_adam's results are its own copies, or (in place) inputs that owned theirs.
+    const bool fresh = op.rfind("aten::", 0) == 0 || op == "spmd::fused_adam";
+    if (!fresh || mayCopyOrAlias(op) || hasTrait(op, OpTrait::ViewOfFirstArgument)) return false;
     const auto& returns = ops_[g_.indexOf(*producer)].schema().returns();
     const auto& outs = producer->outputs;
     const size_t output = static_cast<size_t>(std::find(outs.begin(), outs.end(), v) - outs.begin());
@@ -62,15 +64,25 @@ class ReusePlanner {
     return !isInput(v) && diesAt(v, i) && ownsStorage(v);
   }
 
-  // A _foreach op may run in place over its first list when each of its
-  // tensors dies there, owns its storage and has the result's type.
-  bool foreachMayRunInPlace(size_t i) const {
+  // The list arguments a node would write in its in-place form, whose
+  // values become its results in order: a _foreach op's first list, and
+  // spmd::fused_adam's parameters, moments and steps.
+  static std::vector<size_t> listsWrittenInPlace(const Node& node) {
+    if (node.op.rfind("aten::_foreach_", 0) == 0) return {0};
+    if (node.op == "spmd::fused_adam") return {0, 2, 3, 4};
+    return {};
+  }
+
+  // The node may run in place over those lists when each of their tensors
+  // dies there, owns its storage and has its result's type.
+  bool mayRunInPlace(size_t i, const std::vector<size_t>& lists) const {
     const Node& node = g_.nodes()[i];
-    if (node.op.rfind("aten::_foreach_", 0) != 0 || node.args.empty() || node.args[0].kind != Arg::Kind::Values) {
-      return false;
+    std::vector<ValueId> targets;
+    for (size_t a : lists) {
+      if (a >= node.args.size() || node.args[a].kind != Arg::Kind::Values) return false;
+      targets.insert(targets.end(), node.args[a].values.begin(), node.args[a].values.end());
     }
-    const auto& targets = node.args[0].values;
-    if (targets.size() != node.outputs.size()) return false;
+    if (targets.empty() || targets.size() != node.outputs.size()) return false;
     for (size_t k = 0; k < targets.size(); ++k) {
       const ValueId v = targets[k], out = node.outputs[k];
       if (out == kNoValue || !diesAt(v, i) || !ownsStorage(v)) return false;
@@ -98,12 +110,15 @@ void Interpreter::planInPlace(const std::vector<int>& lastUse) {
       reusesInput_[i] = planner.collectiveMayReuse(i);
       continue;
     }
-    if (!planner.foreachMayRunInPlace(i)) continue;
+    std::vector<size_t> lists = ReusePlanner::listsWrittenInPlace(node);
+    if (lists.empty() || !planner.mayRunInPlace(i, lists)) continue;
     auto op = c10::Dispatcher::singleton().findSchema({node.op + "_", node.overload});
     if (!op) continue;
-    inPlace_[i] = *op;
-    for (ValueId v : node.args[0].values) {
-      if (planner.isInput(v)) overwritten_.push_back(graph_.value(v).name);
+    inPlace_[i] = InPlaceCall{*op, lists};
+    for (size_t a : lists) {
+      for (ValueId v : node.args[a].values) {
+        if (planner.isInput(v)) overwritten_.push_back(graph_.value(v).name);
+      }
     }
   }
 }
@@ -154,8 +169,10 @@ RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs, Coll
         }
         results = collectives->run(node, tensors, !reusesInput_.empty() && reusesInput_[i]);
       } else if (!inPlace_.empty() && inPlace_[i]) {
-        callOperator(*inPlace_[i], boxArguments(node, inPlace_[i]->schema(), tensorOf));
-        for (ValueId v : node.args[0].values) results.push_back(env[v]);
+        callOperator(inPlace_[i]->op, boxArguments(node, inPlace_[i]->op.schema(), tensorOf));
+        for (size_t a : inPlace_[i]->writtenLists) {
+          for (ValueId v : node.args[a].values) results.push_back(env[v]);
+        }
       } else {
         results = callOperator(ops_[i], boxArguments(node, ops_[i].schema(), tensorOf));
       }

@@ -27,8 +27,9 @@ class Interpreter {
  public:
   // Keep: every node writes fresh tensors and inputs are only read (the
   // reference semantics). Reuse: _foreach ops whose first list dies at the
-  // node run in place over it (an optimizer's state and parameters updated
-  // where they live); the inputs named by overwrittenInputs() are written.
+  // node run in place over it, and spmd::fused_adam over its parameters,
+  // moments and steps (an optimizer's state and parameters updated where
+  // they live); the inputs named by overwrittenInputs() are written.
   enum class Buffers { Keep, Reuse };
 
   // Binds every node to its operator once; throws Diagnostic for an unknown op.
@@ -56,7 +57,11 @@ class Interpreter {
   const Graph& graph_;
   std::vector<c10::OperatorHandle> ops_;
   std::vector<std::vector<ValueId>> releaseAfter_;  // values whose last use is node i
-  std::vector<std::optional<c10::OperatorHandle>> inPlace_;  // node i's in-place variant, when it runs in place
+  struct InPlaceCall {
+    c10::OperatorHandle op;             // the node's in-place variant
+    std::vector<size_t> writtenLists;   // the list arguments it writes: the node's results, in order
+  };
+  std::vector<std::optional<InPlaceCall>> inPlace_;  // for node i, when it runs in place
   std::vector<std::string> overwritten_;
   std::vector<bool> reusesInput_;  // collective node i may reduce in its input
 };
