@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
                               "the static memory plan: peak and live bytes, the largest buffers with offsets and "
                               "lifetimes (with --json: every buffer)");
   auto* kernels = app.add_flag("--kernels",
-                               "the generated kernels spmd-lower made (spmd::fused nodes): ops, inputs, outputs, bytes moved");
+                               "the generated kernels spmd-lower made (spmd::fused nodes, gemm attention's softmax): ops, inputs, outputs, bytes moved");
   auto* sources = app.add_flag("--source", "with --kernels: each kernel's CUDA source too")->needs(kernels);
   stats->excludes(dot)->excludes(json)->excludes(buckets)->excludes(memory)->excludes(kernels);
   dot->excludes(json)->excludes(buckets)->excludes(memory)->excludes(kernels);

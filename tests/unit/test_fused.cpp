@@ -11,6 +11,7 @@
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
+#include "spmd/ops/spmd_ops.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"
 #include "spmd/support/diagnostic.h"
@@ -19,6 +20,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <regex>
 
@@ -272,5 +274,70 @@ TEST_CASE("a launch uses an installed kernel image instead of compiling", "[fuse
   CHECK(at::allclose(y.cpu(), at::exp(-x).cpu()));
   fused.call({x}, notInstalled);
   CHECK(kernelsCompiledAtLaunch() == before + 1);
+}
+#endif
+
+#ifdef SPMD_WITH_CUDA
+namespace {
+
+// Attention as a model writes it (causal: keys after the query masked out,
+// top-left aligned), with autograd's gradients: the reference for the gemm kernel.
+std::vector<at::Tensor> mathAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      const at::Tensor& grad, double scale, bool causal) {
+  const at::Tensor qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true),
+                   vv = v.detach().requires_grad_(true);
+  at::Tensor scores = at::matmul(qq, kk.transpose(-2, -1)).mul(scale);
+  if (causal) {
+    const at::Tensor later = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu(1);
+    scores = scores.masked_fill(later, -std::numeric_limits<double>::infinity());
+  }
+  const at::Tensor out = at::matmul(at::softmax(scores, -1), vv);
+  out.backward(grad);
+  return {out.detach(), qq.grad(), kk.grad(), vv.grad()};
+}
+
+}  // namespace
+
+// GPU only: spmd::fused_attention(_backward) with kernel "gemm" (fp32 GEMMs
+// and the generated softmax) against autograd over the math, TF32 off.
+TEST_CASE("gemm attention equals autograd over the math", "[fused][cuda]") {
+  if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  ensureAttentionOpsRegistered();
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const auto forward = dispatcher.findSchemaOrThrow("spmd::fused_attention", "")
+                           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                               const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                               const c10::optional<at::Tensor>&, double, bool, c10::string_view)>();
+  const auto backward =
+      dispatcher.findSchemaOrThrow("spmd::fused_attention_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+              const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+              const at::Tensor&, double, bool, c10::string_view)>();
+  const auto opts = at::TensorOptions().device(at::kCUDA);
+  // (queries, keys): equal, more keys than queries, and rows longer than 1024.
+  for (const auto& [queries, keys] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {50, 70}, {8, 1100}}) {
+    for (bool causal : {true, false}) {
+      INFO(queries << " queries, " << keys << " keys, causal " << causal);
+      at::manual_seed(11);
+      // q in a transposed layout, as a model's [batch, length, heads, size] view gives it.
+      const at::Tensor q = at::randn({2, queries, 3, 16}, opts).transpose(1, 2);
+      const at::Tensor k = at::randn({2, 3, keys, 16}, opts), v = at::randn({2, 3, keys, 16}, opts);
+      const at::Tensor grad = at::randn({2, 3, queries, 16}, opts);
+      const double scale = 0.25;
+      const auto [out, probs, seed, offset] = forward.call(q, k, v, c10::nullopt, scale, causal, "gemm");
+      const auto [dq, dk, dv] = backward.call(grad, q, k, v, c10::nullopt, out, probs, seed, offset, scale, causal, "gemm");
+      const std::vector<at::Tensor> ref = mathAttention(q, k, v, grad, scale, causal);
+      const std::vector<at::Tensor> ours = {out, dq, dk, dv};
+      const char* names[] = {"out", "grad q", "grad k", "grad v"};
+      for (size_t i = 0; i < ours.size(); ++i) {
+        const double worst = (ours[i] - ref[i]).abs().max().item<double>();
+        std::printf("[attention-numerics] gemm %3lld x %4lld causal %d %-7s max abs diff %.3g\n",
+                    static_cast<long long>(queries), static_cast<long long>(keys), causal, names[i], worst);
+        testing::requireClose(ours[i].cpu(), ref[i].cpu(), names[i], 1e-4, 1e-5);
+      }
+      CHECK(dq.strides() == q.strides());  // the layout the meta kernel promises
+    }
+  }
 }
 #endif

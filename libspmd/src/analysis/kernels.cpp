@@ -1,5 +1,6 @@
 #include "spmd/analysis/kernels.h"
 
+#include "spmd/ops/attention_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/ops/pointwise_program.h"
@@ -7,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -29,32 +32,74 @@ std::string opsOf(const PointwiseProgram& p) {
 
 }  // namespace
 
+namespace {
+
+FusedKernel pointwiseKernel(const Graph& g, size_t i) {
+  const Node& n = g.nodes()[i];
+  const std::string where = "/nodes/" + std::to_string(i);
+  if (n.args.size() != 2 || n.args[0].kind != Arg::Kind::Values || n.args[1].kind != Arg::Kind::Str) {
+    throw Diagnostic(where, "spmd::fused takes a list of tensors and a program");
+  }
+  FusedKernel k;
+  k.node = i;
+  k.program = n.args[1].s;
+  k.inputs = n.args[0].values;
+  k.outputs = n.outputs;
+  std::vector<KernelTensor> sig;
+  for (ValueId v : k.inputs) {
+    sig.push_back({g.value(v).dtype, g.value(v).shape});
+    k.bytesRead += bytes(g.value(v));
+  }
+  for (ValueId v : k.outputs) k.bytesWritten += bytes(g.value(v));
+  try {
+    const PointwiseProgram program = parsePointwiseProgram(k.program);
+    k.ops = opsOf(program);
+    k.source = pointwiseKernelSource(program, sig);
+  } catch (const std::invalid_argument& e) {
+    throw Diagnostic(where, std::string("spmd::fused: ") + e.what());
+  }
+  return k;
+}
+
+// The "gemm" kernel of spmd::fused_attention(_backward): the generated
+// softmax over its probabilities (the forward's second result, the
+// backward's seventh argument), in place; bytes as if every key were read.
+std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
+  const Node& n = g.nodes()[i];
+  const bool forward = n.op == "spmd::fused_attention";
+  const size_t kernelArg = forward ? 6 : 11, scaleArg = forward ? 4 : 9, probsArg = 6;
+  if ((!forward && n.op != "spmd::fused_attention_backward") || n.args.size() <= kernelArg ||
+      n.args[kernelArg].kind != Arg::Kind::Str || n.args[kernelArg].s != "gemm") {
+    return std::nullopt;
+  }
+  const ValueId probs = forward ? n.outputs.at(1) : n.args.at(probsArg).value;
+  const Value& p = g.value(probs);
+  FusedKernel k;
+  k.node = i;
+  k.ops = forward ? "attention-softmax" : "attention-softmax-backward";
+  (forward ? k.outputs : k.inputs).push_back(probs);
+  k.bytesRead = (forward ? 1 : 2) * bytes(p);
+  k.bytesWritten = bytes(p);
+  try {
+    if (p.shape.size() < 2) throw std::invalid_argument("probabilities of fewer than 2 dimensions");
+    k.source = attentionSoftmaxSource(p.shape[p.shape.size() - 2], p.shape.back(), n.args.at(scaleArg).f,
+                                      n.args.at(scaleArg + 1).b);
+  } catch (const std::invalid_argument& e) {
+    throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
+  }
+  return k;
+}
+
+}  // namespace
+
 std::vector<FusedKernel> fusedKernels(const Graph& g) {
   std::vector<FusedKernel> kernels;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
-    const Node& n = g.nodes()[i];
-    if (n.op != "spmd::fused") continue;
-    const std::string where = "/nodes/" + std::to_string(i);
-    if (n.args.size() != 2 || n.args[0].kind != Arg::Kind::Values || n.args[1].kind != Arg::Kind::Str) {
-      throw Diagnostic(where, "spmd::fused takes a list of tensors and a program");
+    if (g.nodes()[i].op == "spmd::fused") {
+      kernels.push_back(pointwiseKernel(g, i));
+    } else if (auto k = attentionSoftmaxKernel(g, i)) {
+      kernels.push_back(std::move(*k));
     }
-    FusedKernel k;
-    k.node = i;
-    k.program = n.args[1].s;
-    k.inputs = n.args[0].values;
-    k.outputs = n.outputs;
-    std::vector<KernelTensor> sig;
-    for (ValueId v : k.inputs) {
-      sig.push_back({g.value(v).dtype, g.value(v).shape});
-      k.bytesRead += bytes(g.value(v));
-    }
-    for (ValueId v : k.outputs) k.bytesWritten += bytes(g.value(v));
-    try {
-      k.source = pointwiseKernelSource(parsePointwiseProgram(k.program), sig);
-    } catch (const std::invalid_argument& e) {
-      throw Diagnostic(where, std::string("spmd::fused: ") + e.what());
-    }
-    kernels.push_back(std::move(k));
   }
   return kernels;
 }
@@ -62,16 +107,21 @@ std::vector<FusedKernel> fusedKernels(const Graph& g) {
 std::string printKernels(const Graph& g, const std::vector<FusedKernel>& kernels, bool sources) {
   std::ostringstream out;
   int64_t moved = 0;
+  std::map<std::string, size_t> firstWithSource;
   for (size_t k = 0; k < kernels.size(); ++k) {
     const FusedKernel& kernel = kernels[k];
     const Node& n = g.nodes()[kernel.node];
     out << "kernel " << k << "  node " << kernel.node << (n.meta.source.empty() ? "" : "  " + n.meta.source)
-        << "  ops: " << opsOf(parsePointwiseProgram(kernel.program)) << "\n";
+        << "  ops: " << kernel.ops << "\n";
     for (ValueId v : kernel.inputs) out << "  in   " << typed(g, v) << "\n";
     for (ValueId v : kernel.outputs) out << "  out  " << typed(g, v) << "\n";
     out << "  bytes moved " << kernel.bytesRead + kernel.bytesWritten << " (read " << kernel.bytesRead << ", written "
         << kernel.bytesWritten << ")\n";
-    if (sources) out << kernel.source;
+    if (sources) {
+      // One source may serve several kernels (an attention's forward and backward).
+      auto [first, fresh] = firstWithSource.emplace(kernel.source, k);
+      out << (fresh ? kernel.source : "  source: as kernel " + std::to_string(first->second) + "'s\n");
+    }
     moved += kernel.bytesRead + kernel.bytesWritten;
   }
   out << kernels.size() << " generated kernel(s), " << moved << " bytes moved per step\n";
@@ -82,7 +132,7 @@ std::string printKernelsJson(const Graph& g, const std::vector<FusedKernel>& ker
   nlohmann::json list = nlohmann::json::array();
   for (const FusedKernel& kernel : kernels) {
     nlohmann::json k{{"node", kernel.node},
-                     {"ops", opsOf(parsePointwiseProgram(kernel.program))},
+                     {"ops", kernel.ops},
                      {"program", kernel.program},
                      {"bytes_read", kernel.bytesRead},
                      {"bytes_written", kernel.bytesWritten}};

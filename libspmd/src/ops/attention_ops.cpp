@@ -11,10 +11,12 @@
 // spmd::fused_attention(_backward) call ATen's _scaled_dot_product_{efficient,
 // flash,cudnn}_attention(_backward), boxed and by argument name, so that they
 // follow the linked LibTorch's schemas; they return only what the backward
-// needs (out, logsumexp and the random state).
+// needs (out, logsumexp and the random state). Their "gemm" kernel (fp32)
+// runs batched GEMMs and a generated softmax instead.
 #include "spmd/ops/spmd_ops.h"
 
 #include "spmd/ops/dispatch.h"
+#include "spmd/ops/fused_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -121,9 +123,57 @@ std::pair<size_t, size_t> rngResults(c10::string_view kernel) {
   return {6, 7};                             // flash, cudnn: (..., max_q, max_k, philox_seed/rng_state, offset/unused, ...)
 }
 
+// The "gemm" kernel (fp32): attention as it is written, its matmuls as
+// batched GEMMs (TF32 where the run allows it) and its softmax generated
+// (ops/attention_codegen.h). The probabilities go to the backward in the
+// logsumexp slot; it needs no random state.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const at::Tensor& q, const at::Tensor& k,
+                                                                         const at::Tensor& v, double scale, bool causal) {
+#ifdef SPMD_WITH_CUDA
+  at::Tensor probs = at::matmul(q, k.transpose(-2, -1)).contiguous();
+  attentionSoftmaxInPlace(probs, scale, causal);
+  const at::Tensor none = at::empty({}, q.options().dtype(at::kLong));
+  return {at::matmul(probs, v), probs, none, none};
+#else
+  (void)q, (void)k, (void)v, (void)scale, (void)causal;
+  TORCH_CHECK(false, "spmd::fused_attention: this build has no CUDA kernels");
+#endif
+}
+
+#ifdef SPMD_WITH_CUDA
+// `t` in the layout of `like` (the layout the meta kernels promise: the
+// backward's gradients are laid out as q, k and v are).
+at::Tensor laidOutAs(const at::Tensor& like, const at::Tensor& t) {
+  if (t.strides() == like.strides()) return t;
+  at::Tensor out = at::empty_like(like);
+  out.copy_(t);
+  return out;
+}
+#endif
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::Tensor& grad, const at::Tensor& q,
+                                                                     const at::Tensor& k, const at::Tensor& v,
+                                                                     const at::Tensor& probs, double scale, bool causal) {
+#ifdef SPMD_WITH_CUDA
+  at::Tensor dv = at::matmul(probs.transpose(-2, -1), grad);
+  at::Tensor dscores = at::matmul(grad, v.transpose(-2, -1)).contiguous();
+  attentionSoftmaxBackwardInPlace(dscores, probs, scale, causal);
+  at::Tensor dq = at::matmul(dscores, k);
+  at::Tensor dk = at::matmul(dscores.transpose(-2, -1), q);
+  return {laidOutAs(q, dq), laidOutAs(k, dk), laidOutAs(v, dv)};
+#else
+  (void)grad, (void)q, (void)k, (void)v, (void)probs, (void)scale, (void)causal;
+  TORCH_CHECK(false, "spmd::fused_attention_backward: this build has no CUDA kernels");
+#endif
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
     double scale, bool causal, c10::string_view kernel) {
+  if (kernel == "gemm") {
+    TORCH_CHECK(!(mask && mask->defined()), "spmd::fused_attention: the gemm kernel takes no mask (only causal)");
+    return gemmAttention(q, k, v, scale, causal);
+  }
   const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue();
   const std::vector<c10::IValue> r =
       callByArgumentName(atenName(kernel, false), {{"query", q},
@@ -145,6 +195,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed,
     const at::Tensor& offset, double scale, bool causal, c10::string_view kernel) {
+  if (kernel == "gemm") return gemmAttentionBackward(grad, q, k, v, lse, scale, causal);
   const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue(at::Tensor());
   const c10::IValue undefined(at::Tensor{});  // dense inputs: no cumulative sequence lengths
   const std::vector<c10::IValue> r = callByArgumentName(
@@ -168,7 +219,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttentionMeta(
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
   const auto f32 = q.options().dtype(at::kFloat);
   at::Tensor out = at::empty({b, h, t, v.size(-1)}, q.options());
-  at::Tensor lse = kernel == "efficient" ? at::empty({b, h, (t + 31) / 32 * 32}, f32) : at::empty({b, h, t}, f32);
+  at::Tensor lse = kernel == "gemm"        ? at::empty({b, h, t, k.size(-2)}, f32)  // the probabilities
+                   : kernel == "efficient" ? at::empty({b, h, (t + 31) / 32 * 32}, f32)
+                                           : at::empty({b, h, t}, f32);
   const auto i64 = q.options().dtype(at::kLong);
   return {out, lse, at::empty({}, i64), at::empty({}, i64)};
 }

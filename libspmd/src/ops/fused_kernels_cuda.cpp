@@ -3,6 +3,7 @@
 // API and launched on the current stream, so a CUDA graph captures it.
 // Compiled only into CUDA builds. (ATen's own NVRTC table, which jiterator
 // uses, is not reachable: pip's LibTorch ships no definition of its struct.)
+#include "spmd/ops/attention_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
@@ -16,6 +17,7 @@
 #include <cuda_runtime_api.h>
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,7 +41,8 @@ void checkNvrtc(nvrtcResult r, const char* what) {
 }
 
 // The kernels the process has: compiled images by (arch, source), and the
-// loaded functions by (device, program and input signature).
+// loaded functions by (device, program and input signature) or modules by
+// (device, source).
 class KernelCache {
  public:
   static KernelCache& instance() {
@@ -62,19 +65,21 @@ class KernelCache {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = functions_.find({device, key});
     if (it != functions_.end()) return it->second;
-    const std::string source = sourceOf();
-    const std::string arch = currentKernelArch();
-    auto image = images_.find({arch, source});
-    if (image == images_.end()) {
-      image = images_.emplace(std::make_pair(arch, source), compileKernel(source).image).first;
-      ++compiledAtLaunch_;
-    }
-    CUmodule module = nullptr;
-    checkDriver(cuModuleLoadData(&module, image->second.data()), "loading a generated kernel");
+    CUmodule module = load(sourceOf());
     Functions f;
     checkDriver(cuModuleGetFunction(&f.scalar, module, kFusedKernelName), "finding a generated kernel");
     if (cuModuleGetFunction(&f.vector, module, kFusedVectorKernelName) != CUDA_SUCCESS) f.vector = nullptr;
     return functions_[{device, key}] = f;
+  }
+
+  // The kernel `name` of `source`, loaded on `device`.
+  CUfunction function(int device, const std::string& source, const char* name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = modules_.find({device, source});
+    if (it == modules_.end()) it = modules_.emplace(std::make_pair(device, source), load(source)).first;
+    CUfunction f = nullptr;
+    checkDriver(cuModuleGetFunction(&f, it->second, name), "finding a generated kernel");
+    return f;
   }
 
   size_t compiledAtLaunch() {
@@ -83,9 +88,24 @@ class KernelCache {
   }
 
  private:
+  // The module of `source` for the current device: its installed image, or
+  // one compiled now (and counted). The caller holds the lock.
+  CUmodule load(const std::string& source) {
+    const std::string arch = currentKernelArch();
+    auto image = images_.find({arch, source});
+    if (image == images_.end()) {
+      image = images_.emplace(std::make_pair(arch, source), compileKernel(source).image).first;
+      ++compiledAtLaunch_;
+    }
+    CUmodule module = nullptr;
+    checkDriver(cuModuleLoadData(&module, image->second.data()), "loading a generated kernel");
+    return module;
+  }
+
   std::mutex mutex_;
   std::map<std::pair<std::string, std::string>, std::string> images_;
   std::map<std::pair<int, std::string>, Functions> functions_;
+  std::map<std::pair<int, std::string>, CUmodule> modules_;
   size_t compiledAtLaunch_ = 0;
 };
 
@@ -150,6 +170,33 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   return out;
 }
 
+// Launches kernel `name` of the attention softmax source for `scores`
+// ([..., queries, keys], contiguous fp32), one warp a row.
+void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vector<void*> pointers, double scale,
+                            bool causal) {
+  TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.is_contiguous() && scores.dim() >= 2,
+              "spmd::fused_attention: the gemm kernel's scores must be contiguous fp32 on the GPU");
+  const int64_t keys = scores.size(-1), rows = scores.numel() / std::max<int64_t>(keys, 1);
+  if (rows == 0) return;
+  const c10::cuda::CUDAGuard guard(scores.device());
+  CUfunction f = nullptr;
+  try {
+    ensureContext();
+    f = KernelCache::instance().function(scores.get_device(), attentionSoftmaxSource(scores.size(-2), keys, scale, causal),
+                                         name);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "spmd::fused_attention: ", e.what());
+  }
+  long long rowCount = rows;
+  std::vector<void*> args;
+  for (void*& p : pointers) args.push_back(&p);
+  args.push_back(&rowCount);
+  const auto grid = static_cast<unsigned int>((rows + kAttentionSoftmaxRowsPerBlock - 1) / kAttentionSoftmaxRowsPerBlock);
+  const CUresult launched = cuLaunchKernel(f, grid, 1, 1, 32 * kAttentionSoftmaxRowsPerBlock, 1, 1, 0,
+                                           at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
+  TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused_attention: launching ", name, " failed (CUDA error ", launched, ")");
+}
+
 }  // namespace
 
 bool canCompileKernels() { return at::hasCUDA() && at::cuda::device_count() > 0; }
@@ -189,6 +236,17 @@ CompiledKernel compileKernel(const std::string& source) {
 void installCompiledKernel(const CompiledKernel& kernel) { KernelCache::instance().install(kernel); }
 
 size_t kernelsCompiledAtLaunch() { return KernelCache::instance().compiledAtLaunch(); }
+
+void attentionSoftmaxInPlace(const at::Tensor& scores, double scale, bool causal) {
+  launchAttentionSoftmax(kAttentionSoftmaxKernelName, scores, {scores.data_ptr()}, scale, causal);
+}
+
+void attentionSoftmaxBackwardInPlace(const at::Tensor& grad, const at::Tensor& probs, double scale, bool causal) {
+  TORCH_CHECK(probs.sizes() == grad.sizes() && probs.scalar_type() == at::kFloat && probs.is_contiguous(),
+              "spmd::fused_attention_backward: the gemm kernel's probabilities must be contiguous fp32 of the "
+              "gradient's shape");
+  launchAttentionSoftmax(kAttentionSoftmaxBackwardKernelName, grad, {grad.data_ptr(), probs.data_ptr()}, scale, causal);
+}
 
 void ensureFusedKernelsCudaRegistered() {}
 

@@ -6,13 +6,19 @@
 // The kernel (--attention-kernel, default auto): for bf16 and fp16, cuDNN's
 // attention up to head size 128 and flash attention up to 256 (the fastest
 // that take them; neither takes fp32: cuDNN returns NaN, flash refuses),
-// else ATen's memory-efficient attention, which takes fp32 too; math leaves
-// the attention unfused. A kernel asked for that cannot take fp32 gives way
-// to efficient there. Taken: 4-D q, k, v of one dtype, head size a
-// multiple of 8, no mask or the causal one (is_causal). What is not taken
-// keeps its math kernels, with a note saying why. Needs a LibTorch that has
-// the kernels (2.0 on); with 1.13 the pass notes that and changes nothing.
+// else ATen's memory-efficient attention. For fp32, gemm: the attention's
+// matmuls as batched GEMMs (TF32 under spmd-run --tf32) around a generated
+// softmax (ops/attention_codegen.h), up to 2048 keys; the backward reads
+// the probabilities the forward kept instead of recomputing them. A kernel
+// asked for that cannot take the attention's dtype gives way to the one
+// auto picks (gemm to cudnn/flash for bf16, flash and cudnn to efficient for
+// fp32); math leaves the attention unfused. Taken: 4-D q, k, v of one
+// dtype, head size a multiple of 8, no mask or the causal one (is_causal).
+// What is not taken keeps its math kernels, with a note saying why. Needs a
+// LibTorch that has the kernels (2.0 on); with 1.13 the pass notes that and
+// changes nothing.
 #include "spmd/ir/builder.h"
+#include "spmd/ops/attention_codegen.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -55,17 +61,27 @@ const Node* backwardOf(const Graph& g, const Node& a) {
   return nullptr;
 }
 
+// Whether the "gemm" kernel takes attention `a`: fp32, and rows of keys that
+// fit its softmax's registers.
+bool gemmTakes(const Graph& g, const Node& a) {
+  const Value& q = g.value(a.args[0].value);
+  const Value& k = g.value(a.args[1].value);
+  return q.dtype == c10::ScalarType::Float && k.shape[2] <= kAttentionSoftmaxMaxKeys;
+}
+
 // The kernel for attention `a` under --attention-kernel `wanted`.
-std::string kernelFor(const Graph& g, const Node& a, const std::string& wanted) {
+// Without generated kernels (--no-generated-kernels) auto never picks gemm.
+std::string kernelFor(const Graph& g, const Node& a, const std::string& wanted, bool generated) {
   const Value& q = g.value(a.args[0].value);
   const bool lowPrecision = q.dtype != c10::ScalarType::Float;
-  if (wanted == "auto") {
-    // Measured on an H200 (bench/RESULTS.md, gpt bf16): cudnn 28.6 ms a step,
-    // flash 29.5, efficient 33.2.
-    if (!lowPrecision) return "efficient";
+  if (wanted == "auto" || (wanted == "gemm" && lowPrecision)) {
+    // Measured on an H200 (bench/RESULTS.md): gpt bf16, cudnn 28.6 ms a
+    // step, flash 29.5, efficient 33.2; gpt fp32, gemm GEMM_MS, efficient EFFICIENT_MS.
+    if (!lowPrecision) return generated && gemmTakes(g, a) ? "gemm" : "efficient";
     if (q.shape.back() <= 128 && findOperator("aten::_scaled_dot_product_cudnn_attention", "")) return "cudnn";
     return q.shape.back() <= 256 ? "flash" : "efficient";
   }
+  if (wanted == "gemm" && !gemmTakes(g, a)) return "efficient";
   if (!lowPrecision && (wanted == "flash" || wanted == "cudnn")) return "efficient";
   return wanted;
 }
@@ -99,7 +115,7 @@ void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kern
 
 class FuseAttentionPass final : public Pass {
  public:
-  explicit FuseAttentionPass(std::string kernel) : kernel_(std::move(kernel)) {}
+  FuseAttentionPass(std::string kernel, bool generated) : kernel_(std::move(kernel)), generated_(generated) {}
 
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
     std::vector<const Node*> attentions;
@@ -118,25 +134,27 @@ class FuseAttentionPass final : public Pass {
         diagnostics.note(where(*a), "fuse-attention: not fused: " + *why);
         continue;
       }
-      const std::string kernel = kernelFor(g, *a, kernel_);
+      const std::string kernel = kernelFor(g, *a, kernel_, generated_);
       fuse(g, *a, backwardOf(g, *a), kernel);
       ++fused[kernel];
     }
     for (const auto& [kernel, count] : fused) {
-      diagnostics.note("fuse-attention: " + std::to_string(count) + " attention(s) run ATen's " + kernel +
-                       " attention kernel");
+      diagnostics.note("fuse-attention: " + std::to_string(count) + " attention(s) run " +
+                       (kernel == "gemm" ? std::string("batched GEMMs around a generated softmax (gemm)")
+                                         : "ATen's " + kernel + " attention kernel"));
     }
     return !fused.empty();
   }
 
  private:
   std::string kernel_;
+  bool generated_;
 };
 
 }  // namespace
 
 std::unique_ptr<Pass> createFuseAttentionPass(const PipelineOptions& options) {
-  return std::make_unique<FuseAttentionPass>(options.lower.attentionKernel);
+  return std::make_unique<FuseAttentionPass>(options.lower.attentionKernel, options.lower.generateKernels);
 }
 
 }  // namespace spmd

@@ -161,11 +161,12 @@ void addLowerFlags(CLI::App& app, LowerOptions& options) {
   app.add_flag_callback("--no-fuse", [&options] { options.fuse = false; },
                         "keep the optimizer's per-parameter ops (no _foreach calls)");
   app.add_flag_callback("--no-generated-kernels", [&options] { options.generateKernels = false; },
-                        "CUDA: keep element-wise ops as ATen calls (no fuse-pointwise kernels)");
+                        "CUDA: keep element-wise ops as ATen calls (no fuse-pointwise kernels; fp32 attention: efficient, not gemm)");
   app.add_option("--attention-kernel", options.attentionKernel,
-                 "CUDA attention kernel: auto (bf16/fp16: cudnn up to head size 128, flash up to 256; else efficient), "
-                 "efficient, flash, cudnn, or math (unfused)")
-      ->check(CLI::IsMember({"auto", "efficient", "flash", "cudnn", "math"}))
+                 "CUDA attention kernel: auto (bf16/fp16: cudnn up to head size 128, flash up to 256; fp32: gemm up "
+                 "to 2048 keys; else efficient), efficient, flash, cudnn, gemm (fp32: batched GEMMs and a generated "
+                 "softmax), or math (unfused)")
+      ->check(CLI::IsMember({"auto", "efficient", "flash", "cudnn", "gemm", "math"}))
       ->capture_default_str();
 }
 

@@ -1,6 +1,7 @@
-// The generated kernels of a graph: one per spmd::fused node, with what it
-// reads and writes (spmd-inspect --kernels) and its CUDA source (what
-// spmd-lower compiles and stores in the artifact).
+// The generated kernels of a graph: one per spmd::fused node, and the
+// softmax of each spmd::fused_attention(_backward) node of kernel "gemm",
+// with what it reads and writes (spmd-inspect --kernels) and its CUDA
+// source (what spmd-lower compiles and stores in the artifact).
 #pragma once
 
 #include "spmd/ir/graph.h"
@@ -12,7 +13,8 @@ namespace spmd {
 
 struct FusedKernel {
   size_t node = 0;             // its index in graph.nodes()
-  std::string program;         // the pointwise program text
+  std::string ops;             // what it computes: "add gelu cast", "attention-softmax"
+  std::string program;         // the pointwise program text ("" for the attention softmax)
   std::vector<ValueId> inputs, outputs;
   int64_t bytesRead = 0;       // each input once, at its own size
   int64_t bytesWritten = 0;

@@ -10,11 +10,21 @@
 #include <cstddef>
 #include <string>
 
+namespace at {
+class Tensor;
+}
+
 namespace spmd {
 
 void ensureFusedKernelOpsRegistered();
 #ifdef SPMD_WITH_CUDA
 void ensureFusedKernelsCudaRegistered();  // ops/fused_kernels_cuda.cpp
+
+// spmd::fused_attention's "gemm" kernel: attention's row softmax and its
+// backward (ops/attention_codegen.h) over contiguous fp32 scores
+// [..., queries, keys], in place, on the current stream.
+void attentionSoftmaxInPlace(const at::Tensor& scores, double scale, bool causal);
+void attentionSoftmaxBackwardInPlace(const at::Tensor& grad, const at::Tensor& probs, double scale, bool causal);
 #endif
 
 // A generated kernel's source and its compiled code for one architecture.

@@ -12,9 +12,12 @@
 //                           (spmd-expand's attention pass), differentiated by
 //   spmd::attention_backward  LibTorch's autograd over the same ops.
 //   spmd::fused_attention(_backward)  ATen's fused attention kernels (efficient,
-//                           flash, cudnn) in their place on CUDA (spmd-lower).
+//                           flash, cudnn), or batched GEMMs around a generated
+//                           softmax (gemm, fp32), in their place on CUDA (spmd-lower).
 //   spmd::fused_adam        torch.optim's fused Adam/AdamW over lists, functional
-//                           (spmd-lower on CUDA).
+//                           (spmd-lower on CUDA); spmd::fused_adam_ is its
+//                           in-place form, which the interpreter picks where
+//                           the update is the state's last reader.
 //   spmd::fused             a group of pointwise ops as one generated kernel
 //                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
 // On one rank the collectives are the identity.

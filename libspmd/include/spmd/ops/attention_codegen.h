@@ -1,0 +1,32 @@
+// CUDA C for the row softmax of spmd::fused_attention's "gemm" kernel, which
+// runs attention as batched GEMMs (TF32 where allowed) around two generated
+// kernels over the [..., queries, keys] score matrix, each in place:
+//
+//   spmd_attention_softmax(float* scores, long long rows)
+//     p = softmax(scores * scale) over each row, keys after the row's query
+//     masked out when causal (top-left aligned, as SDPA's is_causal);
+//   spmd_attention_softmax_backward(float* grad, const float* probs, long long rows)
+//     grad = (p * grad - p * sum(p * grad)) * scale, the gradient of the
+//     scores (ATen's softmax backward, then the scaling's).
+//
+// One warp per row, the row held in registers; masked keys are neither read
+// nor computed, only written (as 0). The source is deterministic and needs
+// no headers, like the pointwise kernels' (ops/cuda_codegen.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace spmd {
+
+constexpr const char* kAttentionSoftmaxKernelName = "spmd_attention_softmax";
+constexpr const char* kAttentionSoftmaxBackwardKernelName = "spmd_attention_softmax_backward";
+constexpr int kAttentionSoftmaxRowsPerBlock = 4;  // warps per block, a row each
+// A row lives in its warp's registers: at most 64 floats per lane.
+constexpr int64_t kAttentionSoftmaxMaxKeys = 2048;
+
+// Throws std::invalid_argument for keys outside [1, kAttentionSoftmaxMaxKeys]
+// or queries < 1.
+std::string attentionSoftmaxSource(int64_t queries, int64_t keys, double scale, bool causal);
+
+}  // namespace spmd
