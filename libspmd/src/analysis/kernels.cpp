@@ -1,6 +1,7 @@
 #include "spmd/analysis/kernels.h"
 
 #include "spmd/ops/attention_codegen.h"
+#include "spmd/ops/cross_entropy_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/ops/pointwise_program.h"
@@ -90,6 +91,30 @@ std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
   return k;
 }
 
+// spmd::cross_entropy(_backward): the forward reads the logits once, the
+// backward reads them and writes their gradient.
+std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
+  const Node& n = g.nodes()[i];
+  const bool forward = n.op == "spmd::cross_entropy";
+  if (!forward && n.op != "spmd::cross_entropy_backward") return std::nullopt;
+  const size_t logitsArg = forward ? 0 : 1, reductionArg = forward ? 2 : 5;  // then ignore_index
+  FusedKernel k;
+  k.node = i;
+  k.ops = forward ? "cross-entropy" : "cross-entropy-backward";
+  try {
+    const Value& logits = g.value(n.args.at(logitsArg).value);
+    if (logits.shape.size() != 2) throw std::invalid_argument("logits of other than 2 dimensions");
+    k.inputs.push_back(n.args[logitsArg].value);
+    if (!forward) k.outputs.push_back(n.outputs.at(0));
+    k.bytesRead = bytes(logits);
+    k.bytesWritten = forward ? 0 : bytes(logits);
+    k.source = crossEntropySource(logits.shape[1], n.args.at(reductionArg).i, n.args.at(reductionArg + 1).i);
+  } catch (const std::exception& e) {
+    throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
+  }
+  return k;
+}
+
 }  // namespace
 
 std::vector<FusedKernel> fusedKernels(const Graph& g) {
@@ -99,6 +124,8 @@ std::vector<FusedKernel> fusedKernels(const Graph& g) {
       kernels.push_back(pointwiseKernel(g, i));
     } else if (auto k = attentionSoftmaxKernel(g, i)) {
       kernels.push_back(std::move(*k));
+    } else if (auto ce = crossEntropyKernel(g, i)) {
+      kernels.push_back(std::move(*ce));
     }
   }
   return kernels;

@@ -4,6 +4,7 @@
 // Compiled only into CUDA builds. (ATen's own NVRTC table, which jiterator
 // uses, is not reachable: pip's LibTorch ships no definition of its struct.)
 #include "spmd/ops/attention_codegen.h"
+#include "spmd/ops/cross_entropy_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 
 namespace spmd {
@@ -170,31 +172,85 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   return out;
 }
 
-// Launches kernel `name` of the attention softmax source for `scores`
-// ([..., queries, keys], contiguous fp32), one warp a row.
+// Launches kernel `name` of `source` on the current stream of `device`:
+// `blocks` blocks of `threads`, its arguments `pointers` and then `count`.
+void launchGenerated(const char* op, const std::string& source, const char* name, const at::Device& device,
+                     int64_t blocks, int threads, std::vector<void*> pointers, long long count) {
+  if (blocks == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
+  CUfunction f = nullptr;
+  try {
+    ensureContext();
+    f = KernelCache::instance().function(device.index(), source, name);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, op, ": ", e.what());
+  }
+  std::vector<void*> args;
+  for (void*& p : pointers) args.push_back(&p);
+  args.push_back(&count);
+  const CUresult launched = cuLaunchKernel(f, static_cast<unsigned int>(blocks), 1, 1, threads, 1, 1, 0,
+                                           at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
+  TORCH_CHECK(launched == CUDA_SUCCESS, op, ": launching ", name, " failed (CUDA error ", launched, ")");
+}
+
+// The attention softmax kernel `name` over `scores` ([..., queries, keys],
+// contiguous fp32), one warp a row.
 void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vector<void*> pointers, double scale,
                             bool causal) {
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.is_contiguous() && scores.dim() >= 2,
               "spmd::fused_attention: the gemm kernel's scores must be contiguous fp32 on the GPU");
   const int64_t keys = scores.size(-1), rows = scores.numel() / std::max<int64_t>(keys, 1);
-  if (rows == 0) return;
-  const c10::cuda::CUDAGuard guard(scores.device());
-  CUfunction f = nullptr;
+  std::string source;
   try {
-    ensureContext();
-    f = KernelCache::instance().function(scores.get_device(), attentionSoftmaxSource(scores.size(-2), keys, scale, causal),
-                                         name);
-  } catch (const std::exception& e) {
+    source = attentionSoftmaxSource(scores.size(-2), keys, scale, causal);
+  } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "spmd::fused_attention: ", e.what());
   }
-  long long rowCount = rows;
-  std::vector<void*> args;
-  for (void*& p : pointers) args.push_back(&p);
-  args.push_back(&rowCount);
-  const auto grid = static_cast<unsigned int>((rows + kAttentionSoftmaxRowsPerBlock - 1) / kAttentionSoftmaxRowsPerBlock);
-  const CUresult launched = cuLaunchKernel(f, grid, 1, 1, 32 * kAttentionSoftmaxRowsPerBlock, 1, 1, 0,
-                                           at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
-  TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused_attention: launching ", name, " failed (CUDA error ", launched, ")");
+  launchGenerated("spmd::fused_attention", source, name, scores.device(),
+                  (rows + kAttentionSoftmaxRowsPerBlock - 1) / kAttentionSoftmaxRowsPerBlock,
+                  32 * kAttentionSoftmaxRowsPerBlock, std::move(pointers), rows);
+}
+
+std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& target, int64_t reduction,
+                                  int64_t ignoreIndex) {
+  TORCH_CHECK(logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+                  target.scalar_type() == at::kLong && target.dim() == 1 && target.size(0) == logits.size(0),
+              "spmd::cross_entropy: fp32 logits [rows, classes] and int64 targets [rows] on the GPU");
+  try {
+    return crossEntropySource(logits.size(1), reduction, ignoreIndex);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "spmd::cross_entropy: ", e.what());
+  }
+  return {};  // not reached: TORCH_CHECK(false) throws
+}
+
+// The losses of the rows are summed by ATen (a fixed order, so the loss is
+// the same from run to run), then divided by the count for the mean.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyCuda(const at::Tensor& logits, const at::Tensor& target,
+                                                                int64_t reduction, int64_t ignoreIndex) {
+  const std::string source = crossEntropySourceFor(logits, target, reduction, ignoreIndex);
+  const at::Tensor x = logits.contiguous(), t = target.contiguous();
+  const int64_t rows = x.size(0);
+  at::Tensor lse = at::empty({rows}, x.options()), rowLoss = at::empty({rows}, x.options());
+  launchGenerated("spmd::cross_entropy", source, kCrossEntropyKernelName, x.device(), rows, kCrossEntropyThreads,
+                  {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()}, rows);
+  const at::Tensor totalWeight = t.ne(ignoreIndex).sum().to(at::kFloat);
+  at::Tensor loss = rowLoss.sum();
+  if (reduction == 1) loss = loss / totalWeight;
+  return {loss, totalWeight, lse};
+}
+
+at::Tensor crossEntropyBackwardCuda(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& target,
+                                    const at::Tensor& lse, const at::Tensor& totalWeight, int64_t reduction,
+                                    int64_t ignoreIndex) {
+  const std::string source = crossEntropySourceFor(logits, target, reduction, ignoreIndex);
+  const at::Tensor x = logits.contiguous(), t = target.contiguous(), l = lse.contiguous();
+  const at::Tensor g = grad.to(at::kFloat), w = totalWeight.to(at::kFloat);
+  at::Tensor gx = at::empty_like(x);
+  launchGenerated("spmd::cross_entropy_backward", source, kCrossEntropyBackwardKernelName, x.device(), x.size(0),
+                  kCrossEntropyThreads, {x.data_ptr(), t.data_ptr(), l.data_ptr(), g.data_ptr(), w.data_ptr(), gx.data_ptr()},
+                  x.size(0));
+  return gx;
 }
 
 }  // namespace
@@ -252,4 +308,8 @@ void ensureFusedKernelsCudaRegistered() {}
 
 }  // namespace spmd
 
-TORCH_LIBRARY_IMPL(spmd, CUDA, m) { m.impl("fused", &spmd::fusedCuda); }
+TORCH_LIBRARY_IMPL(spmd, CUDA, m) {
+  m.impl("fused", &spmd::fusedCuda);
+  m.impl("cross_entropy", &spmd::crossEntropyCuda);
+  m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardCuda);
+}

@@ -48,6 +48,7 @@ void ensureSpmdOpsRegistered() {
   ensureAttentionOpsRegistered();
   ensureFusedOptimizerOpsRegistered();
   ensureFusedKernelOpsRegistered();
+  ensureCrossEntropyOpsRegistered();
 }
 
 }  // namespace spmd

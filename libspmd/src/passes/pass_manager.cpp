@@ -36,6 +36,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createCapturableAdamPass},
       {"embedding-grad", "embedding_dense_backward as new_zeros + index_add, which a CUDA graph can hold; spmd-lower runs it for --cudagraphs on CUDA",
        createEmbeddingGradPass},
+      {"fuse-cross-entropy", "log_softmax + nll_loss and their backward as spmd::cross_entropy(_backward), generated kernels; spmd-lower runs it for --device cuda",
+       createFuseCrossEntropyPass},
       {"fuse-pointwise", "chains of element-wise ops as one spmd::fused node each (a generated kernel); spmd-lower runs it for --device cuda",
        createFusePointwisePass},
       {"check-capture", "notes what keeps the step out of a CUDA graph; spmd-lower runs it for --cudagraphs on CUDA", createCheckCapturePass},

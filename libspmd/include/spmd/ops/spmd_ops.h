@@ -18,6 +18,9 @@
 //                           (spmd-lower on CUDA); spmd::fused_adam_ is its
 //                           in-place form, which the interpreter picks where
 //                           the update is the state's last reader.
+//   spmd::cross_entropy(_backward)  log_softmax + nll_loss and their backward as
+//                           one generated kernel each on CUDA (spmd-lower's
+//                           fuse-cross-entropy; ops/cross_entropy_ops.cpp).
 //   spmd::fused             a group of pointwise ops as one generated kernel
 //                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
 // On one rank the collectives are the identity.
@@ -29,5 +32,6 @@ namespace spmd {
 void ensureSpmdOpsRegistered();
 void ensureAttentionOpsRegistered();       // ops/attention_ops.cpp
 void ensureFusedOptimizerOpsRegistered();  // ops/fused_optimizer_ops.cpp
+void ensureCrossEntropyOpsRegistered();    // ops/cross_entropy_ops.cpp
 
 }  // namespace spmd

@@ -72,5 +72,6 @@ std::unique_ptr<Pass> createCheckCapturePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCapturableAdamPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFusePointwisePass(const PipelineOptions& options);
+std::unique_ptr<Pass> createFuseCrossEntropyPass(const PipelineOptions& options);
 
 }  // namespace spmd

@@ -1,0 +1,36 @@
+// CUDA C for spmd::cross_entropy(_backward), which stand for log_softmax over
+// the classes followed by nll_loss (what F.cross_entropy records) and their
+// backward ops, over fp32 logits [rows, classes]. One source holds both:
+//
+//   spmd_cross_entropy(const float* logits, const long long* target,
+//                      float* lse, float* row_loss, long long rows)
+//     per row: lse = log(sum(exp(logits))), computed in one pass with a
+//     running maximum; row_loss = lse - logits[target], 0 where the target
+//     is ignore_index. The caller sums row_loss (deterministically, with ATen).
+//   spmd_cross_entropy_backward(const float* logits, const long long* target,
+//                               const float* lse, const float* grad,
+//                               const float* total_weight, float* grad_logits,
+//                               long long rows)
+//     with a = -grad / total_weight (mean) or -grad (sum), nll_loss_backward's
+//     value at the target: grad_logits = (class == target ? a : 0)
+//     - exp(logits - lse) * a, log_softmax_backward's formula; rows whose
+//     target is ignore_index get 0. A target out of range gives NaN.
+//
+// One block per row; the logits are read once by the forward and once by
+// the backward, and log_softmax's result is never written.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace spmd {
+
+constexpr const char* kCrossEntropyKernelName = "spmd_cross_entropy";
+constexpr const char* kCrossEntropyBackwardKernelName = "spmd_cross_entropy_backward";
+constexpr int kCrossEntropyThreads = 512;
+
+// ATen's reduction codes (at::Reduction): 1 mean, 2 sum; the kernels take
+// those two. Throws std::invalid_argument for classes < 1 or another reduction.
+std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex);
+
+}  // namespace spmd

@@ -1,0 +1,75 @@
+// spmd::cross_entropy and spmd::cross_entropy_backward: log_softmax over the
+// classes of [rows, classes] fp32 logits followed by nll_loss (no class
+// weights; reduction mean or sum), and the backward of both, as one op each
+// (spmd-lower's fuse-cross-entropy puts them in place of the four ATen ops).
+// The forward returns nll_loss's loss and total weight, and each row's
+// log-sum-exp for the backward, which recomputes the softmax from the
+// logits instead of reading a stored log_softmax.
+//
+// CUDA runs the generated kernels (ops/cross_entropy_codegen.h, launched in
+// ops/fused_kernels_cuda.cpp); the CPU kernel here is the reference they are
+// tested against, the same ATen ops the pass replaced.
+#include "spmd/ops/spmd_ops.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace spmd {
+namespace {
+
+at::Tensor logSoftmaxOf(const at::Tensor& logits, const at::Tensor& lse) { return logits - lse.unsqueeze(1); }
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyCpu(const at::Tensor& logits, const at::Tensor& target,
+                                                               int64_t reduction, int64_t ignoreIndex) {
+  TORCH_CHECK(logits.dim() == 2, "spmd::cross_entropy: logits must be [rows, classes]");
+  const at::Tensor lse = at::logsumexp(logits, {1});
+  auto [loss, totalWeight] = at::nll_loss_forward(logSoftmaxOf(logits, lse), target, {}, reduction, ignoreIndex);
+  return {loss, totalWeight, lse};
+}
+
+at::Tensor crossEntropyBackwardCpu(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& target,
+                                   const at::Tensor& lse, const at::Tensor& totalWeight, int64_t reduction,
+                                   int64_t ignoreIndex) {
+  const at::Tensor logProbs = logSoftmaxOf(logits, lse);
+  const at::Tensor gradLogProbs =
+      at::nll_loss_backward(grad, logProbs, target, {}, reduction, ignoreIndex, totalWeight);
+  return at::_log_softmax_backward_data(gradLogProbs, logProbs, 1, logits.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyMeta(const at::Tensor& logits, const at::Tensor& target,
+                                                                int64_t, int64_t) {
+  TORCH_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
+              "spmd::cross_entropy: logits [rows, classes] and target [rows]");
+  const auto f32 = logits.options().dtype(at::kFloat);
+  return {at::empty({}, f32), at::empty({}, f32), at::empty({logits.size(0)}, f32)};
+}
+
+at::Tensor crossEntropyBackwardMeta(const at::Tensor&, const at::Tensor& logits, const at::Tensor&, const at::Tensor&,
+                                    const at::Tensor&, int64_t, int64_t) {
+  return at::empty_like(logits);
+}
+
+}  // namespace
+
+void ensureCrossEntropyOpsRegistered() {}
+
+}  // namespace spmd
+
+TORCH_LIBRARY_FRAGMENT(spmd, m) {
+  m.def("cross_entropy(Tensor logits, Tensor target, int reduction, int ignore_index) "
+        "-> (Tensor loss, Tensor total_weight, Tensor lse)");
+  m.def("cross_entropy_backward(Tensor grad, Tensor logits, Tensor target, Tensor lse, Tensor total_weight, "
+        "int reduction, int ignore_index) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(spmd, CPU, m) {
+  m.impl("cross_entropy", &spmd::crossEntropyCpu);
+  m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardCpu);
+}
+
+TORCH_LIBRARY_IMPL(spmd, Meta, m) {
+  m.impl("cross_entropy", &spmd::crossEntropyMeta);
+  m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardMeta);
+}
