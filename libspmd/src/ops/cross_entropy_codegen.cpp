@@ -10,7 +10,19 @@ namespace {
 // A block-wide combination of per-thread (maximum, sum of exp(x - maximum))
 // pairs, and a block-wide sum; warps by shuffles, then the first warp over
 // the warps' results (shared memory for kThreads / 32 of them).
-constexpr const char* kHelpers = R"(__device__ __forceinline__ void spmd_combine(float& m, float& s, float m2, float s2) {
+constexpr const char* kHelpers = R"(struct alignas(16) spmd_f32x4 { float v[4]; };
+
+// One logit into a running (maximum, sum of exp(x - maximum)).
+__device__ __forceinline__ void spmd_accumulate(float& m, float& s, float v) {
+  if (v > m) {
+    s = s * expf(m - v) + 1.0f;
+    m = v;
+  } else if (m != __int_as_float(0xff800000)) {  // -inf - -inf would be NaN
+    s += expf(v - m);
+  }
+}
+
+__device__ __forceinline__ void spmd_combine(float& m, float& s, float m2, float s2) {
   const float top = fmaxf(m, m2);
   if (top == __int_as_float(0xff800000)) return;  // both empty
   s = s * expf(m - top) + s2 * expf(m2 - top);
@@ -47,14 +59,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy(const 
   if (row >= rows) return;
   const float* x = logits + row * kClasses;
   float m = __int_as_float(0xff800000), s = 0.0f;
-  for (int j = threadIdx.x; j < kClasses; j += kThreads) {
-    const float v = x[j];
-    if (v > m) {
-      s = s * expf(m - v) + 1.0f;
-      m = v;
-    } else if (m != __int_as_float(0xff800000)) {  // -inf - -inf would be NaN
-      s += expf(v - m);
+  if (kVector) {
+    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
+    for (int j = threadIdx.x; j < kClasses / 4; j += kThreads) {
+      const spmd_f32x4 q = x4[j];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, q.v[e]);
     }
+  } else {
+    for (int j = threadIdx.x; j < kClasses; j += kThreads) spmd_accumulate(m, s, x[j]);
   }
   spmd_block_max_sum(m, s);
   if (threadIdx.x == 0) {
@@ -83,13 +96,25 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy_backwa
                   : !valid          ? __int_as_float(0x7fc00000)
                                     : (kMean ? -grad[0] / total_weight[0] : -grad[0]);
   const float l = lse[row];
-  for (int j = threadIdx.x; j < kClasses; j += kThreads) {
-    gx[j] = (j == t ? a : 0.0f) - expf(x[j] - l) * a;
+  if (kVector) {
+    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
+    spmd_f32x4* g4 = reinterpret_cast<spmd_f32x4*>(gx);
+    for (int j = threadIdx.x; j < kClasses / 4; j += kThreads) {
+      const spmd_f32x4 q = x4[j];
+      spmd_f32x4 r;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) r.v[e] = (4 * j + e == t ? a : 0.0f) - expf(q.v[e] - l) * a;
+      g4[j] = r;
+    }
+  } else {
+    for (int j = threadIdx.x; j < kClasses; j += kThreads) gx[j] = (j == t ? a : 0.0f) - expf(x[j] - l) * a;
   }
 }
 )";
 
 }  // namespace
+
+bool crossEntropyVectorized(int64_t classes) { return classes % 4 == 0; }
 
 std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex) {
   if (classes < 1 || classes > (int64_t{1} << 30)) {
@@ -102,7 +127,9 @@ std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignor
   src += "constexpr int kClasses = " + std::to_string(classes) + ";\n";
   src += "constexpr int kThreads = " + std::to_string(kCrossEntropyThreads) + ";\n";
   src += std::string("constexpr bool kMean = ") + (reduction == 1 ? "true" : "false") + ";\n";
-  src += "constexpr long long kIgnoreIndex = " + std::to_string(ignoreIndex) + ";\n\n";
+  src += "constexpr long long kIgnoreIndex = " + std::to_string(ignoreIndex) + ";\n";
+  src += "// Rows of a multiple of 4 classes are read 16 bytes at a time (the logits' start is 16-byte aligned).\n";
+  src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes) ? "true" : "false") + ";\n\n";
   return src + kHelpers + kForward + kBackward;
 }
 

@@ -224,12 +224,20 @@ std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& ta
   return {};  // not reached: TORCH_CHECK(false) throws
 }
 
+// The logits, contiguous, and 16-byte aligned where the kernels read them so
+// (a view at an odd offset is copied).
+at::Tensor alignedForCrossEntropy(const at::Tensor& logits) {
+  at::Tensor x = logits.contiguous();
+  if (crossEntropyVectorized(x.size(1)) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+  return x;
+}
+
 // The losses of the rows are summed by ATen (a fixed order, so the loss is
 // the same from run to run), then divided by the count for the mean.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyCuda(const at::Tensor& logits, const at::Tensor& target,
                                                                 int64_t reduction, int64_t ignoreIndex) {
   const std::string source = crossEntropySourceFor(logits, target, reduction, ignoreIndex);
-  const at::Tensor x = logits.contiguous(), t = target.contiguous();
+  const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
   const int64_t rows = x.size(0);
   at::Tensor lse = at::empty({rows}, x.options()), rowLoss = at::empty({rows}, x.options());
   launchGenerated("spmd::cross_entropy", source, kCrossEntropyKernelName, x.device(), rows, kCrossEntropyThreads,
@@ -244,7 +252,7 @@ at::Tensor crossEntropyBackwardCuda(const at::Tensor& grad, const at::Tensor& lo
                                     const at::Tensor& lse, const at::Tensor& totalWeight, int64_t reduction,
                                     int64_t ignoreIndex) {
   const std::string source = crossEntropySourceFor(logits, target, reduction, ignoreIndex);
-  const at::Tensor x = logits.contiguous(), t = target.contiguous(), l = lse.contiguous();
+  const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous(), l = lse.contiguous();
   const at::Tensor g = grad.to(at::kFloat), w = totalWeight.to(at::kFloat);
   at::Tensor gx = at::empty_like(x);
   launchGenerated("spmd::cross_entropy_backward", source, kCrossEntropyBackwardKernelName, x.device(), x.size(0),

@@ -29,6 +29,10 @@ constexpr const char* kCrossEntropyKernelName = "spmd_cross_entropy";
 constexpr const char* kCrossEntropyBackwardKernelName = "spmd_cross_entropy_backward";
 constexpr int kCrossEntropyThreads = 512;
 
+// Whether the kernels read (and write) rows 16 bytes at a time: then the
+// logits and their gradient must start 16-byte aligned.
+bool crossEntropyVectorized(int64_t classes);
+
 // ATen's reduction codes (at::Reduction): 1 mean, 2 sum; the kernels take
 // those two. Throws std::invalid_argument for classes < 1 or another reduction.
 std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex);
