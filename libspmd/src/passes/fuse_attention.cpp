@@ -77,8 +77,8 @@ std::string kernelFor(const Graph& g, const Node& a, const std::string& wanted, 
   if (wanted == "auto" || (wanted == "gemm" && lowPrecision)) {
     // Measured on an H200 (bench/RESULTS.md): gpt bf16, cudnn 28.6 ms a
     // step, flash 29.5, efficient 33.2. gpt fp32 under --tf32, the 12
-    // attentions' forward and backward in spmd-run --profile: gemm 18.4 ms
-    // a step, efficient 21.9.
+    // attentions' forward and backward in spmd-run --profile: gemm 18.4 to
+    // 19.7 ms a step over three runs, efficient 21.9.
     if (!lowPrecision) return generated && gemmTakes(g, a) ? "gemm" : "efficient";
     if (q.shape.back() <= 128 && findOperator("aten::_scaled_dot_product_cudnn_attention", "")) return "cudnn";
     return q.shape.back() <= 256 ? "flash" : "efficient";
