@@ -32,9 +32,8 @@ struct CrossEntropy {
 
 bool isValue(const Arg& a, ValueId v) { return a.kind == Arg::Kind::Value && a.value == v; }
 
-// Whether `n` reads the log probabilities `lp` with the loss's target,
-// weights, reduction and ignore index (nll_loss_forward/backward alike, from
-// argument `first`).
+// Whether `n`'s arguments from `first` on are the loss's target, weights,
+// reduction and ignore index (nll_loss_backward's start at 2, the forward's at 1).
 bool sameLoss(const Node& n, size_t first, const Node& loss) {
   if (n.args.size() < first + 4) return false;
   for (size_t k = 1; k < 5; ++k) {
