@@ -174,16 +174,28 @@ run_spmd() {
 
 # profile MODEL PRECISION: per-op device times of spmd-run (eager) and of DDP eager, 1 GPU.
 profile() {
-  local m=$1 p=$2 lg=$WORK/logs/$1.$2.profile.log pre=$WORK/logs/$1.$2
+  local m=$1 p=$2 lg=$WORK/logs/$1.$2.profile.log pre=$WORK/logs/$1.$2 sys
   # shellcheck disable=SC2086
   timeout -k 10 "$TIMEOUT" $B/spmd-run "$(art "$m" "$p")" --device "$DEVICE" $RUN_FLAGS --steps 7 --warmup 2 \
     --data "$WORK/models/$m.data1.pt" --profile "$pre.spmd.profile.txt" > "$lg" 2>&1 \
     || fail spmd "$m" 1 "$lg" "spmd-run --profile $m ($p)" "$p"
+  # The same steps traced, nothing synchronized: each kernel's own device time.
   # shellcheck disable=SC2086
-  timeout -k 10 "$TIMEOUT" "$PY" bench/torch_step.py --model "$m" --system ddp --nproc 1 --steps 3 --warmup 2 \
-    --device "$DEVICE" --precision "$p" "${TINY_FLAG[@]}" $TORCH_FLAGS --profile "$pre.ddp.profile.txt" >> "$lg" 2>&1 \
-    || fail ddp "$m" 1 "$lg" "torch_step.py --profile $m ($p)" "$p"
-  log "$m ($p): profiles in ${pre#"$WORK"/}.spmd.profile.txt, ${pre#"$WORK"/}.ddp.profile.txt"
+  timeout -k 10 "$TIMEOUT" $B/spmd-run "$(art "$m" "$p")" --device "$DEVICE" $RUN_FLAGS --steps 7 --warmup 2 \
+    --data "$WORK/models/$m.data1.pt" --trace "$pre.spmd.trace.json" >> "$lg" 2>&1 \
+    && "$PY" bench/trace_kernels.py "$pre.spmd.trace.json" > "$pre.spmd.kernels.txt" 2>> "$lg" \
+    || fail spmd "$m" 1 "$lg" "spmd-run --trace $m ($p)" "$p"
+  for sys in ddp compile; do
+    [[ " $SYSTEMS " == *" $sys "* ]] || continue
+    # shellcheck disable=SC2086
+    TORCHINDUCTOR_CACHE_DIR=$WORK/cache/$m.$p.$sys.profile TRITON_CACHE_DIR=$WORK/cache/$m.$p.$sys.profile/triton \
+      timeout -k 10 "$TIMEOUT" "$PY" bench/torch_step.py --model "$m" --system "$sys" --nproc 1 --steps 3 --warmup 2 \
+      --device "$DEVICE" --precision "$p" "${TINY_FLAG[@]}" $TORCH_FLAGS --profile "$pre.$sys.profile.txt" \
+      --trace "$pre.$sys.trace.json" >> "$lg" 2>&1 \
+      && "$PY" bench/trace_kernels.py "$pre.$sys.trace.json" > "$pre.$sys.kernels.txt" 2>> "$lg" \
+      || fail "$sys" "$m" 1 "$lg" "torch_step.py --profile $m ($p)" "$p"
+  done
+  log "$m ($p): profiles and kernel sums in ${pre#"$WORK"/}.{spmd,ddp,compile}.{profile,kernels}.txt"
 }
 
 # run_torch SYSTEM MODEL N PRECISION (a fresh compile cache for each run: compile_s is a cold compile)

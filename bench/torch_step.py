@@ -62,9 +62,14 @@ def parse_args(argv=None):
     p.add_argument("--profile", metavar="FILE",
                    help="after the timed steps, profile 3 more with torch.profiler; rank 0 writes the "
                         "table of ops by device time to FILE")
+    p.add_argument("--trace", metavar="FILE",
+                   help="with --profile: also write those 3 steps' Chrome trace to FILE "
+                        "(bench/trace_kernels.py sums its kernels)")
     args = p.parse_args(argv)
     if args.nproc < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--nproc and --steps must be at least 1, --warmup at least 0")
+    if args.trace and not args.profile:
+        p.error("--trace needs --profile")
     if args.system == "compile" and args.warmup < 1:
         p.error("--system compile needs --warmup >= 1 (the first step compiles)")
     if args.device == "cuda" and torch.cuda.device_count() < args.nproc:
@@ -198,12 +203,23 @@ def time_steps(fn, opt, inputs, device, count):
     return ms, loss.item()
 
 
-def profile_steps(fn, opt, inputs, device, path):
-    """Profiles 3 steps; writes torch.profiler's table of ops, by device time, to path."""
+PROFILED_STEPS = 3
+
+
+def profile_steps(fn, opt, inputs, device, path, trace_path):
+    """Profiles 3 steps; writes torch.profiler's table of ops, by device time, to path, and the
+    Chrome trace to trace_path (if given), its step count under "spmd" as spmd-run --trace does."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        time_steps(fn, opt, inputs, device, 3)
+        time_steps(fn, opt, inputs, device, PROFILED_STEPS)
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
+        with open(trace_path) as f:
+            trace = json.load(f)
+        trace["spmd"] = {"steps": PROFILED_STEPS, "device": device.type}
+        with open(trace_path, "w") as f:
+            json.dump(trace, f)
     averages = prof.key_averages()
     for key in ("device_time_total", "cuda_time_total", "cpu_time_total"):
         try:
@@ -238,7 +254,7 @@ def worker(rank, args, port):
     fn, opt, inputs, notes = make_step(bench, args, device, rank)
     ms, loss = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
     if args.profile and rank == 0:
-        profile_steps(fn, opt, inputs, device, args.profile)
+        profile_steps(fn, opt, inputs, device, args.profile, args.trace)
     if rank == 0:
         print(json.dumps(summary(args, bench, ms, loss, device, notes)), flush=True)
     teardown(rank, device)

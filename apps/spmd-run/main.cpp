@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
   app.add_flag("--eager", o.eager, "run every step through the interpreter, even for an artifact lowered with --cudagraphs");
   app.add_option("--profile", o.profile,
                  "write rank 0's time per operator to FILE (runs eagerly, the device synchronized after every node)");
+  app.add_option("--trace", o.trace,
+                 "write a PyTorch profiler (Kineto) Chrome trace of rank 0's timed steps to FILE: ATen ops and, on "
+                 "CUDA, every kernel, nothing synchronized");
   app.add_flag("--allow-nonfinite", o.allowNonfinite, "keep training after a NaN or infinite loss (else an error naming the step)");
   app.add_flag("--tf32", o.tf32, "allow TF32 matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32)");
   app.add_option("--timeout", timeoutSec, "seconds to wait for a peer (joining, or in a collective) before failing")

@@ -17,6 +17,7 @@ import time
 import torch
 
 BIN = sys.argv[1]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TMP = tempfile.mkdtemp()
 passed = failed = 0
 
@@ -369,7 +370,23 @@ def main():
     table = open(prof).read() if os.path.exists(prof) else ""
     report("--profile writes a table", proc.returncode == 0 and "2 timed steps, rank 0 of 2 (cpu)" in table and
            "aten::linear" in table and "spmd::bucket_wait" in table and "total" in table, proc.stderr + table)
-    for flag in ("--profile", "--save-params"):
+    # --trace: the profiler's events of the timed steps on rank 0, as a Chrome trace that
+    # bench/trace_kernels.py reads (on CPU it finds no device work to sum).
+    trace = os.path.join(TMP, "trace.json")
+    proc = subprocess.run([tool("spmd-run"), step, "--nproc", "2", "--steps", "3", "--warmup", "1", "--trace", trace],
+                          capture_output=True, text=True, timeout=60)
+    try:
+        events = json.load(open(trace))
+    except (OSError, ValueError) as e:
+        events = {"error": str(e)}
+    names = {e.get("name") for e in events.get("traceEvents", [])}
+    summary = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "trace_kernels.py"), trace],
+                             capture_output=True, text=True, timeout=60)
+    report("--trace writes a Chrome trace", proc.returncode == 0 and events.get("spmd") == {"steps": 2, "device": "cpu"}
+           and "aten::linear" in names and "aten::mm" in names and
+           all(e.get("ph") == "X" and e.get("dur", -1) >= 0 for e in events["traceEvents"]) and summary.returncode == 0
+           and "2 steps on cpu" in summary.stdout, proc.stderr + str(events)[:300] + summary.stderr)
+    for flag in ("--profile", "--save-params", "--trace"):
         proc = subprocess.run([tool("spmd-run"), step, "--steps", "1", flag, "/nonexistent-dir/out"],
                               capture_output=True, text=True, timeout=60)
         report(flag + " to a missing directory", proc.returncode == 1 and "step 1" not in proc.stdout and
@@ -380,7 +397,7 @@ def main():
     # everywhere else, so access() is not a test).
     regular = os.path.join(TMP, "regular.txt")
     open(regular, "w").close()
-    for flag in ("--save-params", "--profile", "--metrics"):
+    for flag in ("--save-params", "--profile", "--metrics", "--trace"):
         for target, fragment in ((TMP, "is a directory"), (os.path.join(regular, "out"), "Not a directory"),
                                  ("/proc/spmd-out", "/proc")):
             proc = subprocess.run([tool("spmd-run"), step, "--steps", "1", flag, target], capture_output=True, text=True,

@@ -195,6 +195,33 @@ TEST_CASE("fused Adam runs in place over the state it replaces", "[unroll]") {
   CHECK(Interpreter(readAfter, Interpreter::Buffers::Reuse).inPlaceNodes() == 0);
 }
 
+// On one rank a collective is the identity: where its input dies there and
+// owns its storage, the input is its result (no copy of the bucket); a
+// bucket that is read again later is copied, so nothing aliases it.
+TEST_CASE("one-rank collectives pass a dying bucket through uncopied", "[unroll]") {
+  auto listing = [](const std::string& returns) {
+    return parseListing(R"(graph
+  input %x: f32[6] data
+  %flat: f32[6] = aten::mul.Scalar(%x, 2.0)  # role=backward
+  %inflight: f32[6] = spmd::bucket_start(%flat, "mean", 0)  # role=comm bucket=0
+  %reduced: f32[6] = spmd::bucket_wait(%inflight, 0)  # role=comm bucket=0
+  return ()" + returns + ")\n");
+  };
+  const at::Tensor x = at::arange(6, at::kFloat);
+  const Graph dies = listing("%reduced");
+  const Interpreter reuse(dies, Interpreter::Buffers::Reuse);
+  CHECK(reuse.collectivesInPlace() == 2);
+  CHECK(Interpreter(dies).collectivesInPlace() == 0);
+  CHECK(at::equal(reuse.run({{"x", x}}).outputs.at(0), x * 2));
+
+  const Graph lives = listing("%reduced, %flat");
+  const Interpreter keepFlat(lives, Interpreter::Buffers::Reuse);
+  CHECK(keepFlat.collectivesInPlace() == 1);  // only bucket_wait: its input is bucket_start's copy
+  const std::vector<at::Tensor> out = keepFlat.run({{"x", x}}).outputs;
+  CHECK(at::equal(out.at(0), x * 2));
+  CHECK(out.at(0).data_ptr() != out.at(1).data_ptr());
+}
+
 namespace {
 
 // embedding_dense_backward(grad [2,3,4], indices [2,3], 5 rows, padding_idx).

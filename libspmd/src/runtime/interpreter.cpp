@@ -45,8 +45,9 @@ class ReusePlanner {
     const Node* producer = g_.producer(v);
     if (!producer) return false;
     const std::string& op = producer->op;
-    // spmd::fused_adam's results are its own copies, or (in place) inputs that owned theirs.
-    const bool fresh = op.rfind("aten::", 0) == 0 || op == "spmd::fused_adam";
+    // spmd::fused_adam's results are its own copies, or (in place) inputs
+    // that owned theirs; so are a collective's (runNode below).
+    const bool fresh = op.rfind("aten::", 0) == 0 || op == "spmd::fused_adam" || isCollective(op);
     if (!fresh || mayCopyOrAlias(op) || hasTrait(op, OpTrait::ViewOfFirstArgument)) return false;
     const auto& returns = ops_[g_.indexOf(*producer)].schema().returns();
     const auto& outs = producer->outputs;
@@ -168,6 +169,10 @@ RunResult Interpreter::run(const std::map<std::string, at::Tensor>& inputs, Coll
           if (a.kind == Arg::Kind::Value) tensors.push_back(env[a.value]);
         }
         results = collectives->run(node, tensors, !reusesInput_.empty() && reusesInput_[i]);
+      } else if (isCollective(node.op) && !reusesInput_.empty() && reusesInput_[i]) {
+        // One rank: a collective is the identity. Its kernel copies; an
+        // input that dies here and owns its storage is its result as it is.
+        results = {env[node.args[0].value]};
       } else if (!inPlace_.empty() && inPlace_[i]) {
         callOperator(inPlace_[i]->op, boxArguments(node, inPlace_[i]->op.schema(), tensorOf));
         for (size_t a : inPlace_[i]->writtenLists) {

@@ -9,6 +9,7 @@
 #include "checkpoint.h"
 #include "iteration_plans.h"
 #include "op_profile.h"
+#include "step_trace.h"
 #include "run_data.h"
 #include "run_device.h"
 #include "run_progress.h"
@@ -121,6 +122,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   if (lead) {
     requireWritableDirectory(o.saveParams, "--save-params");
     requireWritableDirectory(o.profile, "--profile");
+    requireWritableDirectory(o.trace, "--trace");
   }
   std::optional<CheckpointWriter> checkpoints;
   if (lead && !o.checkpoint.empty()) checkpoints.emplace(o.checkpoint, o.keep);
@@ -145,6 +147,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   device.allowTF32(o.tf32);
   std::optional<OpProfile> profile;
   if (!o.profile.empty()) profile.emplace(device);
+  std::optional<StepTrace> trace;
+  if (lead && !o.trace.empty()) trace.emplace(device, o.trace);
   const bool capture = artifact.cudagraphs && device.isCuda() && !o.eager && !profile;
   auto plans = std::make_unique<IterationPlans>(g, capture, lead);
   std::unique_ptr<Collectives> comm;
@@ -162,6 +166,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     // (not PyTorch's stream: README, "Dropout").
     device.seedRandomOps((seed * 1000003 + static_cast<uint64_t>(info.rank) * 7919 + static_cast<uint64_t>(step)) ^
                          0x9E3779B97F4A7C15ull);
+    if (trace) trace->beforeStep(timed);
     device.synchronize();
     const auto begin = std::chrono::steady_clock::now();
     auto afterNode = profile ? profile->startStep(timed) : std::function<void(const Node&)>();
@@ -186,6 +191,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
       checkpoints->write(g, state, CheckpointInfo{step + 1, info.worldSize, fingerprint, seed, lr});
     }
   }
+  if (trace) trace->write();
   record.setPeakBytes(device.peakBytes());
   record.setKernelsCompiled(kernelsCompiledAtLaunch());
   device.synchronize();

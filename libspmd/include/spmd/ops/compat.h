@@ -30,4 +30,24 @@ inline c10::ScalarType autocastDtype(c10::DeviceType device) {
 #endif
 }
 
+// A profiler event's (torch::autograd::profiler::KinetoEvent's) start and
+// duration in microseconds: 2.1 renamed the accessors and counts in ns.
+template <class ProfilerEvent>
+double eventStartUs(const ProfilerEvent& event) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  return static_cast<double>(event.startNs()) / 1e3;
+#else
+  return static_cast<double>(event.startUs());
+#endif
+}
+
+template <class ProfilerEvent>
+double eventDurationUs(const ProfilerEvent& event) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  return static_cast<double>(event.durationNs()) / 1e3;
+#else
+  return static_cast<double>(event.durationUs());
+#endif
+}
+
 }  // namespace spmd::compat

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <optional>
@@ -50,6 +51,9 @@ class Interpreter {
     for (const auto& op : inPlace_) n += op.has_value();
     return n;
   }
+  // With Buffers::Reuse: the collectives that work in their input, which
+  // dies there (across ranks: reduced in it; on one rank: it is the result).
+  size_t collectivesInPlace() const { return static_cast<size_t>(std::count(reusesInput_.begin(), reusesInput_.end(), true)); }
 
  private:
   void planInPlace(const std::vector<int>& lastUse);

@@ -25,6 +25,7 @@ struct RunOptions {
   bool eager = false; // no CUDA graphs, even for an artifact lowered with --cudagraphs
   bool allowNonfinite = false;  // --allow-nonfinite: train on after a NaN or infinite loss
   std::string profile;  // --profile: rank 0's time per op, the device synchronized after each node
+  std::string trace;    // --trace: a PyTorch profiler (Kineto) Chrome trace of rank 0's timed steps
   std::string metrics;  // --metrics: rank 0 appends one JSON line per step
   std::string checkpoint;   // --checkpoint DIR: rank 0 writes checkpoints there (runtime/checkpoint.h)
   int checkpointEvery = 0;  // --checkpoint-every K: also after every K-th step (0: only at the end)

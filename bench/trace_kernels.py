@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Sums the device work in a Chrome trace by kernel: spmd-run --trace's, or torch_step.py --trace's
+(torch.profiler's). Prints the device time and launches a step, by kind (GEMMs, spmd's generated
+kernels, Triton's, ATen's others, copies) and by kernel, slowest first.
+
+    python3 bench/trace_kernels.py TRACE.json [--top N]
+
+A trace names its step count under "spmd" (both writers put it there). Device time is the sum of
+the kernels' own durations: where streams overlap it is more than the wall time."""
+import argparse
+import collections
+import json
+import re
+import sys
+
+KINDS = [  # first match wins
+    ("gemm", re.compile(r"gemm|xmma|cutlass|cublas|s1688|s16816|nvjet|sm90_|sm80_", re.I)),
+    ("spmd generated", re.compile(r"^spmd_")),
+    ("triton", re.compile(r"^triton_")),
+    ("copy/fill", re.compile(r"^Memcpy|^Memset|copy_kernel|fill_kernel|FillFunctor|CatArray", re.I)),
+    ("nccl", re.compile(r"nccl", re.I)),
+]
+DEVICE_CATEGORIES = {"gpu", "kernel", "gpu_memcpy", "gpu_memset"}  # spmd's, then torch.profiler's
+
+
+def kind_of(name):
+    for kind, pattern in KINDS:
+        if pattern.search(name):
+            return kind
+    return "other ATen/CUDA"
+
+
+def device_events(trace):
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") == "X" and event.get("cat") in DEVICE_CATEGORIES:
+            yield event["name"], float(event.get("dur", 0.0))
+
+
+def table(rows, steps, total, top):
+    lines = ["# ms/step   share  calls/step   us/call  name"]
+    for name, (us, calls) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
+        short = name if len(name) <= 110 else name[:107] + "..."
+        lines.append("%9.3f  %5.1f%%  %10.1f  %8.1f  %s" % (us / steps / 1e3, 100 * us / total if total else 0,
+                                                           calls / steps, us / calls, short))
+    return lines
+
+
+def summarize(trace, top, source):
+    steps = trace.get("spmd", {}).get("steps")
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError("%s names no step count (\"spmd\": {\"steps\": N}): not written by spmd-run --trace "
+                         "or torch_step.py --trace" % source)
+    by_name, by_kind = collections.defaultdict(lambda: [0.0, 0]), collections.defaultdict(lambda: [0.0, 0])
+    for name, us in device_events(trace):
+        for acc in (by_name[name], by_kind[kind_of(name)]):
+            acc[0] += us
+            acc[1] += 1
+    total = sum(us for us, _ in by_name.values())
+    launches = sum(calls for _, calls in by_name.values())
+    head = ["# %s: %d steps on %s; a step: %.3f ms of device time in %.1f kernels and copies"
+            % (source, steps, trace["spmd"].get("device", "?"), total / steps / 1e3, launches / steps)]
+    return "\n".join(head + ["# by kind"] + table(by_kind, steps, total, top) + ["# by kernel"]
+                     + table(by_name, steps, total, top)) + "\n"
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("trace")
+    p.add_argument("--top", type=int, default=40, help="kernels listed (default 40)")
+    args = p.parse_args(argv)
+    try:
+        with open(args.trace) as f:
+            trace = json.load(f)
+        sys.stdout.write(summarize(trace, args.top, args.trace))
+    except (OSError, ValueError) as e:
+        print("trace_kernels.py: error: %s" % e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,88 @@
+#include "step_trace.h"
+
+#include "spmd/io/load.h"
+#include "spmd/ops/compat.h"
+#include "spmd/support/diagnostic.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <algorithm>
+#include <set>
+
+namespace spmd {
+namespace {
+
+namespace kineto = torch::autograd::profiler;
+using torch::profiler::impl::ActivityType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+std::set<ActivityType> activitiesOn(const RunDevice& device) {
+  std::set<ActivityType> activities{ActivityType::CPU};
+  if (device.isCuda()) activities.insert(ActivityType::CUDA);
+  return activities;
+}
+
+// One Chrome trace "complete" event. CPU events (ATen ops, CUDA runtime
+// calls) go on their thread; device events (kernels, copies) on their stream.
+nlohmann::ordered_json traceEvent(const kineto::KinetoEvent& event, double originUs) {
+  const bool onCpu = event.deviceType() == c10::DeviceType::CPU;
+  return {{"name", event.name()},
+          {"cat", onCpu ? "cpu" : "gpu"},
+          {"ph", "X"},
+          {"ts", compat::eventStartUs(event) - originUs},
+          {"dur", compat::eventDurationUs(event)},
+          {"pid", onCpu ? std::string("cpu") : c10::DeviceTypeName(event.deviceType(), true) + ":" +
+                                                   std::to_string(static_cast<int>(event.deviceIndex()))},
+          {"tid", onCpu ? static_cast<int64_t>(event.startThreadId()) : event.deviceResourceId()}};
+}
+
+// Kineto's own save() exists only in builds with Kineto (not Debian's
+// LibTorch); the events are there in every build, so the file is ours.
+std::string chromeTrace(const std::vector<kineto::KinetoEvent>& events, int steps, const std::string& device) {
+  std::vector<const kineto::KinetoEvent*> sorted;
+  for (const auto& event : events) sorted.push_back(&event);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) {
+    return compat::eventStartUs(*a) < compat::eventStartUs(*b);
+  });
+  const double origin = sorted.empty() ? 0.0 : compat::eventStartUs(*sorted.front());
+  // One event a line: a trace stays readable and diffable as text.
+  nlohmann::ordered_json header = {{"steps", steps}, {"device", device}};
+  std::string text = "{\"spmd\": " + header.dump() + ", \"displayTimeUnit\": \"ms\", \"traceEvents\": [";
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    text += (i ? ",\n" : "\n") + traceEvent(*sorted[i], origin).dump();
+  }
+  return text + "\n]}\n";
+}
+
+}  // namespace
+
+StepTrace::~StepTrace() {
+  if (!recording_) return;
+  try {
+    kineto::disableProfiler();
+  } catch (...) {  // the run's own error is the one to report
+  }
+}
+
+void StepTrace::beforeStep(bool timed) {
+  if (!timed) return;
+  ++steps_;
+  if (recording_) return;
+  const ProfilerConfig config(ProfilerState::KINETO);
+  const auto activities = activitiesOn(device_);
+  kineto::prepareProfiler(config, activities);
+  kineto::enableProfiler(config, activities);
+  recording_ = true;
+}
+
+void StepTrace::write() {
+  if (!recording_) return;
+  device_.synchronize();
+  recording_ = false;
+  const auto result = kineto::disableProfiler();
+  writeOutput(path_, chromeTrace(result->events(), steps_, device_.name()));
+}
+
+}  // namespace spmd
