@@ -155,8 +155,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
                                                                      const at::Tensor& k, const at::Tensor& v,
                                                                      const at::Tensor& probs, double scale, bool causal) {
 #ifdef SPMD_WITH_CUDA
-  at::Tensor dv = at::matmul(probs.transpose(-2, -1), grad);
-  at::Tensor dscores = at::matmul(grad, v.transpose(-2, -1)).contiguous();
+  // The incoming gradient is usually a transposed view ([batch, length,
+  // heads, size] memory): one copy serves both GEMMs that read it.
+  const at::Tensor g = grad.contiguous();
+  at::Tensor dv = at::matmul(probs.transpose(-2, -1), g);
+  at::Tensor dscores = at::matmul(g, v.transpose(-2, -1)).contiguous();
   attentionSoftmaxBackwardInPlace(dscores, probs, scale, causal);
   at::Tensor dq = at::matmul(dscores, k);
   at::Tensor dk = at::matmul(dscores.transpose(-2, -1), q);

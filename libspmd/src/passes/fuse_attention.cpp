@@ -8,8 +8,10 @@
 // that take them; neither takes fp32: cuDNN returns NaN, flash refuses),
 // else ATen's memory-efficient attention. For fp32, gemm: the attention's
 // matmuls as batched GEMMs (TF32 under spmd-run --tf32) around a generated
-// softmax (ops/attention_codegen.h), up to 2048 keys; the backward reads
-// the probabilities the forward kept instead of recomputing them. A kernel
+// softmax (ops/attention_codegen.h), up to 2048 keys, on contiguous copies
+// of q, k and v (aten::contiguous nodes) that the backward reads too; the
+// backward reads the probabilities the forward kept instead of recomputing
+// them. A kernel
 // asked for that cannot take the attention's dtype gives way to the one
 // auto picks (gemm to cudnn/flash for bf16, flash and cudnn to efficient for
 // fp32); math leaves the attention unfused. Taken: 4-D q, k, v of one
@@ -22,6 +24,8 @@
 #include "spmd/ops/dispatch.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
+
+#include <c10/core/MemoryFormat.h>
 
 #include <map>
 #include <optional>
@@ -88,13 +92,30 @@ std::string kernelFor(const Graph& g, const Node& a, const std::string& wanted, 
   return wanted;
 }
 
+// q, k and v for the gemm kernel: contiguous, once. Batched GEMMs need one
+// batch stride over [batch, heads], which heads split out of a projection
+// do not have (at::matmul would copy them in every GEMM, forward and
+// backward); the copies are what both directions read.
+std::vector<Arg> contiguousForGemm(GraphBuilder& b, const Graph& g, const std::vector<Arg>& qkv) {
+  Arg contiguousFormat;
+  contiguousFormat.kind = Arg::Kind::MemoryFormat;
+  contiguousFormat.i = static_cast<int64_t>(c10::MemoryFormat::Contiguous);
+  std::vector<Arg> out;
+  for (const Arg& t : qkv) {
+    out.push_back(Arg::tensor(
+        b.call("aten::contiguous", {t, contiguousFormat}, g.value(t.value).name + ".contiguous")));
+  }
+  return out;
+}
+
 void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kernel) {
   GraphBuilder b(g);
   b.setInsertionPoint(a);
   b.setMeta(a.meta);
   const bool causal = a.args[5].b;
   const Arg scale = a.args[4];
-  const std::vector<Arg> qkv = {a.args[0], a.args[1], a.args[2]};
+  std::vector<Arg> qkv = {a.args[0], a.args[1], a.args[2]};
+  if (kernel == "gemm") qkv = contiguousForGemm(b, g, qkv);
   const std::string base = g.value(a.outputs[0]).name;
   std::vector<Arg> args = qkv;
   args.insert(args.end(), {Arg::none(), scale, Arg::ofBool(causal), strArg(kernel)});
