@@ -384,7 +384,14 @@ TEST_CASE("gemm attention equals autograd over the math", "[fused][cuda]") {
                     static_cast<long long>(queries), static_cast<long long>(keys), causal, names[i], worst);
         testing::requireClose(ours[i].cpu(), ref[i].cpu(), names[i], 1e-4, 1e-5);
       }
-      CHECK(dq.strides() == q.strides());  // the layout the meta kernel promises
+      // The layouts the meta kernel promises (those of autograd over the math).
+      auto onMeta = [](const at::Tensor& t) { return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)); };
+      const auto [mq, mk, mv] = backward.call(onMeta(grad), onMeta(q), onMeta(k), onMeta(v), c10::nullopt, onMeta(out),
+                                              onMeta(probs), onMeta(seed), onMeta(offset), scale, causal, "gemm");
+      CHECK(dq.strides() == mq.strides());
+      CHECK(dk.strides() == mk.strides());
+      CHECK(dv.strides() == mv.strides());
+      CHECK(dk.transpose(-2, -1).is_contiguous());
     }
   }
 }

@@ -203,9 +203,9 @@ TEST_CASE("fused Adam runs in place over the state it replaces", "[unroll]") {
 // parameters; fused-adam takes that update too, and the step agrees with the
 // per-parameter one to rounding.
 TEST_CASE("fused-adam takes the update an unrolled iteration's forward reads", "[unroll]") {
-  const Graph middle =
-      graphForIteration(withPasses(trainStep("mlp", "adam", 0.05), unrollPipeline({}), 3), Iteration::Middle);
-  const Graph fused = withPasses(middle, {"fused-adam"});
+  const Graph unrolled = withPasses(trainStep("mlp", "adam", 0.05), unrollPipeline({}), 3);
+  const Graph middle = graphForIteration(unrolled, Iteration::Middle);
+  const Graph fused = graphForIteration(withPasses(unrolled, {"fused-adam"}), Iteration::Middle);
   size_t calls = 0, previous = 0, perParameter = 0;
   for (const Node& n : fused.nodes()) {
     if (n.op == "spmd::fused_adam") {

@@ -140,17 +140,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const a
 #endif
 }
 
-#ifdef SPMD_WITH_CUDA
-// `t` in the layout of `like` (the layout the meta kernels promise: the
-// backward's gradients are laid out as q, k and v are).
-at::Tensor laidOutAs(const at::Tensor& like, const at::Tensor& t) {
-  if (t.strides() == like.strides()) return t;
-  at::Tensor out = at::empty_like(like);
-  out.copy_(t);
-  return out;
-}
-#endif
-
+// The gemm backward's gradients come out as autograd over the math lays
+// them out, which is what the graph after the attention was recorded
+// against (a view there may depend on it): q's and v's contiguous, k's as
+// the transpose of a contiguous [batch, heads, size, length].
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::Tensor& grad, const at::Tensor& q,
                                                                      const at::Tensor& k, const at::Tensor& v,
                                                                      const at::Tensor& probs, double scale, bool causal) {
@@ -162,8 +155,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
   at::Tensor dscores = at::matmul(g, v.transpose(-2, -1)).contiguous();
   attentionSoftmaxBackwardInPlace(dscores, probs, scale, causal);
   at::Tensor dq = at::matmul(dscores, k);
-  at::Tensor dk = at::matmul(dscores.transpose(-2, -1), q);
-  return {laidOutAs(q, dq), laidOutAs(k, dk), laidOutAs(v, dv)};
+  at::Tensor dkTransposed = at::matmul(q.transpose(-2, -1), dscores);
+  return {dq, dkTransposed.transpose(-2, -1), dv};
 #else
   (void)grad, (void)q, (void)k, (void)v, (void)probs, (void)scale, (void)causal;
   TORCH_CHECK(false, "spmd::fused_attention_backward: this build has no CUDA kernels");
@@ -229,10 +222,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttentionMeta(
   return {out, lse, at::empty({}, i64), at::empty({}, i64)};
 }
 
+// ATen's kernels return the gradients in q's, k's and v's layouts; gemm in
+// those autograd over the math gives (gemmAttentionBackward).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackwardMeta(
     const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    double, bool, c10::string_view) {
+    double, bool, c10::string_view kernel) {
+  if (kernel == "gemm") {
+    const at::Tensor dkTransposed = at::empty({k.size(0), k.size(1), k.size(3), k.size(2)}, k.options());
+    return {at::empty(q.sizes(), q.options()), dkTransposed.transpose(-2, -1), at::empty(v.sizes(), v.options())};
+  }
   return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
 }
 
