@@ -14,7 +14,6 @@
 #include "spmd/support/diagnostic.h"
 
 #include <torch/torch.h>
-#include <torch/version.h>
 
 #include "test_support.h"
 
@@ -195,39 +194,6 @@ TEST_CASE("fused Adam runs in place over the state it replaces", "[unroll]") {
       parseListing(head + "  %old: f32[] = aten::sum(%w, None)  # role=optimizer\n  return (%loss, %old)\n" + updates);
   CHECK(Interpreter(readAfter, Interpreter::Buffers::Reuse).inPlaceNodes() == 0);
 }
-
-#if TORCH_VERSION_MAJOR >= 2
-// 2.x only: LibTorch 1.13 has no _fused_adam_ (fused-adam then changes
-// nothing). spmd-unroll moves the last bucket's update to the next
-// iteration's start, where that iteration's forward reads the updated
-// parameters; fused-adam takes that update too, and the step agrees with the
-// per-parameter one to rounding.
-TEST_CASE("fused-adam takes the update an unrolled iteration's forward reads", "[unroll]") {
-  const Graph unrolled = withPasses(trainStep("mlp", "adam", 0.05), unrollPipeline({}), 3);
-  const Graph middle = graphForIteration(unrolled, Iteration::Middle);
-  const Graph fused = graphForIteration(withPasses(unrolled, {"fused-adam"}), Iteration::Middle);
-  size_t calls = 0, previous = 0, perParameter = 0;
-  for (const Node& n : fused.nodes()) {
-    if (n.op == "spmd::fused_adam") {
-      ++calls;
-      previous += n.meta.iteration == IterationTag::FromPrevious;
-    }
-    perParameter += n.op == "aten::addcdiv";
-  }
-  CHECK(previous == 1);
-  CHECK(calls > previous);
-  CHECK(perParameter == 0);
-  std::map<std::string, at::Tensor> inputs = initialState(middle);
-  for (auto& [name, t] : batch(middle, 0)) inputs[name] = t;
-  const RunResult plain = Interpreter(middle).run(inputs), withFused = Interpreter(fused).run(inputs);
-  REQUIRE(plain.updates.size() == withFused.updates.size());
-  for (const auto& [name, t] : plain.updates) {
-    INFO(name);
-    CHECK(at::allclose(t, withFused.updates.at(name), 1e-5, 1e-6));
-  }
-  CHECK(at::allclose(plain.outputs.at(0), withFused.outputs.at(0), 1e-5, 1e-6));
-}
-#endif
 
 // On one rank a collective is the identity: where its input dies there and
 // owns its storage, the input is its result (no copy of the bucket); a

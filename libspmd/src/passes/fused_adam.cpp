@@ -3,9 +3,7 @@
 // fused implementation (ATen's _fused_adam_/_fused_adamw_: one multi-tensor
 // kernel reads each parameter, gradient and moment once), one call per group
 // of parameters updated at the same point (bucket and iteration tag), put
-// where its last input is ready. Where spmd-unroll moved an update to the
-// next iteration's start, whose forward reads the new parameters, that is
-// before the forward. The hyperparameters are read back from the
+// where its last input is ready. The hyperparameters are read back from the
 // update's own constants (beta1 from exp_avg * beta1, lr from the step size,
 // ...), which the optimizer pass wrote; a parameter whose update has another
 // shape (amsgrad, an exported step's optimizer) keeps its per-parameter ops,
@@ -167,28 +165,6 @@ const Node* lastProducer(const Graph& g, const std::vector<Update>& group) {
   return last;
 }
 
-// The values a group's call replaces: each update's new parameter,
-// moments and step.
-std::vector<ValueId> replacedBy(const Update& u) { return {u.newParam, u.newExpAvg, u.newExpAvgSq, u.newStep}; }
-
-// Whether the call, put right after `after` (nullptr: first), comes before
-// every reader of the values it replaces outside the optimizer's own nodes
-// (those die with the per-parameter ops), and no graph output is one of them.
-// Such readers exist where spmd-unroll moved the last bucket's update to the
-// next iteration's start: its forward reads the updated parameters.
-bool readersFollow(const Graph& g, const std::vector<Update>& group, const Node* after) {
-  for (const Update& u : group) {
-    for (ValueId v : replacedBy(u)) {
-      if (std::count(g.outputs().begin(), g.outputs().end(), v)) return false;
-      for (const Node* reader : g.users(v)) {
-        if (reader->meta.role == NodeRole::Optimizer) continue;
-        if (after && g.indexOf(*reader) <= g.indexOf(*after)) return false;
-      }
-    }
-  }
-  return true;
-}
-
 void emit(Graph& g, const std::vector<Update>& group) {
   GraphBuilder b(g);
   const Node* after = lastProducer(g, group);
@@ -213,17 +189,29 @@ void emit(Graph& g, const std::vector<Update>& group) {
        Arg::ofFloat(h.weightDecay), Arg::ofFloat(h.eps), Arg::ofBool(h.adamw)},
       "adam");
   const size_t n = group.size();
-  auto outsideOptimizer = [](const Node& reader) { return reader.meta.role != NodeRole::Optimizer; };
   for (size_t k = 0; k < n; ++k) {
-    const std::vector<ValueId> old = replacedBy(group[k]);
-    for (size_t s = 0; s < old.size(); ++s) {
-      const ValueId fresh = out[s * n + k];
-      g.replaceUsesWith(old[s], fresh, outsideOptimizer);
+    const Update& u = group[k];
+    for (auto [old, i] : {std::pair{u.newParam, k}, {u.newExpAvg, n + k}, {u.newExpAvgSq, 2 * n + k},
+                          {u.newStep, 3 * n + k}}) {
       for (StateUpdate& su : g.updates()) {
-        if (su.value == old[s]) su.value = fresh;
+        if (su.value == old) su.value = out[i];
       }
     }
   }
+}
+
+// Whether the group's old values are read only by state updates: then the
+// call may stand anywhere after its inputs.
+bool onlyUpdatesRead(const Graph& g, const std::vector<Update>& group) {
+  for (const Update& u : group) {
+    for (ValueId v : {u.newParam, u.newExpAvg, u.newExpAvgSq, u.newStep}) {
+      for (const Node* reader : g.users(v)) {
+        if (reader->meta.role != NodeRole::Optimizer) return false;
+      }
+      if (std::count(g.outputs().begin(), g.outputs().end(), v)) return false;
+    }
+  }
+  return true;
 }
 
 class FusedAdamPass final : public Pass {
@@ -252,7 +240,7 @@ class FusedAdamPass final : public Pass {
     size_t fused = 0;
     const bool tensorLr = findOperator("aten::_fused_adam_", "tensor_lr") && findOperator("aten::_fused_adamw_", "tensor_lr");
     for (auto& [key, group] : groups) {
-      if (!readersFollow(g, group, lastProducer(g, group)) || (group.front().hyper.lrInput != kNoValue && !tensorLr)) {
+      if (!onlyUpdatesRead(g, group) || (group.front().hyper.lrInput != kNoValue && !tensorLr)) {
         for (const Update& u : group) left.push_back(g.value(u.param).name);
         continue;
       }
