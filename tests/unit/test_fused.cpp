@@ -363,8 +363,10 @@ TEST_CASE("gemm attention equals autograd over the math", "[fused][cuda]") {
               const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const at::Tensor&, double, bool, c10::string_view)>();
   const auto opts = at::TensorOptions().device(at::kCUDA);
-  // (queries, keys): equal, more keys than queries, and rows longer than 1024.
-  for (const auto& [queries, keys] : std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {50, 70}, {8, 1100}}) {
+  // (queries, keys): equal, more keys than queries, rows longer than 1024,
+  // and causal GEMMs in 2 and 4 blocks (256 and 512 queries).
+  for (const auto& [queries, keys] :
+       std::vector<std::pair<int64_t, int64_t>>{{64, 64}, {50, 70}, {8, 1100}, {256, 256}, {512, 512}}) {
     for (bool causal : {true, false}) {
       INFO(queries << " queries, " << keys << " keys, causal " << causal);
       at::manual_seed(11);

@@ -123,19 +123,70 @@ std::pair<size_t, size_t> rngResults(c10::string_view kernel) {
   return {6, 7};                             // flash, cudnn: (..., max_q, max_k, philox_seed/rng_state, offset/unused, ...)
 }
 
-// The "gemm" kernel (fp32): attention as it is written, its matmuls as
-// batched GEMMs (TF32 where the run allows it) and its softmax generated
-// (ops/attention_codegen.h). The probabilities go to the backward in the
-// logsumexp slot; it needs no random state.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const at::Tensor& q, const at::Tensor& k,
-                                                                         const at::Tensor& v, double scale, bool causal) {
 #ifdef SPMD_WITH_CUDA
-  at::Tensor probs = at::matmul(q, k.transpose(-2, -1)).contiguous();
+// How the gemm kernel splits its GEMMs. Causal square attention: queries in
+// `blocks` equal blocks, block i against the keys of blocks 0..i only, so
+// the work above the diagonal blocks (3/8 of it for 4 blocks) is skipped;
+// the softmax kernels never read scores past a row's last key. Otherwise
+// one block over every key.
+struct GemmBlocks {
+  int64_t blocks = 1, rows = 0, keys = 0;  // rows: queries a block; keys: all keys
+  bool causal = false;
+
+  GemmBlocks(const at::Tensor& q, const at::Tensor& k, bool isCausal) {
+    const int64_t queries = q.size(-2);
+    keys = k.size(-2);
+    causal = isCausal && queries == keys;
+    for (int64_t n : {4, 2}) {
+      if (causal && blocks == 1 && queries % n == 0 && queries / n >= 128) blocks = n;
+    }
+    rows = queries / blocks;
+  }
+  // Keys query block i reads; the first query of key block j's readers.
+  int64_t keysOf(int64_t i) const { return causal ? (i + 1) * rows : keys; }
+  int64_t firstReaderOf(int64_t j) const { return causal ? j * rows : 0; }
+  int64_t keyBlockSize() const { return causal ? rows : keys; }
+};
+
+// [batch, heads, r, c] as the [batch * heads, r, c] batch of matrices bmm
+// takes. A view: every tensor here is a slice of a contiguous one.
+at::Tensor batched(const at::Tensor& t) { return t.view({t.size(0) * t.size(1), t.size(2), t.size(3)}); }
+
+// rows [from, to) and columns [0, cols) of a [batch, heads, rows, cols] tensor.
+at::Tensor block(const at::Tensor& t, int64_t from, int64_t to, int64_t colFrom, int64_t colTo) {
+  return t.slice(2, from, to).slice(3, colFrom, colTo);
+}
+#endif
+
+// The "gemm" kernel (fp32): attention as it is written, its matmuls as
+// batched GEMMs (TF32 where the run allows it; blocked under a causal mask,
+// GemmBlocks) and its softmax generated (ops/attention_codegen.h). The
+// probabilities go to the backward in the logsumexp slot; it needs no
+// random state.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const at::Tensor& query, const at::Tensor& key,
+                                                                         const at::Tensor& value, double scale, bool causal) {
+#ifdef SPMD_WITH_CUDA
+  // fuse-attention hands them over contiguous; a direct call may not.
+  const at::Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
+  const GemmBlocks by(q, k, causal);
+  const int64_t queries = q.size(2), d = q.size(3);
+  at::Tensor probs = at::empty({q.size(0), q.size(1), queries, by.keys}, q.options());
+  for (int64_t i = 0; i < by.blocks; ++i) {
+    const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
+    at::bmm_out(batched(block(probs, r0, r1, 0, keys)), batched(block(q, r0, r1, 0, d)),
+                batched(block(k, 0, keys, 0, d)).transpose(1, 2));
+  }
   attentionSoftmaxInPlace(probs, scale, causal);
+  at::Tensor out = at::empty({q.size(0), q.size(1), queries, v.size(3)}, q.options());
+  for (int64_t i = 0; i < by.blocks; ++i) {
+    const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
+    at::bmm_out(batched(block(out, r0, r1, 0, v.size(3))), batched(block(probs, r0, r1, 0, keys)),
+                batched(block(v, 0, keys, 0, v.size(3))));
+  }
   const at::Tensor none = at::empty({}, q.options().dtype(at::kLong));
-  return {at::matmul(probs, v), probs, none, none};
+  return {out, probs, none, none};
 #else
-  (void)q, (void)k, (void)v, (void)scale, (void)causal;
+  (void)query, (void)key, (void)value, (void)scale, (void)causal;
   TORCH_CHECK(false, "spmd::fused_attention: this build has no CUDA kernels");
 #endif
 }
@@ -144,21 +195,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const a
 // them out, which is what the graph after the attention was recorded
 // against (a view there may depend on it): q's and v's contiguous, k's as
 // the transpose of a contiguous [batch, heads, size, length].
-std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::Tensor& grad, const at::Tensor& q,
-                                                                     const at::Tensor& k, const at::Tensor& v,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::Tensor& grad, const at::Tensor& query,
+                                                                     const at::Tensor& key, const at::Tensor& value,
                                                                      const at::Tensor& probs, double scale, bool causal) {
 #ifdef SPMD_WITH_CUDA
   // The incoming gradient is usually a transposed view ([batch, length,
-  // heads, size] memory): one copy serves both GEMMs that read it.
-  const at::Tensor g = grad.contiguous();
-  at::Tensor dv = at::matmul(probs.transpose(-2, -1), g);
-  at::Tensor dscores = at::matmul(g, v.transpose(-2, -1)).contiguous();
+  // heads, size] memory): one copy serves the GEMMs that read it.
+  const at::Tensor g = grad.contiguous(), q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
+  const GemmBlocks by(q, k, causal);
+  const int64_t queries = q.size(2), d = q.size(3), dv = v.size(3);
+  at::Tensor dscores = at::empty_like(probs);
+  for (int64_t i = 0; i < by.blocks; ++i) {
+    const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
+    at::bmm_out(batched(block(dscores, r0, r1, 0, keys)), batched(block(g, r0, r1, 0, dv)),
+                batched(block(v, 0, keys, 0, dv)).transpose(1, 2));
+  }
   attentionSoftmaxBackwardInPlace(dscores, probs, scale, causal);
-  at::Tensor dq = at::matmul(dscores, k);
-  at::Tensor dkTransposed = at::matmul(q.transpose(-2, -1), dscores);
-  return {dq, dkTransposed.transpose(-2, -1), dv};
+  at::Tensor dq = at::empty_like(q), dkT = at::empty({k.size(0), k.size(1), d, by.keys}, k.options()),
+             dvOut = at::empty_like(v);
+  for (int64_t i = 0; i < by.blocks; ++i) {  // dq: query block i against its keys
+    const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
+    at::bmm_out(batched(block(dq, r0, r1, 0, d)), batched(block(dscores, r0, r1, 0, keys)),
+                batched(block(k, 0, keys, 0, d)));
+  }
+  for (int64_t j = 0; j < by.blocks; ++j) {  // dk, dv: key block j from the queries that read it
+    const int64_t c0 = j * by.keyBlockSize(), c1 = c0 + by.keyBlockSize(), r0 = by.firstReaderOf(j);
+    at::bmm_out(batched(block(dkT, 0, d, c0, c1)), batched(block(q, r0, queries, 0, d)).transpose(1, 2),
+                batched(block(dscores, r0, queries, c0, c1)));
+    at::bmm_out(batched(block(dvOut, c0, c1, 0, dv)), batched(block(probs, r0, queries, c0, c1)).transpose(1, 2),
+                batched(block(g, r0, queries, 0, dv)));
+  }
+  return {dq, dkT.transpose(-2, -1), dvOut};
 #else
-  (void)grad, (void)q, (void)k, (void)v, (void)probs, (void)scale, (void)causal;
+  (void)grad, (void)query, (void)key, (void)value, (void)probs, (void)scale, (void)causal;
   TORCH_CHECK(false, "spmd::fused_attention_backward: this build has no CUDA kernels");
 #endif
 }
