@@ -9,13 +9,16 @@
 namespace spmd {
 namespace {
 
-// The helpers both kernels use: the last key a row keeps, and warp-wide
-// reductions by butterfly shuffles.
+// The helpers both kernels use: the last key a row keeps, the end of what
+// it writes, and warp-wide reductions by butterfly shuffles.
 constexpr const char* kHelpers = R"(__device__ __forceinline__ int spmd_last_key(long long row) {
   const long long query = row % kQueries;
   return kCausal && query < kKeys - 1 ? (int)query : kKeys - 1;
 }
 
+__device__ __forceinline__ int spmd_write_end(long long row) {
+  return kBlockRows == 0 ? kKeys : (int)((row % kQueries / kBlockRows + 1) * kBlockRows);
+}
 __device__ __forceinline__ float spmd_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -33,7 +36,7 @@ constexpr const char* kForward = R"(
 extern "C" __global__ void __launch_bounds__(kThreads) spmd_attention_softmax(float* scores, long long rows) {
   const long long row = (long long)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const int lane = threadIdx.x & 31, last = spmd_last_key(row);
+  const int lane = threadIdx.x & 31, last = spmd_last_key(row), end = spmd_write_end(row);
   float* x = scores + row * kKeys;
   float v[kPerLane];
   float m = __int_as_float(0xff800000);
@@ -55,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_attention_softmax(fl
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int j = lane + 32 * i;
-    if (j < kKeys) x[j] = v[i] / sum;
+    if (j < end) x[j] = v[i] / sum;
   }
 }
 )";
@@ -67,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_attention_softmax_ba
                                                                                  long long rows) {
   const long long row = (long long)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const int lane = threadIdx.x & 31, last = spmd_last_key(row);
+  const int lane = threadIdx.x & 31, last = spmd_last_key(row), end = spmd_write_end(row);
   float* g = grad + row * kKeys;
   const float* p = probs + row * kKeys;
   float pv[kPerLane], pg[kPerLane];
@@ -83,12 +86,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_attention_softmax_ba
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int j = lane + 32 * i;
-    if (j < kKeys) g[j] = (pg[i] - pv[i] * dot) * kScale;
+    if (j < end) g[j] = (pg[i] - pv[i] * dot) * kScale;
   }
 }
 )";
 
 }  // namespace
+
+int64_t attentionCausalBlockRows(int64_t queries, int64_t keys, bool causal) {
+  if (!causal || queries != keys) return 0;
+  for (int64_t blocks : {4, 2}) {
+    if (queries % blocks == 0 && queries / blocks >= 128) return queries / blocks;
+  }
+  return 0;
+}
 
 std::string attentionSoftmaxSource(int64_t queries, int64_t keys, double scale, bool causal) {
   if (keys < 1 || keys > kAttentionSoftmaxMaxKeys) {
@@ -107,6 +118,8 @@ std::string attentionSoftmaxSource(int64_t queries, int64_t keys, double scale, 
   src += "constexpr int kRowsPerBlock = " + std::to_string(kAttentionSoftmaxRowsPerBlock) + ";\n";
   src += "constexpr int kThreads = " + std::to_string(32 * kAttentionSoftmaxRowsPerBlock) + ";\n";
   src += std::string("constexpr bool kCausal = ") + (causal ? "true" : "false") + ";\n";
+  src += "constexpr long long kBlockRows = " + std::to_string(attentionCausalBlockRows(queries, keys, causal)) +
+         ";  // rows of a causal GEMM block; 0: not blocked\n";
   src += "constexpr float kScale = " + scaleText + "f;\n\n";
   return src + kHelpers + kForward + kBackward;
 }

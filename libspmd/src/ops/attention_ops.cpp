@@ -15,6 +15,7 @@
 // runs batched GEMMs and a generated softmax instead.
 #include "spmd/ops/spmd_ops.h"
 
+#include "spmd/ops/attention_codegen.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/ops/fused_kernels.h"
 
@@ -124,11 +125,10 @@ std::pair<size_t, size_t> rngResults(c10::string_view kernel) {
 }
 
 #ifdef SPMD_WITH_CUDA
-// How the gemm kernel splits its GEMMs. Causal square attention: queries in
-// `blocks` equal blocks, block i against the keys of blocks 0..i only, so
-// the work above the diagonal blocks (3/8 of it for 4 blocks) is skipped;
-// the softmax kernels never read scores past a row's last key. Otherwise
-// one block over every key.
+// How the gemm kernel splits its GEMMs: under causal blocking
+// (attentionCausalBlockRows) query block i against the keys of blocks 0..i
+// only, which skips the work above the diagonal blocks (3/8 of it for 4
+// blocks); else one block of every query against every key.
 struct GemmBlocks {
   int64_t blocks = 1, rows = 0, keys = 0;  // rows: queries a block; keys: all keys
   bool causal = false;
@@ -136,10 +136,9 @@ struct GemmBlocks {
   GemmBlocks(const at::Tensor& q, const at::Tensor& k, bool isCausal) {
     const int64_t queries = q.size(-2);
     keys = k.size(-2);
-    causal = isCausal && queries == keys;
-    for (int64_t n : {4, 2}) {
-      if (causal && blocks == 1 && queries % n == 0 && queries / n >= 128) blocks = n;
-    }
+    const int64_t blockRows = attentionCausalBlockRows(queries, keys, isCausal);
+    causal = blockRows > 0;
+    blocks = causal ? queries / blockRows : 1;
     rows = queries / blocks;
   }
   // Keys query block i reads; the first query of key block j's readers.

@@ -10,8 +10,10 @@
 //     scores (ATen's softmax backward, then the scaling's).
 //
 // One warp per row, the row held in registers; masked keys are neither read
-// nor computed, only written (as 0). The source is deterministic and needs
-// no headers, like the pointwise kernels' (ops/cuda_codegen.h).
+// nor computed, only written (as 0), and under causal blocking
+// (attentionCausalBlockRows) only up to the end of the row's block: the
+// blocked GEMMs read no further. The source is deterministic and needs no
+// headers, like the pointwise kernels' (ops/cuda_codegen.h).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,12 @@ constexpr const char* kAttentionSoftmaxBackwardKernelName = "spmd_attention_soft
 constexpr int kAttentionSoftmaxRowsPerBlock = 4;  // warps per block, a row each
 // A row lives in its warp's registers: at most 64 floats per lane.
 constexpr int64_t kAttentionSoftmaxMaxKeys = 2048;
+
+// How the gemm kernel blocks a causal square attention's GEMMs: queries in
+// blocks of this many rows (4 blocks, else 2, of at least 128), block i
+// against the keys of blocks 0..i only. 0: not blocked (not causal, not
+// square, or too short): every query against every key.
+int64_t attentionCausalBlockRows(int64_t queries, int64_t keys, bool causal);
 
 // Throws std::invalid_argument for keys outside [1, kAttentionSoftmaxMaxKeys]
 // or queries < 1.
