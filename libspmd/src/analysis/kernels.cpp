@@ -64,7 +64,8 @@ FusedKernel pointwiseKernel(const Graph& g, size_t i) {
 
 // The "gemm" kernel of spmd::fused_attention(_backward): the generated
 // softmax over its probabilities (the forward's second result, the
-// backward's seventh argument), in place; bytes as if every key were read.
+// backward's seventh argument), in place; bytes as the kernels touch them
+// (attentionSoftmaxElements: under a causal mask fewer than the matrix).
 std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
   const bool forward = n.op == "spmd::fused_attention";
@@ -79,12 +80,15 @@ std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
   k.node = i;
   k.ops = forward ? "attention-softmax" : "attention-softmax-backward";
   (forward ? k.outputs : k.inputs).push_back(probs);
-  k.bytesRead = (forward ? 1 : 2) * bytes(p);
-  k.bytesWritten = bytes(p);
   try {
     if (p.shape.size() < 2) throw std::invalid_argument("probabilities of fewer than 2 dimensions");
-    k.source = attentionSoftmaxSource(p.shape[p.shape.size() - 2], p.shape.back(), n.args.at(scaleArg).f,
-                                      n.args.at(scaleArg + 1).b);
+    const int64_t queries = p.shape[p.shape.size() - 2], keys = p.shape.back();
+    const bool causal = n.args.at(scaleArg + 1).b;
+    k.source = attentionSoftmaxSource(queries, keys, n.args.at(scaleArg).f, causal);
+    const AttentionSoftmaxElements e = attentionSoftmaxElements(queries, keys, causal);
+    const int64_t perElement = queries * keys > 0 ? bytes(p) / (queries * keys) : 0;  // matrices x element size
+    k.bytesRead = (forward ? 1 : 2) * e.read * perElement;
+    k.bytesWritten = e.written * perElement;
   } catch (const std::invalid_argument& e) {
     throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
   }

@@ -3,6 +3,7 @@
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/pointwise_program.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -99,6 +100,17 @@ int64_t attentionCausalBlockRows(int64_t queries, int64_t keys, bool causal) {
     if (queries % blocks == 0 && queries / blocks >= 128) return queries / blocks;
   }
   return 0;
+}
+
+// As the kernels' spmd_last_key and spmd_write_end count them.
+AttentionSoftmaxElements attentionSoftmaxElements(int64_t queries, int64_t keys, bool causal) {
+  const int64_t blockRows = attentionCausalBlockRows(queries, keys, causal);
+  AttentionSoftmaxElements e;
+  for (int64_t q = 0; q < queries; ++q) {
+    e.read += causal ? std::min(q, keys - 1) + 1 : keys;
+    e.written += blockRows == 0 ? keys : (q / blockRows + 1) * blockRows;
+  }
+  return e;
 }
 
 std::string attentionSoftmaxSource(int64_t queries, int64_t keys, double scale, bool causal) {

@@ -154,7 +154,7 @@ at::Tensor batched(const at::Tensor& t) { return t.view({t.size(0) * t.size(1), 
 // out = a @ b, batched, written into `out` (a view) where it lies.
 void gemmInto(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::bmm_out(out, a, b); }
 
-// rows [from, to) and columns [0, cols) of a [batch, heads, rows, cols] tensor.
+// Rows [from, to) and columns [colFrom, colTo) of a [batch, heads, rows, cols] tensor.
 at::Tensor block(const at::Tensor& t, int64_t from, int64_t to, int64_t colFrom, int64_t colTo) {
   return t.slice(2, from, to).slice(3, colFrom, colTo);
 }
@@ -176,14 +176,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const a
   for (int64_t i = 0; i < by.blocks; ++i) {
     const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
     gemmInto(batched(block(probs, r0, r1, 0, keys)), batched(block(q, r0, r1, 0, d)),
-                batched(block(k, 0, keys, 0, d)).transpose(1, 2));
+             batched(block(k, 0, keys, 0, d)).transpose(1, 2));
   }
   attentionSoftmaxInPlace(probs, scale, causal);
   at::Tensor out = at::empty({q.size(0), q.size(1), queries, v.size(3)}, q.options());
   for (int64_t i = 0; i < by.blocks; ++i) {
     const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
     gemmInto(batched(block(out, r0, r1, 0, v.size(3))), batched(block(probs, r0, r1, 0, keys)),
-                batched(block(v, 0, keys, 0, v.size(3))));
+             batched(block(v, 0, keys, 0, v.size(3))));
   }
   const at::Tensor none = at::empty({}, q.options().dtype(at::kLong));
   return {out, probs, none, none};
@@ -210,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
   for (int64_t i = 0; i < by.blocks; ++i) {
     const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
     gemmInto(batched(block(dscores, r0, r1, 0, keys)), batched(block(g, r0, r1, 0, dv)),
-                batched(block(v, 0, keys, 0, dv)).transpose(1, 2));
+             batched(block(v, 0, keys, 0, dv)).transpose(1, 2));
   }
   attentionSoftmaxBackwardInPlace(dscores, probs, scale, causal);
   at::Tensor dq = at::empty_like(q), dkT = at::empty({k.size(0), k.size(1), d, by.keys}, k.options()),
@@ -218,14 +218,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
   for (int64_t i = 0; i < by.blocks; ++i) {  // dq: query block i against its keys
     const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
     gemmInto(batched(block(dq, r0, r1, 0, d)), batched(block(dscores, r0, r1, 0, keys)),
-                batched(block(k, 0, keys, 0, d)));
+             batched(block(k, 0, keys, 0, d)));
   }
   for (int64_t j = 0; j < by.blocks; ++j) {  // dk, dv: key block j from the queries that read it
     const int64_t c0 = j * by.keyBlockSize(), c1 = c0 + by.keyBlockSize(), r0 = by.firstReaderOf(j);
     gemmInto(batched(block(dkT, 0, d, c0, c1)), batched(block(q, r0, queries, 0, d)).transpose(1, 2),
-                batched(block(dscores, r0, queries, c0, c1)));
+             batched(block(dscores, r0, queries, c0, c1)));
     gemmInto(batched(block(dvOut, c0, c1, 0, dv)), batched(block(probs, r0, queries, c0, c1)).transpose(1, 2),
-                batched(block(g, r0, queries, 0, dv)));
+             batched(block(g, r0, queries, 0, dv)));
   }
   return {dq, dkT.transpose(-2, -1), dvOut};
 #else

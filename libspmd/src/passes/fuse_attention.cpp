@@ -11,8 +11,7 @@
 // softmax (ops/attention_codegen.h), up to 2048 keys, on contiguous copies
 // of q, k and v (aten::contiguous nodes) that the backward reads too; the
 // backward reads the probabilities the forward kept instead of recomputing
-// them. A kernel
-// asked for that cannot take the attention's dtype gives way to the one
+// them. A kernel asked for that cannot take the attention's dtype gives way to the one
 // auto picks (gemm to cudnn/flash for bf16, flash and cudnn to efficient for
 // fp32); math leaves the attention unfused. Taken: 4-D q, k, v of one
 // dtype, head size a multiple of 8, no mask or the causal one (is_causal).

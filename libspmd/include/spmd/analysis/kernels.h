@@ -17,7 +17,7 @@ struct FusedKernel {
   std::string ops;             // what it computes: "add gelu cast", "attention-softmax"
   std::string program;         // the pointwise program text ("" for the attention softmax)
   std::vector<ValueId> inputs, outputs;
-  int64_t bytesRead = 0;       // each input once, at its own size
+  int64_t bytesRead = 0;       // each input once, at its own size (the attention softmax: what it reads)
   int64_t bytesWritten = 0;
   std::string source;          // CUDA C (ops/cuda_codegen.h)
 };

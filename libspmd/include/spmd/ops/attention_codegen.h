@@ -33,6 +33,15 @@ constexpr int64_t kAttentionSoftmaxMaxKeys = 2048;
 // square, or too short): every query against every key.
 int64_t attentionCausalBlockRows(int64_t queries, int64_t keys, bool causal);
 
+// The elements of one [queries, keys] score matrix the kernels touch: a
+// causal row reads its keys up to its query, and every row writes up to
+// its block's end (all keys when not blocked). The backward reads twice as
+// much (probabilities and gradient), writes as much.
+struct AttentionSoftmaxElements {
+  int64_t read = 0, written = 0;
+};
+AttentionSoftmaxElements attentionSoftmaxElements(int64_t queries, int64_t keys, bool causal);
+
 // Throws std::invalid_argument for keys outside [1, kAttentionSoftmaxMaxKeys]
 // or queries < 1.
 std::string attentionSoftmaxSource(int64_t queries, int64_t keys, double scale, bool causal);
