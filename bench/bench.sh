@@ -172,7 +172,9 @@ run_spmd() {
   fi
 }
 
-# profile MODEL PRECISION: per-op device times of spmd-run (eager) and of DDP eager, 1 GPU.
+# profile MODEL PRECISION, 1 GPU: spmd-run's per-op times (eager, synchronized) and
+# torch.profiler's tables, and traces of the same steps (nothing synchronized) of spmd-run
+# and of each PyTorch system in SYSTEMS, summed by kernel (bench/trace_kernels.py).
 profile() {
   local m=$1 p=$2 lg=$WORK/logs/$1.$2.profile.log pre=$WORK/logs/$1.$2 sys
   # shellcheck disable=SC2086
