@@ -31,10 +31,6 @@ std::string opsOf(const PointwiseProgram& p) {
   return s;
 }
 
-}  // namespace
-
-namespace {
-
 FusedKernel pointwiseKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
   const std::string where = "/nodes/" + std::to_string(i);

@@ -28,11 +28,12 @@ std::set<ActivityType> activitiesOn(const RunDevice& device) {
 // calls) go on their thread; device events (kernels, copies) on their stream.
 nlohmann::ordered_json traceEvent(const kineto::KinetoEvent& event, double originUs) {
   const bool onCpu = event.deviceType() == c10::DeviceType::CPU;
+  const compat::EventSpanUs span = compat::eventSpanUs(event);
   return {{"name", event.name()},
           {"cat", onCpu ? "cpu" : "gpu"},
           {"ph", "X"},
-          {"ts", compat::eventStartUs(event) - originUs},
-          {"dur", compat::eventDurationUs(event)},
+          {"ts", span.start - originUs},
+          {"dur", span.duration},
           {"pid", onCpu ? std::string("cpu") : c10::DeviceTypeName(event.deviceType(), true) + ":" +
                                                    std::to_string(static_cast<int>(event.deviceIndex()))},
           {"tid", onCpu ? static_cast<int64_t>(event.startThreadId()) : event.deviceResourceId()}};
@@ -44,9 +45,9 @@ std::string chromeTrace(const std::vector<kineto::KinetoEvent>& events, int step
   std::vector<const kineto::KinetoEvent*> sorted;
   for (const auto& event : events) sorted.push_back(&event);
   std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) {
-    return compat::eventStartUs(*a) < compat::eventStartUs(*b);
+    return compat::eventSpanUs(*a).start < compat::eventSpanUs(*b).start;
   });
-  const double origin = sorted.empty() ? 0.0 : compat::eventStartUs(*sorted.front());
+  const double origin = sorted.empty() ? 0.0 : compat::eventSpanUs(*sorted.front()).start;
   // One event a line: a trace stays readable and diffable as text.
   nlohmann::ordered_json header = {{"steps", steps}, {"device", device}};
   std::string text = "{\"spmd\": " + header.dump() + ", \"displayTimeUnit\": \"ms\", \"traceEvents\": [";

@@ -32,21 +32,16 @@ inline c10::ScalarType autocastDtype(c10::DeviceType device) {
 
 // A profiler event's (torch::autograd::profiler::KinetoEvent's) start and
 // duration in microseconds: 2.1 renamed the accessors and counts in ns.
-template <class ProfilerEvent>
-double eventStartUs(const ProfilerEvent& event) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  return static_cast<double>(event.startNs()) / 1e3;
-#else
-  return static_cast<double>(event.startUs());
-#endif
-}
+struct EventSpanUs {
+  double start = 0, duration = 0;
+};
 
 template <class ProfilerEvent>
-double eventDurationUs(const ProfilerEvent& event) {
+EventSpanUs eventSpanUs(const ProfilerEvent& event) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-  return static_cast<double>(event.durationNs()) / 1e3;
+  return {static_cast<double>(event.startNs()) / 1e3, static_cast<double>(event.durationNs()) / 1e3};
 #else
-  return static_cast<double>(event.durationUs());
+  return {static_cast<double>(event.startUs()), static_cast<double>(event.durationUs())};
 #endif
 }
 
