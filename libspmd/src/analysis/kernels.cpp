@@ -1,9 +1,11 @@
 #include "spmd/analysis/kernels.h"
 
 #include "spmd/ops/attention_codegen.h"
+#include "spmd/ops/column_sum_codegen.h"
 #include "spmd/ops/cross_entropy_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/dtype.h"
+#include "spmd/ops/layer_norm_codegen.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/support/diagnostic.h"
 
@@ -115,6 +117,65 @@ std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
   return k;
 }
 
+// spmd::layer_norm(_backward): each tensor argument read once and each
+// result written once (the backward's partial sums, a few KB, not counted).
+std::optional<FusedKernel> layerNormKernel(const Graph& g, size_t i) {
+  const Node& n = g.nodes()[i];
+  const bool forward = n.op == "spmd::layer_norm";
+  if (!forward && n.op != "spmd::layer_norm_backward") return std::nullopt;
+  FusedKernel k;
+  k.node = i;
+  k.ops = forward ? "layer-norm" : "layer-norm-backward";
+  forEachTensorArg(n, [&](ValueId v) {
+    k.inputs.push_back(v);
+    k.bytesRead += bytes(g.value(v));
+  });
+  for (ValueId v : n.outputs) {
+    if (v == kNoValue) continue;
+    k.outputs.push_back(v);
+    k.bytesWritten += bytes(g.value(v));
+  }
+  try {
+    const Value& x = g.value(n.args.at(forward ? 0 : 1).value);
+    if (x.shape.empty()) throw std::invalid_argument("an input of no dimensions");
+    if (forward) {
+      const Arg& residual = n.args.at(1);
+      const std::optional<c10::ScalarType> residualDtype =
+          residual.kind == Arg::Kind::Value ? std::optional<c10::ScalarType>(g.value(residual.value).dtype)
+                                            : std::nullopt;
+      k.source = layerNormSource(x.shape.back(), n.args.at(4).f, static_cast<c10::ScalarType>(n.args.at(5).i),
+                                 residualDtype);
+    } else {
+      const bool residual = n.args.at(5).kind == Arg::Kind::Value;
+      k.source = layerNormBackwardSource(x.shape.back(), g.value(n.args.at(0).value).dtype, residual);
+    }
+  } catch (const std::exception& e) {
+    throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
+  }
+  return k;
+}
+
+// spmd::column_sum: reads its input once, writes one row.
+std::optional<FusedKernel> columnSumKernel(const Graph& g, size_t i) {
+  const Node& n = g.nodes()[i];
+  if (n.op != "spmd::column_sum") return std::nullopt;
+  FusedKernel k;
+  k.node = i;
+  k.ops = "column-sum";
+  try {
+    const Value& x = g.value(n.args.at(0).value);
+    if (x.shape.empty()) throw std::invalid_argument("an input of no dimensions");
+    k.inputs.push_back(n.args[0].value);
+    k.outputs.push_back(n.outputs.at(0));
+    k.bytesRead = bytes(x);
+    k.bytesWritten = bytes(g.value(n.outputs[0]));
+    k.source = columnSumSource(x.shape.back(), x.dtype);
+  } catch (const std::exception& e) {
+    throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
+  }
+  return k;
+}
+
 }  // namespace
 
 std::vector<FusedKernel> fusedKernels(const Graph& g) {
@@ -126,6 +187,10 @@ std::vector<FusedKernel> fusedKernels(const Graph& g) {
       kernels.push_back(std::move(*k));
     } else if (auto ce = crossEntropyKernel(g, i)) {
       kernels.push_back(std::move(*ce));
+    } else if (auto ln = layerNormKernel(g, i)) {
+      kernels.push_back(std::move(*ln));
+    } else if (auto cs = columnSumKernel(g, i)) {
+      kernels.push_back(std::move(*cs));
     }
   }
   return kernels;

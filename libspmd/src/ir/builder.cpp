@@ -106,6 +106,11 @@ std::vector<ValueId> GraphBuilder::callMulti(const std::string& op, std::vector<
 
 void GraphBuilder::replace(const Node& old, const std::string& op, std::vector<Arg> args) {
   const std::vector<ValueId> outputs = old.outputs;
+  replace(old, op, std::move(args), outputs);
+}
+
+void GraphBuilder::replace(const Node& old, const std::string& op, std::vector<Arg> args,
+                           const std::vector<ValueId>& outputs) {
   graph_.replaceNode(old, typedNode(op, std::move(args), "", outputs));
 }
 

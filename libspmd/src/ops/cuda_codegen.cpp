@@ -133,16 +133,7 @@ std::string opExpr(const PointwiseStatement& s) {
 // Helpers, emitted only when the kernel uses them (kept in a fixed order).
 std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<PointwiseOp>& ops) {
   std::string s;
-  if (dtypes.count(c10::ScalarType::BFloat16)) {
-    s += "__device__ __forceinline__ float spmd_bf16_to_f32(unsigned short h) {\n"
-         "  return __uint_as_float(((unsigned int)h) << 16);\n}\n"
-         "// Round to nearest even; NaN stays a (quiet) NaN, as c10::BFloat16 rounds.\n"
-         "__device__ __forceinline__ unsigned short spmd_f32_to_bf16(float f) {\n"
-         "  unsigned int u = __float_as_uint(f);\n"
-         "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
-         "  u += 0x7fffu + ((u >> 16) & 1u);\n"
-         "  return (unsigned short)(u >> 16);\n}\n";
-  }
+  if (dtypes.count(c10::ScalarType::BFloat16)) s += bfloat16Helpers();
   if (dtypes.count(c10::ScalarType::Half)) {
     s += "__device__ __forceinline__ float spmd_f16_to_f32(unsigned short h) {\n"
          "  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n"
@@ -293,6 +284,17 @@ struct KernelText {
 };
 
 }  // namespace
+
+std::string bfloat16Helpers() {
+  return "__device__ __forceinline__ float spmd_bf16_to_f32(unsigned short h) {\n"
+         "  return __uint_as_float(((unsigned int)h) << 16);\n}\n"
+         "// Round to nearest even; NaN stays a (quiet) NaN, as c10::BFloat16 rounds.\n"
+         "__device__ __forceinline__ unsigned short spmd_f32_to_bf16(float f) {\n"
+         "  unsigned int u = __float_as_uint(f);\n"
+         "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
+         "  u += 0x7fffu + ((u >> 16) & 1u);\n"
+         "  return (unsigned short)(u >> 16);\n}\n";
+}
 
 std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs) {
   std::vector<int64_t> out;

@@ -111,7 +111,10 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
 }  // namespace
 
 #ifdef SPMD_WITH_CUDA
-void ensureFusedKernelOpsRegistered() { ensureFusedKernelsCudaRegistered(); }
+void ensureFusedKernelOpsRegistered() {
+  ensureFusedKernelsCudaRegistered();
+  ensureReductionKernelsCudaRegistered();
+}
 #else
 void ensureFusedKernelOpsRegistered() {}
 bool canCompileKernels() { return false; }

@@ -172,27 +172,6 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   return out;
 }
 
-// Launches kernel `name` of `source` on the current stream of `device`:
-// `blocks` blocks of `threads`, its arguments `pointers` and then `count`.
-void launchGenerated(const char* op, const std::string& source, const char* name, const at::Device& device,
-                     int64_t blocks, int threads, std::vector<void*> pointers, long long count) {
-  if (blocks == 0) return;
-  const c10::cuda::CUDAGuard guard(device);
-  CUfunction f = nullptr;
-  try {
-    ensureContext();
-    f = KernelCache::instance().function(device.index(), source, name);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, op, ": ", e.what());
-  }
-  std::vector<void*> args;
-  for (void*& p : pointers) args.push_back(&p);
-  args.push_back(&count);
-  const CUresult launched = cuLaunchKernel(f, static_cast<unsigned int>(blocks), 1, 1, threads, 1, 1, 0,
-                                           at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
-  TORCH_CHECK(launched == CUDA_SUCCESS, op, ": launching ", name, " failed (CUDA error ", launched, ")");
-}
-
 // The attention softmax kernel `name` over `scores` ([..., queries, keys],
 // contiguous fp32), one warp a row.
 void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vector<void*> pointers, double scale,
@@ -262,6 +241,25 @@ at::Tensor crossEntropyBackwardCuda(const at::Tensor& grad, const at::Tensor& lo
 }
 
 }  // namespace
+
+void launchGenerated(const char* op, const std::string& source, const char* name, const at::Device& device,
+                     int64_t blocks, int threads, std::vector<void*> pointers, long long count) {
+  if (blocks == 0) return;
+  const c10::cuda::CUDAGuard guard(device);
+  CUfunction f = nullptr;
+  try {
+    ensureContext();
+    f = KernelCache::instance().function(device.index(), source, name);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, op, ": ", e.what());
+  }
+  std::vector<void*> args;
+  for (void*& p : pointers) args.push_back(&p);
+  args.push_back(&count);
+  const CUresult launched = cuLaunchKernel(f, static_cast<unsigned int>(blocks), 1, 1, threads, 1, 1, 0,
+                                           at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
+  TORCH_CHECK(launched == CUDA_SUCCESS, op, ": launching ", name, " failed (CUDA error ", launched, ")");
+}
 
 bool canCompileKernels() { return at::hasCUDA() && at::cuda::device_count() > 0; }
 

@@ -49,6 +49,8 @@ void ensureSpmdOpsRegistered() {
   ensureFusedOptimizerOpsRegistered();
   ensureFusedKernelOpsRegistered();
   ensureCrossEntropyOpsRegistered();
+  ensureLayerNormOpsRegistered();
+  ensureColumnSumOpsRegistered();
 }
 
 }  // namespace spmd

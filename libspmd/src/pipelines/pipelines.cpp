@@ -26,6 +26,8 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   std::vector<std::string> names;
   if (cuda) names.push_back("fuse-attention");
   if (cuda && o.generateKernels) names.push_back("fuse-cross-entropy");
+  if (cuda && o.generateKernels) names.push_back("fuse-layer-norm");
+  if (cuda && o.generateKernels) names.push_back("fuse-column-sum");
   if (cuda && o.fuse) names.push_back("fused-adam");
   if (cuda) names.push_back("capturable-adam");
   if (cuda && o.cudagraphs) names.push_back("embedding-grad");

@@ -1,5 +1,6 @@
-// The generated kernels of a graph: one per spmd::fused and
-// spmd::cross_entropy(_backward) node, and the softmax of each
+// The generated kernels of a graph: one per spmd::fused,
+// spmd::cross_entropy(_backward), spmd::layer_norm(_backward) and
+// spmd::column_sum node, and the softmax of each
 // spmd::fused_attention(_backward) node of kernel "gemm",
 // with what it reads and writes (spmd-inspect --kernels) and its CUDA
 // source (what spmd-lower compiles and stores in the artifact).

@@ -39,6 +39,11 @@ class GraphBuilder {
   // Puts `op(args)` in the place of `old`, defining the same values (same
   // names); the results must have their types. Readers are untouched.
   void replace(const Node& old, const std::string& op, std::vector<Arg> args);
+  // The same, defining `outputs` instead (kNoValue: a fresh value): values
+  // of a node that a fusion removed first (whose producer is gone), so that
+  // their readers read the new node. Outputs of `old` not among them must
+  // have no readers left.
+  void replace(const Node& old, const std::string& op, std::vector<Arg> args, const std::vector<ValueId>& outputs);
 
   // References into the graph: valid until the next value is added.
   const Value& value(ValueId v) const { return graph_.value(v); }

@@ -41,6 +41,11 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
 // when every data pointer is 16-byte aligned.
 int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs);
 
+// The device functions spmd_bf16_to_f32(unsigned short) and
+// spmd_f32_to_bf16(float) (round to nearest even, as c10::BFloat16), which
+// every generated source that reads or writes bf16 as 16-bit words shares.
+std::string bfloat16Helpers();
+
 // Blocks to launch for `numel` elements (a grid-stride loop covers the rest).
 int64_t fusedGridSize(int64_t numel, int multiprocessors);
 

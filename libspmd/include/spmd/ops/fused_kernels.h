@@ -8,10 +8,15 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace at {
 class Tensor;
+}
+namespace c10 {
+struct Device;
 }
 
 namespace spmd {
@@ -25,6 +30,14 @@ void ensureFusedKernelsCudaRegistered();  // ops/fused_kernels_cuda.cpp
 // [..., queries, keys], in place, on the current stream.
 void attentionSoftmaxInPlace(const at::Tensor& scores, double scale, bool causal);
 void attentionSoftmaxBackwardInPlace(const at::Tensor& grad, const at::Tensor& probs, double scale, bool causal);
+
+// Launches kernel `name` of `source` (compiled once per device, or taken
+// from the installed images) on the current stream of `device`: `blocks`
+// blocks of `threads`, its arguments `pointers` and then `count`. `op`
+// names the caller in errors.
+void launchGenerated(const char* op, const std::string& source, const char* name, const c10::Device& device,
+                     int64_t blocks, int threads, std::vector<void*> pointers, long long count);
+void ensureReductionKernelsCudaRegistered();  // ops/reduction_kernels_cuda.cpp
 #endif
 
 // A generated kernel's source and its compiled code for one architecture.

@@ -21,6 +21,13 @@
 //   spmd::cross_entropy(_backward)  log_softmax + nll_loss and their backward as
 //                           one generated kernel each on CUDA (spmd-lower's
 //                           fuse-cross-entropy; ops/cross_entropy_ops.cpp).
+//   spmd::layer_norm(_backward)  LayerNorm over the last dimension and its
+//                           backward as generated kernels on CUDA, with the
+//                           casts and the residual gradient around them
+//                           (spmd-lower's fuse-layer-norm; ops/layer_norm_ops.cpp).
+//   spmd::column_sum        the sum over every dimension but the last (a bias's
+//                           gradient) as generated kernels on CUDA (spmd-lower's
+//                           fuse-column-sum; ops/column_sum_ops.cpp).
 //   spmd::fused             a group of pointwise ops as one generated kernel
 //                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
 // On one rank the collectives are the identity.
@@ -33,5 +40,7 @@ void ensureSpmdOpsRegistered();
 void ensureAttentionOpsRegistered();       // ops/attention_ops.cpp
 void ensureFusedOptimizerOpsRegistered();  // ops/fused_optimizer_ops.cpp
 void ensureCrossEntropyOpsRegistered();    // ops/cross_entropy_ops.cpp
+void ensureLayerNormOpsRegistered();       // ops/layer_norm_ops.cpp
+void ensureColumnSumOpsRegistered();       // ops/column_sum_ops.cpp
 
 }  // namespace spmd

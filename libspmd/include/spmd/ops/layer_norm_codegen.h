@@ -1,0 +1,68 @@
+// CUDA C for spmd::layer_norm(_backward), LayerNorm over the last dimension
+// of fp32 rows [rows, features] with a weight and a bias (what
+// aten::native_layer_norm and its backward compute). The forward's source
+// holds one kernel, the backward's two:
+//
+//   spmd_layer_norm(const float* x, const RES* residual, const float* weight,
+//                   const float* bias, OUT* y, float* mean, float* rstd,
+//                   float* sum, long long rows)
+//     per row of x, or of sum = x + residual when the source adds one (the
+//     skip connection's add before a pre-LN block's LayerNorm, fused; RES
+//     f32 or bf16): mean, rstd = 1 / sqrt(biased variance + eps), and
+//     y = (x - mean) * rstd * weight + bias rounded to OUT (f32 or bf16:
+//     the cast that autocast puts after an fp32 LayerNorm, fused).
+//   spmd_layer_norm_backward(const GRAD* dy, const float* x, const float* mean,
+//                            const float* rstd, const float* weight,
+//                            const float* residual, float* dx, float* partial,
+//                            long long rows)
+//     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight
+//     and xhat = (x - mean) * rstd (ATen's formula), plus `residual` when the
+//     source adds one (the gradient that the skip connection adds to dx,
+//     fused); each block also writes its rows' column sums of dy * xhat and
+//     dy to partial[block][0 or 1][feature].
+//   spmd_layer_norm_backward_params(const float* partial, float* dweight,
+//                                   float* dbias, long long blocks)
+//     sums the blocks' partial sums in a fixed order: the weight's and the
+//     bias's gradients.
+//
+// A warp takes a row at a time, held in registers, 16 bytes a load; the
+// backward's blocks cover a fixed number of rows, so the sums' order (and
+// their rounding) does not depend on the GPU. The source is deterministic
+// and needs no headers, like the pointwise kernels' (ops/cuda_codegen.h).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace spmd {
+
+constexpr const char* kLayerNormKernelName = "spmd_layer_norm";
+constexpr const char* kLayerNormBackwardKernelName = "spmd_layer_norm_backward";
+constexpr const char* kLayerNormParamsKernelName = "spmd_layer_norm_backward_params";
+constexpr int kLayerNormWarps = 8;         // warps a block: rows at a time
+constexpr int kLayerNormRowsPerWarp = 2;   // the backward's rows for each warp
+constexpr int kLayerNormParamsThreads = 256;
+constexpr int kLayerNormParamsColumns = 32;  // features a params block sums
+// A row lives in its warp's registers: at most 32 floats a lane.
+constexpr int64_t kLayerNormMaxFeatures = 1024;
+
+// Rows a backward block covers, and how many blocks (partial sums) `rows` need.
+constexpr int64_t kLayerNormBackwardBlockRows = kLayerNormWarps * kLayerNormRowsPerWarp;
+int64_t layerNormBackwardBlocks(int64_t rows);
+
+// Why `features` cannot be generated ("" when it can): a multiple of 4, at
+// most kLayerNormMaxFeatures.
+std::string layerNormUnsupported(int64_t features);
+
+// Both throw std::invalid_argument for features that layerNormUnsupported
+// refuses, or a dtype other than Float and BFloat16: the forward's for y
+// and the residual (nullopt: none), the backward's for dy. `residual` of
+// the backward: it adds an f32 gradient to dx.
+std::string layerNormSource(int64_t features, double eps, c10::ScalarType outDtype,
+                            std::optional<c10::ScalarType> residual);
+std::string layerNormBackwardSource(int64_t features, c10::ScalarType gradDtype, bool residual);
+
+}  // namespace spmd

@@ -1,0 +1,79 @@
+// fuse-column-sum (spmd-lower runs it for --device cuda, with generated
+// kernels): a sum over every dimension but the last, which is what a Linear
+// bias's gradient records,
+//
+//   %db: f32[1,C] = aten::sum.dim_IntList(%g, [0], True, None)     (%g: f32[R,C])
+//     -> %db: f32[1,C] = spmd::column_sum(%g, True)
+//
+// becomes spmd::column_sum (ops/column_sum_ops.cpp), two generated kernels
+// whose order of additions is fixed. Taken: f32 or bf16 input of at least
+// two dimensions, the result in the input's dtype (no dtype argument), the
+// last dimension a whole number of 16-byte pieces, at least kMinRows rows. Other sums stay ATen's;
+// only those over the leading dimensions that this pass does not take get
+// a note. Not done here: the sum taken into the kernel that makes %g.
+#include "spmd/ir/builder.h"
+#include "spmd/ops/column_sum_codegen.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace spmd {
+namespace {
+
+// Whether `dims` (negative ones counted from the end) are exactly
+// 0 .. rank - 2, in any order.
+bool leadingDims(std::vector<int64_t> dims, size_t rank) {
+  if (rank < 2 || dims.size() != rank - 1) return false;
+  for (int64_t& d : dims) d = d < 0 ? d + static_cast<int64_t>(rank) : d;
+  std::sort(dims.begin(), dims.end());
+  for (size_t k = 0; k < dims.size(); ++k) {
+    if (dims[k] != static_cast<int64_t>(k)) return false;
+  }
+  return true;
+}
+
+// Below this many rows ATen's one kernel beats the generated two (the
+// seeds' MLP sums 100 rows).
+constexpr int64_t kMinRows = 1024;
+
+int64_t rowsOf(const Value& v) {
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < v.shape.size(); ++d) rows *= v.shape[d];
+  return rows;
+}
+
+class FuseColumnSumPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+    int fused = 0;
+    for (const Node* n : snapshot(g.nodes())) {
+      if (n->qualifiedName() != "aten::sum.dim_IntList" || n->args.size() != 4) continue;
+      const Arg &x = n->args[0], &dims = n->args[1], &keepdim = n->args[2], &dtype = n->args[3];
+      if (x.kind != Arg::Kind::Value || dims.kind != Arg::Kind::Ints || keepdim.kind != Arg::Kind::Bool) continue;
+      const Value& in = g.value(x.value);
+      if (!leadingDims(dims.ints, in.shape.size()) || rowsOf(in) < kMinRows) continue;
+      std::string why = columnSumUnsupported(in.shape.back(), in.dtype);
+      if (why.empty() && dtype.kind != Arg::Kind::None) why = "a dtype argument";
+      if (!why.empty()) {
+        diagnostics.note(n->qualifiedName() + (n->meta.source.empty() ? "" : " at " + n->meta.source),
+                         "fuse-column-sum: not fused: " + why);
+        continue;
+      }
+      GraphBuilder b(g);
+      b.setMeta(n->meta);
+      b.replace(*n, "spmd::column_sum", {x, keepdim});
+      ++fused;
+    }
+    if (fused > 0) diagnostics.note("fuse-column-sum: " + std::to_string(fused) + " sum(s) over the rows as generated kernels");
+    return fused > 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createFuseColumnSumPass(const PipelineOptions&) { return std::make_unique<FuseColumnSumPass>(); }
+
+}  // namespace spmd

@@ -1,0 +1,241 @@
+// fuse-layer-norm (spmd-lower runs it for --device cuda, with generated
+// kernels): aten::native_layer_norm and aten::native_layer_norm_backward
+// become spmd::layer_norm and spmd::layer_norm_backward (ops/layer_norm_ops.cpp),
+// generated kernels that take in the ops next to them that only move bytes:
+//
+//   %x = aten::add.Tensor(%a, %r, 1)                       (the skip connection, if no reader before)
+//   %y, %mean, %rstd = aten::native_layer_norm(%x, [C], %w, %b, eps)
+//   %y16 = aten::_to_copy(%y, torch.bfloat16, ...)       (autocast's cast, if y's only reader)
+//     -> %y16, %mean, %rstd, %x = spmd::layer_norm(%a, %r, %w, %b, eps, torch.bfloat16)
+//
+//   %dy = aten::_to_copy(%dy16, torch.float32, ...)       (if dy's only reader is the backward)
+//   %dx, %dw, %db = aten::native_layer_norm_backward(%dy, %x, [C], %mean, %rstd, %w, %b, [True, True, True])
+//   %sum = aten::add.Tensor(%dx, %other, 1)                (if dx's only reader; %other made earlier)
+//     -> %sum, %dw, %db = spmd::layer_norm_backward(%dy16, %x, %mean, %rstd, %w, %other)
+//
+// The weight's and the bias's gradients are summed in the backward's own
+// kernels (no separate column reduction). Taken: fp32 input over its last
+// dimension only, with a weight and a bias, the features a multiple of 4 and
+// at most kLayerNormMaxFeatures; other LayerNorms stay ATen's, with a note.
+// The values keep their names. Not done here: the cast of the backward's
+// result to bf16 (fuse-pointwise leaves it a kernel of its own).
+#include "spmd/ir/builder.h"
+#include "spmd/ops/layer_norm_codegen.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <c10/core/Layout.h>
+#include <c10/core/MemoryFormat.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace spmd {
+namespace {
+
+bool isTensor(const Arg& a) { return a.kind == Arg::Kind::Value; }
+
+bool sameSchedule(const Node& a, const Node& b) {
+  return a.meta.role == b.meta.role && a.meta.iteration == b.meta.iteration;
+}
+
+// Whether `v` is read anywhere but by nodes: a graph output, a state
+// update's new value or a gradient record.
+bool readBeyondNodes(const Graph& g, ValueId v) {
+  const auto& outs = g.outputs();
+  if (std::find(outs.begin(), outs.end(), v) != outs.end()) return true;
+  for (const auto& u : g.updates()) {
+    if (u.value == v) return true;
+  }
+  for (const auto& gr : g.gradients()) {
+    if (gr.value == v || gr.reduced == v) return true;
+  }
+  return false;
+}
+
+// The one node that reads `v`, when nothing else does.
+const Node* onlyReader(const Graph& g, ValueId v) {
+  const std::vector<const Node*> users = g.users(v);
+  if (users.size() != 1 || readBeyondNodes(g, v)) return nullptr;
+  return users[0];
+}
+
+// aten::_to_copy(x, dtype) that only changes the dtype (strided, same
+// memory format, blocking).
+bool isCastTo(const Node& n, c10::ScalarType to) {
+  if (n.op != "aten::_to_copy" || n.args.size() != 7 || !isTensor(n.args[0]) || n.args[1].kind != Arg::Kind::DType ||
+      n.args[1].i != static_cast<int64_t>(to)) {
+    return false;
+  }
+  const Arg &layout = n.args[2], &nonBlocking = n.args[5], &format = n.args[6];
+  return (layout.kind == Arg::Kind::None ||
+          (layout.kind == Arg::Kind::Layout && layout.i == static_cast<int64_t>(c10::kStrided))) &&
+         (nonBlocking.kind == Arg::Kind::None || !nonBlocking.b) &&
+         (format.kind == Arg::Kind::None || (format.kind == Arg::Kind::MemoryFormat &&
+                                             format.i == static_cast<int64_t>(c10::MemoryFormat::Preserve)));
+}
+
+Arg dtypeArg(c10::ScalarType t) {
+  Arg a;
+  a.kind = Arg::Kind::DType;
+  a.i = static_cast<int64_t>(t);
+  return a;
+}
+
+// Why the LayerNorm over `input` with `normalizedShape`, `weight` and `bias`
+// is not one this pass takes ("" when it is).
+std::string unsupported(const Graph& g, const Arg& input, const Arg& normalizedShape, const Arg& weight,
+                        const Arg& bias) {
+  if (!isTensor(input) || !isTensor(weight) || !isTensor(bias)) return "no weight or no bias";
+  const Value& x = g.value(input.value);
+  if (x.dtype != c10::ScalarType::Float) return "the input is not fp32";
+  if (normalizedShape.kind != Arg::Kind::Ints || normalizedShape.ints.size() != 1 || x.shape.empty() ||
+      normalizedShape.ints[0] != x.shape.back()) {
+    return "it normalizes more than the last dimension";
+  }
+  if (g.value(weight.value).dtype != c10::ScalarType::Float || g.value(bias.value).dtype != c10::ScalarType::Float) {
+    return "the weight or the bias is not fp32";
+  }
+  return layerNormUnsupported(x.shape.back());
+}
+
+// Whether `other`, which an add sums with the backward's `dx`, can be added
+// in the backward's kernel: an fp32 tensor of dx's shape made before it.
+bool residualFits(const Graph& g, const Arg& other, ValueId dx, const Node& backward) {
+  if (!isTensor(other) || other.value == dx) return false;
+  const Value& o = g.value(other.value);
+  const Node* made = g.producer(other.value);
+  return o.dtype == c10::ScalarType::Float && o.shape == g.value(dx).shape &&
+         (!made || g.indexOf(*made) < g.indexOf(backward));
+}
+
+void note(DiagnosticEngine& diagnostics, const Node& n, const std::string& why) {
+  diagnostics.note(n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source),
+                   "fuse-layer-norm: not fused: " + why);
+}
+
+struct Counts {
+  int forward = 0, backward = 0, casts = 0, residualAdds = 0, residualGradients = 0;
+};
+
+// Whether `add` (aten::add.Tensor) makes the input of LayerNorm `n` so that
+// n's kernel can add instead: alpha 1, both operands of the sum's shape (an
+// f32 one first, then f32 or bf16), and no reader of the sum before `n`.
+bool addFits(const Graph& g, const Node& add, const Node& n) {
+  if (add.qualifiedName() != "aten::add.Tensor" || add.args.size() != 3 || add.args[2].kind != Arg::Kind::Int ||
+      add.args[2].i != 1 || !isTensor(add.args[0]) || !isTensor(add.args[1]) || !sameSchedule(add, n)) {
+    return false;
+  }
+  const Value &sum = g.value(add.outputs[0]), &a = g.value(add.args[0].value), &b = g.value(add.args[1].value);
+  if (a.shape != sum.shape || b.shape != sum.shape || a.dtype != c10::ScalarType::Float ||
+      (b.dtype != c10::ScalarType::Float && b.dtype != c10::ScalarType::BFloat16)) {
+    return false;
+  }
+  const size_t at = g.indexOf(n);
+  for (const Node* user : g.users(add.outputs[0])) {
+    if (g.indexOf(*user) < at) return false;
+  }
+  return true;
+}
+
+// native_layer_norm(input, normalized_shape, weight, bias, eps).
+void fuseForward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts& counts) {
+  const std::string why = unsupported(g, n.args[0], n.args[1], n.args[2], n.args[3]);
+  if (!why.empty()) return note(diagnostics, n, why);
+  std::vector<ValueId> outputs = n.outputs;
+  Arg input = n.args[0], residual;  // residual: None
+  const Node* add = g.producer(input.value);
+  if (add && addFits(g, *add, n)) {
+    input = add->args[0];
+    residual = add->args[1];
+    outputs.push_back(add->outputs[0]);
+    g.extract(*add);
+    ++counts.residualAdds;
+  }
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  const Node* cast = outputs[0] == kNoValue ? nullptr : onlyReader(g, outputs[0]);
+  if (cast && isCastTo(*cast, c10::ScalarType::BFloat16) && sameSchedule(*cast, n)) {
+    dtype = c10::ScalarType::BFloat16;
+    outputs[0] = cast->outputs[0];
+    g.extract(*cast);
+    ++counts.casts;
+  }
+  GraphBuilder b(g);
+  b.setMeta(n.meta);
+  b.replace(n, "spmd::layer_norm", {input, residual, n.args[2], n.args[3], n.args[4], dtypeArg(dtype)}, outputs);
+  ++counts.forward;
+}
+
+// native_layer_norm_backward(grad, input, normalized_shape, mean, rstd, weight, bias, output_mask).
+void fuseBackward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts& counts) {
+  const std::string why = unsupported(g, n.args[1], n.args[2], n.args[5], n.args[6]);
+  if (!why.empty()) return note(diagnostics, n, why);
+  const Arg& mask = n.args[7];
+  if (mask.kind != Arg::Kind::Bools || std::count(mask.bools.begin(), mask.bools.end(), true) != 3) {
+    return note(diagnostics, n, "not every gradient is asked for");
+  }
+  Arg grad = n.args[0];
+  const Node* gradCast = isTensor(grad) ? g.producer(grad.value) : nullptr;
+  const bool castIn = gradCast && isCastTo(*gradCast, c10::ScalarType::Float) && onlyReader(g, grad.value) == &n &&
+                      g.value(gradCast->args[0].value).dtype == c10::ScalarType::BFloat16 && sameSchedule(*gradCast, n);
+  if (castIn) grad = gradCast->args[0];
+
+  std::vector<ValueId> outputs = n.outputs;
+  Arg residual;  // None
+  const Node* add = outputs[0] == kNoValue ? nullptr : onlyReader(g, outputs[0]);
+  if (add && add->qualifiedName() == "aten::add.Tensor" && add->args.size() == 3 && add->args[2].kind == Arg::Kind::Int &&
+      add->args[2].i == 1 && sameSchedule(*add, n)) {
+    const Arg& other = add->args[0].value == outputs[0] ? add->args[1] : add->args[0];
+    if (residualFits(g, other, outputs[0], n)) {
+      residual = other;
+      outputs[0] = add->outputs[0];
+      g.extract(*add);
+      ++counts.residualGradients;
+    }
+  }
+  GraphBuilder b(g);
+  b.setMeta(n.meta);
+  b.replace(n, "spmd::layer_norm_backward", {grad, n.args[1], n.args[3], n.args[4], n.args[5], residual}, outputs);
+  if (castIn) {
+    g.erase(*gradCast);
+    ++counts.casts;
+  }
+  ++counts.backward;
+}
+
+class FuseLayerNormPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+    // The LayerNorms first: a fusion removes casts and adds, never another LayerNorm.
+    std::vector<const Node*> found;
+    for (const Node& n : g.nodes()) {
+      if ((n.op == "aten::native_layer_norm" && n.args.size() == 5) ||
+          (n.op == "aten::native_layer_norm_backward" && n.args.size() == 8)) {
+        found.push_back(&n);
+      }
+    }
+    Counts counts;
+    for (const Node* n : found) {
+      if (n->op == "aten::native_layer_norm") {
+        fuseForward(g, *n, diagnostics, counts);
+      } else {
+        fuseBackward(g, *n, diagnostics, counts);
+      }
+    }
+    if (counts.forward + counts.backward == 0) return false;
+    diagnostics.note("fuse-layer-norm: " + std::to_string(counts.forward) + " LayerNorm(s) and " +
+                     std::to_string(counts.backward) + " backward(s) as generated kernels, with " +
+                     std::to_string(counts.casts) + " cast(s), " + std::to_string(counts.residualAdds) +
+                     " residual add(s) and " + std::to_string(counts.residualGradients) +
+                     " residual gradient add(s) taken in");
+    return true;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createFuseLayerNormPass(const PipelineOptions&) { return std::make_unique<FuseLayerNormPass>(); }
+
+}  // namespace spmd
