@@ -201,47 +201,55 @@ namespace {
 
 // Cross entropy as F.cross_entropy records it, and its backward, over
 // `rows` x `classes` fp32 logits.
-Graph crossEntropyGraph(int64_t rows, int64_t classes, int reduction) {
+// `seeded`: the backward starts from ones_like(loss), as a train step's does
+// (one fused kernel for both); else from an input (two kernels).
+Graph crossEntropyGraph(int64_t rows, int64_t classes, int reduction, bool seeded) {
   std::string text = R"(graph
   input %x: f32[R,C] data
   input %t: i64[R] data
+  input %scale: f32[] data
   %lp: f32[R,C] = aten::_log_softmax(%x, 1, False)
   %loss: f32[], %total: f32[] = aten::nll_loss_forward(%lp, %t, None, RED, -100)
-  %g: f32[] = aten::ones_like(%loss, None, None, None, None, None)
+  %g: f32[] = SEED
   %glp: f32[R,C] = aten::nll_loss_backward(%g, %lp, %t, None, RED, -100, %total)
   %gx: f32[R,C] = aten::_log_softmax_backward_data(%glp, %lp, 1, torch.float32)
   return (%loss, %gx)
 )";
   text = std::regex_replace(text, std::regex("R,C"), std::to_string(rows) + "," + std::to_string(classes));
   text = std::regex_replace(text, std::regex("\\[R\\]"), "[" + std::to_string(rows) + "]");
+  text = std::regex_replace(text, std::regex("SEED"),
+                            seeded ? "aten::ones_like(%loss, None, None, None, None, None)" : "aten::mul.Scalar(%scale, 3)");
   return parseListing(std::regex_replace(text, std::regex("RED"), std::to_string(reduction)));
 }
 
 // Unfused and fused on the same logits (spread wide: |x| up to 12) and
 // targets, every fifth row ignored (-100).
-Ran runCrossEntropy(int64_t rows, int64_t classes, int reduction, const at::Device& device) {
-  const Graph plain = crossEntropyGraph(rows, classes, reduction);
+Ran runCrossEntropy(int64_t rows, int64_t classes, int reduction, bool seeded, const at::Device& device) {
+  const Graph plain = crossEntropyGraph(rows, classes, reduction, seeded);
   Graph fused = plain;
   runPasses(fused, {"fuse-cross-entropy"}, PipelineOptions{}, DebugOptions{});
   int ops = 0;
   for (const Node& n : fused.nodes()) ops += n.op.rfind("spmd::cross_entropy", 0) == 0;
-  REQUIRE(ops == 2);
+  REQUIRE(ops == (seeded ? 1 : 2));
   at::manual_seed(3);
   at::Tensor t = at::randint(0, classes, {rows}, at::kLong);
   t.index_put_({at::arange(0, rows, 5)}, -100);
   const std::map<std::string, at::Tensor> inputs = {{"x", (at::randn({rows, classes}) * 4).to(device)},
-                                                    {"t", t.to(device)}};
+                                                    {"t", t.to(device)},
+                                                    {"scale", at::full({}, 0.25).to(device)}};
   return {Interpreter(plain).run(inputs).outputs, Interpreter(fused).run(inputs).outputs};
 }
 
 }  // namespace
 
 TEST_CASE("fused cross entropy equals log_softmax + nll_loss on the CPU", "[fused]") {
-  for (int reduction : {1, 2}) {
-    INFO("reduction " << reduction);
-    const Ran ran = runCrossEntropy(23, 37, reduction, at::kCPU);
-    testing::requireClose(ran.fused[0], ran.unfused[0], "loss", 1e-6, 1e-7);
-    testing::requireClose(ran.fused[1], ran.unfused[1], "gradient", 1e-6, 1e-8);
+  for (bool seeded : {true, false}) {
+    for (int reduction : {1, 2}) {
+      INFO("reduction " << reduction << (seeded ? ", from ones_like" : ", from an input"));
+      const Ran ran = runCrossEntropy(23, 37, reduction, seeded, at::kCPU);
+      testing::requireClose(ran.fused[0], ran.unfused[0], "loss", 1e-6, 1e-7);
+      testing::requireClose(ran.fused[1], ran.unfused[1], "gradient", 1e-6, 1e-8);
+    }
   }
 }
 
@@ -406,15 +414,17 @@ TEST_CASE("generated cross entropy matches ATen's CUDA kernels", "[fused][cuda]"
   if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
   for (const auto& [rows, classes] : std::vector<std::pair<int64_t, int64_t>>{{64, 50304}, {100, 1000}, {7, 3}}) {
     for (int reduction : {1, 2}) {
-      INFO(rows << " x " << classes << ", reduction " << reduction);
-      const Ran ran = runCrossEntropy(rows, classes, reduction, at::Device(at::kCUDA, 0));
-      const char* names[] = {"loss", "gradient"};
-      for (size_t k = 0; k < 2; ++k) {
-        const double worst = (ran.fused[k] - ran.unfused[k]).abs().max().item<double>();
-        std::printf("[cross-entropy-numerics] %4lld x %5lld reduction %d %-8s max abs diff %.3g (max |ref| %.3g)\n",
-                    static_cast<long long>(rows), static_cast<long long>(classes), reduction, names[k], worst,
-                    ran.unfused[k].abs().max().item<double>());
-        testing::requireClose(ran.fused[k].cpu(), ran.unfused[k].cpu(), names[k], 1e-5, 1e-7);
+      for (bool seeded : {true, false}) {
+        INFO(rows << " x " << classes << ", reduction " << reduction << (seeded ? ", one kernel" : ", two kernels"));
+        const Ran ran = runCrossEntropy(rows, classes, reduction, seeded, at::Device(at::kCUDA, 0));
+        const char* names[] = {"loss", "gradient"};
+        for (size_t k = 0; k < 2; ++k) {
+          const double worst = (ran.fused[k] - ran.unfused[k]).abs().max().item<double>();
+          std::printf("[cross-entropy-numerics] %4lld x %5lld reduction %d %-11s %-8s max abs diff %.3g (max |ref| %.3g)\n",
+                      static_cast<long long>(rows), static_cast<long long>(classes), reduction,
+                      seeded ? "one kernel" : "two kernels", names[k], worst, ran.unfused[k].abs().max().item<double>());
+          testing::requireClose(ran.fused[k].cpu(), ran.unfused[k].cpu(), names[k], 1e-5, 1e-7);
+        }
       }
     }
   }

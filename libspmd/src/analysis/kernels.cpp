@@ -93,11 +93,31 @@ std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
   return k;
 }
 
+// spmd::cross_entropy_with_grad: reads the logits once, writes their gradient.
+FusedKernel crossEntropyWithGradKernel(const Graph& g, size_t i) {
+  const Node& n = g.nodes()[i];
+  FusedKernel k;
+  k.node = i;
+  k.ops = "cross-entropy-with-grad";
+  try {
+    const Value& logits = g.value(n.args.at(0).value);
+    if (logits.shape.size() != 2) throw std::invalid_argument("logits of other than 2 dimensions");
+    k.inputs.push_back(n.args[0].value);
+    k.outputs.push_back(n.outputs.at(2));
+    k.bytesRead = k.bytesWritten = bytes(logits);
+    k.source = crossEntropyWithGradSource(logits.shape[1], n.args.at(2).i, n.args.at(3).i, n.args.at(4).f);
+  } catch (const std::exception& e) {
+    throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
+  }
+  return k;
+}
+
 // spmd::cross_entropy(_backward): the forward reads the logits once, the
 // backward reads them and writes their gradient.
 std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
   const bool forward = n.op == "spmd::cross_entropy";
+  if (n.op == "spmd::cross_entropy_with_grad") return crossEntropyWithGradKernel(g, i);
   if (!forward && n.op != "spmd::cross_entropy_backward") return std::nullopt;
   const size_t logitsArg = forward ? 0 : 1, reductionArg = forward ? 2 : 5;  // then ignore_index
   FusedKernel k;

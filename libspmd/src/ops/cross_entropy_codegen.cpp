@@ -1,7 +1,9 @@
 #include "spmd/ops/cross_entropy_codegen.h"
 
 #include "spmd/ops/cuda_codegen.h"
+#include "spmd/ops/pointwise_program.h"
 
+#include <cmath>
 #include <stdexcept>
 
 namespace spmd {
@@ -29,8 +31,10 @@ __device__ __forceinline__ void spmd_combine(float& m, float& s, float m2, float
   m = top;
 }
 
+// Leaves the block's (maximum, sum) in warp 0, for `threads` threads.
+template <int threads>
 __device__ void spmd_block_max_sum(float& m, float& s) {
-  __shared__ float ms[kThreads / 32], ss[kThreads / 32];
+  __shared__ float ms[threads / 32], ss[threads / 32];
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
     spmd_combine(m, s, m2, s2);
@@ -42,8 +46,8 @@ __device__ void spmd_block_max_sum(float& m, float& s) {
   }
   __syncthreads();
   if (warp == 0) {
-    m = lane < kThreads / 32 ? ms[lane] : __int_as_float(0xff800000);
-    s = lane < kThreads / 32 ? ss[lane] : 0.0f;
+    m = lane < threads / 32 ? ms[lane] : __int_as_float(0xff800000);
+    s = lane < threads / 32 ? ss[lane] : 0.0f;
     for (int o = 16; o > 0; o >>= 1) {
       const float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
       spmd_combine(m, s, m2, s2);
@@ -69,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy(const 
   } else {
     for (int j = threadIdx.x; j < kClasses; j += kThreads) spmd_accumulate(m, s, x[j]);
   }
-  spmd_block_max_sum(m, s);
+  spmd_block_max_sum<kThreads>(m, s);
   if (threadIdx.x == 0) {
     const float l = m + logf(s);
     const long long t = target[row];
@@ -112,11 +116,75 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy_backwa
 }
 )";
 
+// The forward and the backward in one pass over HBM, for a loss whose
+// incoming gradient is a known constant (kGradScale: the ones_like the
+// backward starts from): the row is read into shared memory once, its
+// log-sum-exp taken, and the gradient written from the copy, with the
+// backward kernel's formula.
+constexpr const char* kWithGrad = R"(
+extern "C" __global__ void __launch_bounds__(kFusedThreads) spmd_cross_entropy_with_grad(
+    const float* logits, const long long* target, const float* total_weight, float* row_loss, float* grad_logits,
+    long long rows) {
+  extern __shared__ spmd_f32x4 spmd_row[];  // the row's kClasses floats (kClasses / 4 pieces, or floats when !kVector)
+  const long long row = blockIdx.x;
+  if (row >= rows) return;
+  const float* x = logits + row * kClasses;
+  float* gx = grad_logits + row * kClasses;
+  float m = __int_as_float(0xff800000), s = 0.0f;
+  if (kVector) {
+    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
+    for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
+      const spmd_f32x4 q = x4[j];
+      spmd_row[j] = q;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, q.v[e]);
+    }
+  } else {
+    float* cache = reinterpret_cast<float*>(spmd_row);
+    for (int j = threadIdx.x; j < kClasses; j += kFusedThreads) {
+      cache[j] = x[j];
+      spmd_accumulate(m, s, cache[j]);
+    }
+  }
+  spmd_block_max_sum<kFusedThreads>(m, s);
+  __shared__ float lse;
+  const long long t = target[row];
+  if (threadIdx.x == 0) {
+    lse = m + logf(s);
+    row_loss[row] = t == kIgnoreIndex ? 0.0f : t < 0 || t >= kClasses ? __int_as_float(0x7fc00000) : lse - x[t];
+  }
+  __syncthreads();
+  const float l = lse;
+  const bool valid = t >= 0 && t < kClasses;
+  const float a = t == kIgnoreIndex ? 0.0f
+                  : !valid          ? __int_as_float(0x7fc00000)
+                                    : (kMean ? -kGradScale / total_weight[0] : -kGradScale);
+  if (kVector) {
+    spmd_f32x4* g4 = reinterpret_cast<spmd_f32x4*>(gx);
+    for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
+      const spmd_f32x4 q = spmd_row[j];
+      spmd_f32x4 r;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) r.v[e] = (4 * j + e == t ? a : 0.0f) - expf(q.v[e] - l) * a;
+      g4[j] = r;
+    }
+  } else {
+    const float* cache = reinterpret_cast<const float*>(spmd_row);
+    for (int j = threadIdx.x; j < kClasses; j += kFusedThreads) gx[j] = (j == t ? a : 0.0f) - expf(cache[j] - l) * a;
+  }
+}
+)";
+
 }  // namespace
 
 bool crossEntropyVectorized(int64_t classes) { return classes % 4 == 0; }
 
-std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex) {
+int64_t crossEntropyRowBytes(int64_t classes) { return classes * 4; }
+
+namespace {
+
+// The constants every kernel of the source reads.
+std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex) {
   if (classes < 1 || classes > (int64_t{1} << 30)) {
     throw std::invalid_argument("cross entropy: " + std::to_string(classes) + " classes");
   }
@@ -129,8 +197,24 @@ std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignor
   src += std::string("constexpr bool kMean = ") + (reduction == 1 ? "true" : "false") + ";\n";
   src += "constexpr long long kIgnoreIndex = " + std::to_string(ignoreIndex) + ";\n";
   src += "// Rows of a multiple of 4 classes are read 16 bytes at a time (the logits' start is 16-byte aligned).\n";
-  src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes) ? "true" : "false") + ";\n\n";
-  return src + kHelpers + kForward + kBackward;
+  src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes) ? "true" : "false") + ";\n";
+  return src;
+}
+
+}  // namespace
+
+std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex) {
+  return constants(classes, reduction, ignoreIndex) + "\n" + kHelpers + kForward + kBackward;
+}
+
+std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale) {
+  if (!std::isfinite(static_cast<float>(gradScale))) {
+    throw std::invalid_argument("cross entropy: a gradient scale that is not finite");
+  }
+  std::string src = constants(classes, reduction, ignoreIndex);
+  src += "constexpr int kFusedThreads = " + std::to_string(kCrossEntropyFusedThreads) + ";\n";
+  src += "constexpr float kGradScale = " + constantText(gradScale) + "f;  // the loss's incoming gradient\n\n";
+  return src + kHelpers + kForward + kBackward + kWithGrad;
 }
 
 }  // namespace spmd

@@ -4,7 +4,10 @@
 // (spmd-lower's fuse-cross-entropy puts them in place of the four ATen ops).
 // The forward returns nll_loss's loss and total weight, and each row's
 // log-sum-exp for the backward, which recomputes the softmax from the
-// logits instead of reading a stored log_softmax.
+// logits instead of reading a stored log_softmax. spmd::cross_entropy_with_grad
+// is both at once for a loss whose incoming gradient is the constant
+// grad_scale (the ones_like a train step's backward starts from): the loss,
+// the total weight and the logits' gradient.
 //
 // CUDA runs the generated kernels (ops/cross_entropy_codegen.h, launched in
 // ops/fused_kernels_cuda.cpp); the CPU kernel here is the reference they are
@@ -38,12 +41,27 @@ at::Tensor crossEntropyBackwardCpu(const at::Tensor& grad, const at::Tensor& log
   return at::_log_softmax_backward_data(gradLogProbs, logProbs, 1, logits.scalar_type());
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCpu(const at::Tensor& logits,
+                                                                       const at::Tensor& target, int64_t reduction,
+                                                                       int64_t ignoreIndex, double gradScale) {
+  auto [loss, totalWeight, lse] = crossEntropyCpu(logits, target, reduction, ignoreIndex);
+  const at::Tensor grad = at::full({}, gradScale, logits.options());
+  return {loss, totalWeight, crossEntropyBackwardCpu(grad, logits, target, lse, totalWeight, reduction, ignoreIndex)};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyMeta(const at::Tensor& logits, const at::Tensor& target,
                                                                 int64_t, int64_t) {
   TORCH_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
               "spmd::cross_entropy: logits [rows, classes] and target [rows]");
   const auto f32 = logits.options().dtype(at::kFloat);
   return {at::empty({}, f32), at::empty({}, f32), at::empty({logits.size(0)}, f32)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradMeta(const at::Tensor& logits,
+                                                                        const at::Tensor& target, int64_t reduction,
+                                                                        int64_t ignoreIndex, double) {
+  auto [loss, totalWeight, lse] = crossEntropyMeta(logits, target, reduction, ignoreIndex);
+  return {loss, totalWeight, at::empty_like(logits)};
 }
 
 at::Tensor crossEntropyBackwardMeta(const at::Tensor&, const at::Tensor& logits, const at::Tensor&, const at::Tensor&,
@@ -62,14 +80,18 @@ TORCH_LIBRARY_FRAGMENT(spmd, m) {
         "-> (Tensor loss, Tensor total_weight, Tensor lse)");
   m.def("cross_entropy_backward(Tensor grad, Tensor logits, Tensor target, Tensor lse, Tensor total_weight, "
         "int reduction, int ignore_index) -> Tensor");
+  m.def("cross_entropy_with_grad(Tensor logits, Tensor target, int reduction, int ignore_index, float grad_scale) "
+        "-> (Tensor loss, Tensor total_weight, Tensor grad_logits)");
 }
 
 TORCH_LIBRARY_IMPL(spmd, CPU, m) {
   m.impl("cross_entropy", &spmd::crossEntropyCpu);
   m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardCpu);
+  m.impl("cross_entropy_with_grad", &spmd::crossEntropyWithGradCpu);
 }
 
 TORCH_LIBRARY_IMPL(spmd, Meta, m) {
   m.impl("cross_entropy", &spmd::crossEntropyMeta);
   m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardMeta);
+  m.impl("cross_entropy_with_grad", &spmd::crossEntropyWithGradMeta);
 }

@@ -240,24 +240,67 @@ at::Tensor crossEntropyBackwardCuda(const at::Tensor& grad, const at::Tensor& lo
   return gx;
 }
 
+// Both at once: one kernel holding each row in shared memory where the
+// GPU's blocks can have that much, else the forward and the backward kernel
+// of the same source (the same values).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at::Tensor& logits,
+                                                                        const at::Tensor& target, int64_t reduction,
+                                                                        int64_t ignoreIndex, double gradScale) {
+  constexpr const char* op = "spmd::cross_entropy_with_grad";
+  (void)crossEntropySourceFor(logits, target, reduction, ignoreIndex);  // checks the arguments
+  std::string source;
+  try {
+    source = crossEntropyWithGradSource(logits.size(1), reduction, ignoreIndex, gradScale);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, op, ": ", e.what());
+  }
+  const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
+  const int64_t rows = x.size(0), rowBytes = crossEntropyRowBytes(x.size(1));
+  const at::Tensor totalWeight = t.ne(ignoreIndex).sum().to(at::kFloat);
+  at::Tensor rowLoss = at::empty({rows}, x.options()), gx = at::empty_like(x);
+  if (rowBytes <= static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin)) {
+    launchGenerated(op, source, kCrossEntropyWithGradKernelName, x.device(), rows, kCrossEntropyFusedThreads,
+                    {x.data_ptr(), t.data_ptr(), totalWeight.data_ptr(), rowLoss.data_ptr(), gx.data_ptr()}, rows,
+                    static_cast<int>(rowBytes));
+  } else {
+    at::Tensor lse = at::empty({rows}, x.options());
+    const at::Tensor grad = at::full({}, gradScale, x.options());
+    launchGenerated(op, source, kCrossEntropyKernelName, x.device(), rows, kCrossEntropyThreads,
+                    {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()}, rows);
+    launchGenerated(op, source, kCrossEntropyBackwardKernelName, x.device(), rows, kCrossEntropyThreads,
+                    {x.data_ptr(), t.data_ptr(), lse.data_ptr(), grad.data_ptr(), totalWeight.data_ptr(),
+                     gx.data_ptr()},
+                    rows);
+  }
+  at::Tensor loss = rowLoss.sum();
+  if (reduction == 1) loss = loss / totalWeight;
+  return {loss, totalWeight, gx};
+}
+
 }  // namespace
 
 void launchGenerated(const char* op, const std::string& source, const char* name, const at::Device& device,
-                     int64_t blocks, int threads, std::vector<void*> pointers, long long count) {
+                     int64_t blocks, int threads, std::vector<void*> pointers, long long count, int sharedBytes) {
   if (blocks == 0) return;
   const c10::cuda::CUDAGuard guard(device);
   CUfunction f = nullptr;
   try {
     ensureContext();
     f = KernelCache::instance().function(device.index(), source, name);
+    // More than 48 KB of dynamic shared memory is opt-in, per function.
+    if (sharedBytes > 48 * 1024) {
+      checkDriver(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, sharedBytes),
+                  "asking for a generated kernel's shared memory");
+    }
   } catch (const std::exception& e) {
     TORCH_CHECK(false, op, ": ", e.what());
   }
   std::vector<void*> args;
   for (void*& p : pointers) args.push_back(&p);
   args.push_back(&count);
-  const CUresult launched = cuLaunchKernel(f, static_cast<unsigned int>(blocks), 1, 1, threads, 1, 1, 0,
-                                           at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
+  const CUresult launched =
+      cuLaunchKernel(f, static_cast<unsigned int>(blocks), 1, 1, threads, 1, 1, static_cast<unsigned int>(sharedBytes),
+                     at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
   TORCH_CHECK(launched == CUDA_SUCCESS, op, ": launching ", name, " failed (CUDA error ", launched, ")");
 }
 
@@ -318,4 +361,5 @@ TORCH_LIBRARY_IMPL(spmd, CUDA, m) {
   m.impl("fused", &spmd::fusedCuda);
   m.impl("cross_entropy", &spmd::crossEntropyCuda);
   m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardCuda);
+  m.impl("cross_entropy_with_grad", &spmd::crossEntropyWithGradCuda);
 }

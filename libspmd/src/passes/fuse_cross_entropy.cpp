@@ -9,7 +9,10 @@
 // become spmd::cross_entropy (loss, total weight and each row's log-sum-exp)
 // and spmd::cross_entropy_backward, one generated kernel each: the log
 // probabilities, as big as the logits, are never written, and the backward
-// reads the logits once. Taken: fp32 logits [rows, classes], the classes'
+// reads the logits once. Where the loss's gradient is ones_like(loss), the
+// train step's seed, both become one spmd::cross_entropy_with_grad where the
+// forward stands: the logits are read once in all, and their gradient is
+// made with the loss. Taken: fp32 logits [rows, classes], the classes'
 // dimension last, no class weights, reduction mean or sum, log_softmax's
 // result read by nothing else. The values keep their names.
 #include "spmd/ir/builder.h"
@@ -106,7 +109,41 @@ std::vector<ValueId> replaceWith(Graph& g, const Node& old, const std::string& o
   return b.callMulti(op, std::move(args), base, preset);
 }
 
+// The loss's incoming gradient when it is ones_like(loss) read only by the
+// backward (a train step's seed), else nullptr.
+const Node* onesSeed(const Graph& g, const CrossEntropy& ce) {
+  const Arg& grad = ce.lossBackward->args[0];
+  const Node* seed = grad.kind == Arg::Kind::Value ? g.producer(grad.value) : nullptr;
+  if (!seed || seed->op != "aten::ones_like" || !isValue(seed->args[0], ce.loss->outputs[0]) ||
+      g.users(grad.value).size() != 1) {
+    return nullptr;
+  }
+  for (size_t k = 1; k < seed->args.size(); ++k) {
+    if (seed->args[k].kind != Arg::Kind::None) return nullptr;  // a dtype, layout, device or format of its own
+  }
+  const auto& outs = g.outputs();
+  return std::find(outs.begin(), outs.end(), grad.value) == outs.end() ? seed : nullptr;
+}
+
+// Forward and backward as one node where the loss's forward stands: the
+// logits' gradient is made with the loss, from the row the forward reads.
+void fuseWithGrad(Graph& g, const CrossEntropy& ce, const Node& seed) {
+  const std::vector<Arg> args = {ce.logSoftmax->args[0], ce.loss->args[1], ce.loss->args[3], ce.loss->args[4],
+                                 Arg::ofFloat(1.0)};
+  const std::vector<ValueId> outputs = {ce.loss->outputs[0], ce.loss->outputs[1], ce.logSoftmaxBackward->outputs[0]};
+  g.extract(*ce.logSoftmaxBackward);
+  g.erase(*ce.lossBackward);
+  g.erase(seed);
+  GraphBuilder b(g);
+  b.setMeta(ce.loss->meta);
+  b.replace(*ce.loss, "spmd::cross_entropy_with_grad", args, outputs);
+  g.erase(*ce.logSoftmax);
+}
+
 void fuse(Graph& g, const CrossEntropy& ce) {
+  if (ce.lossBackward) {
+    if (const Node* seed = onesSeed(g, ce)) return fuseWithGrad(g, ce, *seed);
+  }
   const Arg logits = ce.logSoftmax->args[0], target = ce.loss->args[1];
   const Arg reduction = ce.loss->args[3], ignoreIndex = ce.loss->args[4];
   const std::vector<ValueId> forward =

@@ -16,8 +16,18 @@
 //     - exp(logits - lse) * a, log_softmax_backward's formula; rows whose
 //     target is ignore_index get 0. A target out of range gives NaN.
 //
+//   spmd_cross_entropy_with_grad(const float* logits, const long long* target,
+//                                const float* total_weight, float* row_loss,
+//                                float* grad_logits, long long rows)
+//     both at once, where the loss's incoming gradient is a constant known
+//     when lowering (the ones_like the backward starts from, times
+//     kGradScale): the row is read once into shared memory (a launch
+//     argument: crossEntropyRowBytes), and the gradient written from there.
+//     The caller sums row_loss as for the forward; total_weight comes first.
+//
 // One block per row; the logits are read once by the forward and once by
-// the backward, and log_softmax's result is never written.
+// the backward (once in all by the kernel with both), and log_softmax's
+// result is never written.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +37,9 @@ namespace spmd {
 
 constexpr const char* kCrossEntropyKernelName = "spmd_cross_entropy";
 constexpr const char* kCrossEntropyBackwardKernelName = "spmd_cross_entropy_backward";
+constexpr const char* kCrossEntropyWithGradKernelName = "spmd_cross_entropy_with_grad";
 constexpr int kCrossEntropyThreads = 512;
+constexpr int kCrossEntropyFusedThreads = 1024;
 
 // Whether the kernels read (and write) rows 16 bytes at a time: then the
 // logits and their gradient must start 16-byte aligned.
@@ -36,5 +48,10 @@ bool crossEntropyVectorized(int64_t classes);
 // ATen's reduction codes (at::Reduction): 1 mean, 2 sum; the kernels take
 // those two. Throws std::invalid_argument for classes < 1 or another reduction.
 std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex);
+// The same source with the forward-and-backward kernel added, for a loss
+// gradient of `gradScale`; and the dynamic shared memory it asks for (a
+// GPU whose blocks cannot have that much runs the two kernels instead).
+std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale);
+int64_t crossEntropyRowBytes(int64_t classes);
 
 }  // namespace spmd

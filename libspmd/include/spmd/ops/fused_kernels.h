@@ -33,10 +33,10 @@ void attentionSoftmaxBackwardInPlace(const at::Tensor& grad, const at::Tensor& p
 
 // Launches kernel `name` of `source` (compiled once per device, or taken
 // from the installed images) on the current stream of `device`: `blocks`
-// blocks of `threads`, its arguments `pointers` and then `count`. `op`
-// names the caller in errors.
+// blocks of `threads`, its arguments `pointers` and then `count`, with
+// `sharedBytes` of dynamic shared memory. `op` names the caller in errors.
 void launchGenerated(const char* op, const std::string& source, const char* name, const c10::Device& device,
-                     int64_t blocks, int threads, std::vector<void*> pointers, long long count);
+                     int64_t blocks, int threads, std::vector<void*> pointers, long long count, int sharedBytes = 0);
 void ensureReductionKernelsCudaRegistered();  // ops/reduction_kernels_cuda.cpp
 #endif
 

@@ -20,7 +20,8 @@
 //                           the update is the state's last reader.
 //   spmd::cross_entropy(_backward)  log_softmax + nll_loss and their backward as
 //                           one generated kernel each on CUDA (spmd-lower's
-//                           fuse-cross-entropy; ops/cross_entropy_ops.cpp).
+//                           fuse-cross-entropy; ops/cross_entropy_ops.cpp);
+//   spmd::cross_entropy_with_grad  both in one kernel, for the loss's seed ones_like.
 //   spmd::layer_norm(_backward)  LayerNorm over the last dimension and its
 //                           backward as generated kernels on CUDA, with the
 //                           casts and the residual gradient around them
