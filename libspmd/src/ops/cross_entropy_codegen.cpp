@@ -3,6 +3,7 @@
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/pointwise_program.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -116,16 +117,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy_backwa
 }
 )";
 
-// The forward and the backward in one pass over HBM, for a loss whose
-// incoming gradient is a known constant (kGradScale: the ones_like the
-// backward starts from): the row is read into shared memory once, its
-// log-sum-exp taken, and the gradient written from the copy, with the
-// backward kernel's formula.
+// The forward and the backward in one kernel, for a loss whose incoming
+// gradient is a known constant (kGradScale: the ones_like the backward
+// starts from): the row's first kCached classes are kept in shared memory
+// as the forward reads them, the rest read again (from L2, mostly) for the
+// gradient, which is written with the backward kernel's formula. Two blocks
+// an SM: one's reading overlaps the other's writing.
 constexpr const char* kWithGrad = R"(
-extern "C" __global__ void __launch_bounds__(kFusedThreads) spmd_cross_entropy_with_grad(
+extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entropy_with_grad(
     const float* logits, const long long* target, const float* total_weight, float* row_loss, float* grad_logits,
     long long rows) {
-  extern __shared__ spmd_f32x4 spmd_row[];  // the row's kClasses floats (kClasses / 4 pieces, or floats when !kVector)
+  extern __shared__ spmd_f32x4 spmd_row[];  // the row's first kCached floats
   const long long row = blockIdx.x;
   if (row >= rows) return;
   const float* x = logits + row * kClasses;
@@ -135,15 +137,16 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads) spmd_cross_entropy_w
     const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
     for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
       const spmd_f32x4 q = x4[j];
-      spmd_row[j] = q;
+      if (j < kCached / 4) spmd_row[j] = q;
 #pragma unroll
       for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, q.v[e]);
     }
   } else {
     float* cache = reinterpret_cast<float*>(spmd_row);
     for (int j = threadIdx.x; j < kClasses; j += kFusedThreads) {
-      cache[j] = x[j];
-      spmd_accumulate(m, s, cache[j]);
+      const float v = x[j];
+      if (j < kCached) cache[j] = v;
+      spmd_accumulate(m, s, v);
     }
   }
   spmd_block_max_sum<kFusedThreads>(m, s);
@@ -160,9 +163,10 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads) spmd_cross_entropy_w
                   : !valid          ? __int_as_float(0x7fc00000)
                                     : (kMean ? -kGradScale / total_weight[0] : -kGradScale);
   if (kVector) {
+    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
     spmd_f32x4* g4 = reinterpret_cast<spmd_f32x4*>(gx);
     for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
-      const spmd_f32x4 q = spmd_row[j];
+      const spmd_f32x4 q = j < kCached / 4 ? spmd_row[j] : x4[j];
       spmd_f32x4 r;
 #pragma unroll
       for (int e = 0; e < 4; ++e) r.v[e] = (4 * j + e == t ? a : 0.0f) - expf(q.v[e] - l) * a;
@@ -170,7 +174,9 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads) spmd_cross_entropy_w
     }
   } else {
     const float* cache = reinterpret_cast<const float*>(spmd_row);
-    for (int j = threadIdx.x; j < kClasses; j += kFusedThreads) gx[j] = (j == t ? a : 0.0f) - expf(cache[j] - l) * a;
+    for (int j = threadIdx.x; j < kClasses; j += kFusedThreads) {
+      gx[j] = (j == t ? a : 0.0f) - expf((j < kCached ? cache[j] : x[j]) - l) * a;
+    }
   }
 }
 )";
@@ -179,7 +185,9 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads) spmd_cross_entropy_w
 
 bool crossEntropyVectorized(int64_t classes) { return classes % 4 == 0; }
 
-int64_t crossEntropyRowBytes(int64_t classes) { return classes * 4; }
+int64_t crossEntropyCachedClasses(int64_t classes) { return std::min(classes, kCrossEntropyCachedClasses); }
+
+int64_t crossEntropyRowBytes(int64_t classes) { return crossEntropyCachedClasses(classes) * 4; }
 
 namespace {
 
@@ -213,6 +221,8 @@ std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64
   }
   std::string src = constants(classes, reduction, ignoreIndex);
   src += "constexpr int kFusedThreads = " + std::to_string(kCrossEntropyFusedThreads) + ";\n";
+  src += "constexpr int kCached = " + std::to_string(crossEntropyCachedClasses(classes)) +
+         ";  // classes a block keeps in shared memory\n";
   src += "constexpr float kGradScale = " + constantText(gradScale) + "f;  // the loss's incoming gradient\n\n";
   return src + kHelpers + kForward + kBackward + kWithGrad;
 }

@@ -9,9 +9,9 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
-#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <tuple>

@@ -21,9 +21,11 @@
 //                                float* grad_logits, long long rows)
 //     both at once, where the loss's incoming gradient is a constant known
 //     when lowering (the ones_like the backward starts from, times
-//     kGradScale): the row is read once into shared memory (a launch
-//     argument: crossEntropyRowBytes), and the gradient written from there.
-//     The caller sums row_loss as for the forward; total_weight comes first.
+//     kGradScale): the row's first classes (at most
+//     kCrossEntropyCachedClasses) are kept in shared memory as the forward
+//     reads them (its size a launch argument: crossEntropyRowBytes), the
+//     rest read again, and the gradient written. Two blocks an SM. The
+//     caller sums row_loss as for the forward; total_weight comes first.
 //
 // One block per row; the logits are read once by the forward and once by
 // the backward (once in all by the kernel with both), and log_softmax's
@@ -40,6 +42,8 @@ constexpr const char* kCrossEntropyBackwardKernelName = "spmd_cross_entropy_back
 constexpr const char* kCrossEntropyWithGradKernelName = "spmd_cross_entropy_with_grad";
 constexpr int kCrossEntropyThreads = 512;
 constexpr int kCrossEntropyFusedThreads = 1024;
+// 100 KB of floats: two blocks an SM fit an H100's or H200's shared memory.
+constexpr int64_t kCrossEntropyCachedClasses = 25600;
 
 // Whether the kernels read (and write) rows 16 bytes at a time: then the
 // logits and their gradient must start 16-byte aligned.
@@ -50,8 +54,10 @@ bool crossEntropyVectorized(int64_t classes);
 std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex);
 // The same source with the forward-and-backward kernel added, for a loss
 // gradient of `gradScale`; and the dynamic shared memory it asks for (a
-// GPU whose blocks cannot have that much runs the two kernels instead).
+// GPU whose blocks cannot have that much runs the two kernels instead),
+// the first crossEntropyCachedClasses of a row.
 std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale);
 int64_t crossEntropyRowBytes(int64_t classes);
+int64_t crossEntropyCachedClasses(int64_t classes);
 
 }  // namespace spmd
