@@ -9,6 +9,7 @@
 //  - on CUDA (a CUDA LibTorch and a GPU; not in CI): the generated kernels
 //    against ATen's CUDA kernels, within fp32 rounding.
 #include "spmd/ir/parser.h"
+#include "spmd/ops/column_sum_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"
@@ -167,9 +168,9 @@ TEST_CASE("fuse-column-sum takes the sums over the leading dimensions (CPU refer
     CHECK(ran.fused[k].scalar_type() == ran.unfused[k].scalar_type());
     testing::requireClose(ran.fused[k], ran.unfused[k], k == 0 ? "f32 kept" : "bf16", 0, 0);
   }
-  // Few rows (ATen's one kernel is faster), other dimensions, a dtype argument: left alone.
+  // One row (a copy), other dimensions, a dtype argument: left alone.
   Graph g = parseListing(R"(graph
-  input %g: f32[100,96] data
+  input %g: f32[1,96] data
   input %x: f32[2048,96] data
   %s: f32[1,96] = aten::sum.dim_IntList(%g, [0], True, None)
   %t: f32[2048] = aten::sum.dim_IntList(%x, [1], False, None)
@@ -188,8 +189,9 @@ TEST_CASE("fuse-column-sum takes the sums over the leading dimensions (CPU refer
 #ifdef SPMD_WITH_CUDA
 TEST_CASE("generated column sums match ATen's CUDA sums", "[fused][cuda]") {
   if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
-  // A part's rows short of full, and 8192 rows (gpt's tokens a step).
-  for (int64_t rows : {int64_t{1100}, int64_t{8192}}) {
+  // The one-kernel sum (100 rows: the seeds' MLP; 512, its most), a part's
+  // rows short of full, and 8192 rows (gpt's tokens a step).
+  for (int64_t rows : {int64_t{100}, kColumnSumWholeRows, int64_t{1100}, int64_t{8192}}) {
     const Ran ran = runColumnSums(rows, at::Device(at::kCUDA, 0));
     for (size_t k = 0; k < 2; ++k) {
       const at::Tensor ours = ran.fused[k].cpu().to(at::kDouble), ref = ran.unfused[k].cpu().to(at::kDouble);

@@ -15,6 +15,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "test_support.h"
 
 using namespace spmd;
@@ -72,16 +75,18 @@ std::map<std::string, at::Tensor> batch(const Graph& g, int step) {
 
 // Runs `steps` steps as spmd-run does (one graph per kind of iteration).
 // With Buffers::Reuse, returns the nodes that ran in place (over all graphs).
+// On `device` the state and batches are copied there first.
 std::map<std::string, at::Tensor> train(const Graph& g, int steps,
                                         Interpreter::Buffers buffers = Interpreter::Buffers::Keep,
-                                        size_t* inPlaceNodes = nullptr) {
+                                        size_t* inPlaceNodes = nullptr, c10::Device device = at::kCPU) {
   std::map<std::string, at::Tensor> state = initialState(g);
+  for (auto& [name, t] : state) t = t.to(device);
   std::map<Iteration, Graph> graphs;
   for (int s = 0; s < steps; ++s) {
     const Iteration it = iterationAt(s, steps);
     if (!graphs.count(it)) graphs.emplace(it, graphForIteration(g, it));
     std::map<std::string, at::Tensor> inputs = state;
-    for (auto& [name, t] : batch(g, s)) inputs[name] = t;
+    for (auto& [name, t] : batch(g, s)) inputs[name] = t.to(device);
     Interpreter interpreter(graphs.at(it), buffers);
     if (inPlaceNodes) *inPlaceNodes += interpreter.inPlaceNodes();
     RunResult r = interpreter.run(inputs);
@@ -352,3 +357,55 @@ TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[
     CHECK(at::equal(after.at(name), before.at(name)));
   }
 }
+
+TEST_CASE("linear-relu trains the MLP as the unfused step does", "[unroll]") {
+  // On the CPU _addmm_activation is addmm and relu, the kernels aten::linear
+  // and aten::relu run: bit for bit.
+  const Graph step = trainStep("mlp", "adam", 0.05);
+  const Graph fused = forCudaGraphs(step, {"linear-relu"});
+  size_t relus = 0, epilogues = 0;
+  for (const Node& n : step.nodes()) relus += n.op == "aten::relu";
+  for (const Node& n : fused.nodes()) epilogues += n.op == "aten::_addmm_activation";
+  CHECK(relus > 0);
+  CHECK(epilogues == relus);
+  requireSameState(train(step, 3), train(fused, 3));
+}
+
+#ifdef SPMD_WITH_CUDA
+// LibTorch 2.x with a GPU only (fused Adam is ATen's CUDA kernel; 1.13 has
+// none): the update spmd-unroll moves into the next iteration, whose forward
+// reads the new parameters, becomes one spmd::fused_adam call too. Its
+// oracle is the plain step lowered the same way: the same kernels on the same
+// values, so every update but the last (which the last iteration's copy of
+// the moved block makes per parameter) is the same bit for bit.
+TEST_CASE("fused-adam takes the update that spmd-unroll moved", "[unroll][cuda]") {
+  if (!torch::cuda::is_available()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  const Graph step = trainStep("mlp", "adam", 25, 1e-2);  // one bucket: every update moves
+  const std::vector<std::string> lowering = {"linear-relu", "fused-adam"};
+  const Graph plain = forCudaGraphs(step, lowering);
+  const Graph moved = forCudaGraphs(withPasses(step, unrollPipeline({}), 4), lowering);
+  for (const Graph* g : {&plain, &moved}) {
+    size_t calls = 0, addcdivs = 0;
+    for (const Node& n : g->nodes()) {
+      calls += n.op == "spmd::fused_adam";
+      addcdivs += n.op == "aten::addcdiv" && n.meta.iteration != IterationTag::LastOnly;
+    }
+    CHECK(calls == 1);
+    CHECK(addcdivs == 0);
+  }
+  for (int steps : {1, 2, 4}) {
+    INFO(steps << " steps");
+    const auto want = train(plain, steps, Interpreter::Buffers::Keep, nullptr, at::kCUDA);
+    const auto got = train(moved, steps, Interpreter::Buffers::Reuse, nullptr, at::kCUDA);
+    double worst = 0;
+    for (const auto& [name, t] : want) {
+      INFO(name);
+      const at::Tensor a = got.at(name).cpu().to(at::kDouble), b = t.cpu().to(at::kDouble);
+      worst = std::max(worst, (a - b).abs().max().item<double>());
+      CHECK(at::allclose(a, b, 1e-5, 1e-6));
+    }
+    std::printf("fused-adam (moved update), %d steps: largest difference from the plain fused step %.3g\n", steps,
+                worst);
+  }
+}
+#endif

@@ -286,6 +286,17 @@ std::vector<const Node*> Graph::users(ValueId v) const {
   return readers;
 }
 
+bool Graph::readBeyondNodes(ValueId v) const {
+  if (std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end()) return true;
+  for (const StateUpdate& u : updates_) {
+    if (u.value == v) return true;
+  }
+  for (const Gradient& gr : gradients_) {
+    if (gr.value == v || gr.reduced == v) return true;
+  }
+  return false;
+}
+
 void Graph::replaceUsesWith(ValueId from, ValueId to, const std::function<bool(const Node&)>& where) {
   if (from == to) return;
   for (const Node* reader : users(from)) {

@@ -41,6 +41,36 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_column_sum(const spm
   }
 }
 
+extern "C" __global__ void __launch_bounds__(kThreads) spmd_column_sum_whole(const spmd_in* x, spmd_out* out,
+                                                                           long long rows) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const long long tile = blockIdx.x, piece = tile * 32 + lane;
+  float s[kPerPiece];
+#pragma unroll
+  for (int e = 0; e < kPerPiece; ++e) s[e] = 0.0f;
+  if (piece < kPieces) {
+    for (long long r = warp; r < rows; r += kWarps) {
+      float v[kPerPiece];
+      spmd_load(x + r * kColumns, piece, v);
+#pragma unroll
+      for (int e = 0; e < kPerPiece; ++e) s[e] += v[e];
+    }
+  }
+  __shared__ float acc[kWarps][32 * kPerPiece];
+#pragma unroll
+  for (int e = 0; e < kPerPiece; ++e) acc[warp][lane * kPerPiece + e] = s[e];
+  __syncthreads();
+  for (int c = threadIdx.x; c < 32 * kPerPiece; c += kThreads) {
+    const long long column = tile * 32 * kPerPiece + c;
+    if (column < kColumns) {
+      float t = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kWarps; ++k) t += acc[k][c];
+      spmd_store(out, column, t);
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(kPartsThreads) spmd_column_sum_parts(const float* partial, spmd_out* out,
                                                                                  long long parts) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

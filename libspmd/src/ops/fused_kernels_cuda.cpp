@@ -8,6 +8,7 @@
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
+#include "op_helpers.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -179,28 +180,24 @@ void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vec
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.is_contiguous() && scores.dim() >= 2,
               "spmd::fused_attention: the gemm kernel's scores must be contiguous fp32 on the GPU");
   const int64_t keys = scores.size(-1), rows = scores.numel() / std::max<int64_t>(keys, 1);
-  std::string source;
-  try {
-    source = attentionSoftmaxSource(scores.size(-2), keys, scale, causal);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK(false, "spmd::fused_attention: ", e.what());
-  }
+  const std::string source = generatedSource(
+      "spmd::fused_attention", [&] { return attentionSoftmaxSource(scores.size(-2), keys, scale, causal); });
   launchGenerated("spmd::fused_attention", source, name, scores.device(),
                   (rows + kAttentionSoftmaxRowsPerBlock - 1) / kAttentionSoftmaxRowsPerBlock,
                   32 * kAttentionSoftmaxRowsPerBlock, std::move(pointers), rows);
 }
 
-std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& target, int64_t reduction,
-                                  int64_t ignoreIndex) {
+void checkCrossEntropyArgs(const char* op, const at::Tensor& logits, const at::Tensor& target) {
   TORCH_CHECK(logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
                   target.scalar_type() == at::kLong && target.dim() == 1 && target.size(0) == logits.size(0),
-              "spmd::cross_entropy: fp32 logits [rows, classes] and int64 targets [rows] on the GPU");
-  try {
-    return crossEntropySource(logits.size(1), reduction, ignoreIndex);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK(false, "spmd::cross_entropy: ", e.what());
-  }
-  return {};  // not reached: TORCH_CHECK(false) throws
+              op, ": fp32 logits [rows, classes] and int64 targets [rows] on the GPU");
+}
+
+std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& target, int64_t reduction,
+                                  int64_t ignoreIndex) {
+  checkCrossEntropyArgs("spmd::cross_entropy", logits, target);
+  return generatedSource("spmd::cross_entropy",
+                              [&] { return crossEntropySource(logits.size(1), reduction, ignoreIndex); });
 }
 
 // The logits, contiguous, and 16-byte aligned where the kernels read them so
@@ -247,13 +244,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at
                                                                         const at::Tensor& target, int64_t reduction,
                                                                         int64_t ignoreIndex, double gradScale) {
   constexpr const char* op = "spmd::cross_entropy_with_grad";
-  (void)crossEntropySourceFor(logits, target, reduction, ignoreIndex);  // checks the arguments
-  std::string source;
-  try {
-    source = crossEntropyWithGradSource(logits.size(1), reduction, ignoreIndex, gradScale);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK(false, op, ": ", e.what());
-  }
+  checkCrossEntropyArgs(op, logits, target);
+  const std::string source = generatedSource(
+      op, [&] { return crossEntropyWithGradSource(logits.size(1), reduction, ignoreIndex, gradScale); });
   const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
   const int64_t rows = x.size(0), rowBytes = crossEntropyRowBytes(x.size(1));
   const at::Tensor totalWeight = t.ne(ignoreIndex).sum().to(at::kFloat);

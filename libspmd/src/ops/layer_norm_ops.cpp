@@ -14,6 +14,7 @@
 // ops/reduction_kernels_cuda.cpp); the CPU kernels here are the reference they are
 // tested against, the ATen ops the pass replaced.
 #include "spmd/ops/spmd_ops.h"
+#include "op_helpers.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -24,8 +25,6 @@ namespace spmd {
 namespace {
 
 using Forward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-bool given(const c10::optional<at::Tensor>& t) { return t && t->defined(); }
 
 Forward layerNormCpu(const at::Tensor& input, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
                      const at::Tensor& bias, double eps, at::ScalarType dtype) {
@@ -47,20 +46,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCpu(const at::Te
   return {gradInput, gradWeight, gradBias};
 }
 
-std::vector<int64_t> statsShape(const at::Tensor& input) {
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape.back() = 1;
-  return shape;
-}
-
 Forward layerNormMeta(const at::Tensor& input, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
                       const at::Tensor& bias, double, at::ScalarType dtype) {
   TORCH_CHECK(input.dim() >= 1 && weight.dim() == 1 && weight.size(0) == input.size(-1) &&
                   bias.sizes() == weight.sizes() && (!given(residual) || residual->sizes() == input.sizes()),
               "spmd::layer_norm: a weight and a bias of the input's last dimension, a residual of its shape");
   const auto f32 = input.options().dtype(at::kFloat);
-  return {at::empty(input.sizes(), input.options().dtype(dtype)), at::empty(statsShape(input), f32),
-          at::empty(statsShape(input), f32), given(residual) ? at::empty(input.sizes(), f32) : at::Tensor()};
+  return {at::empty(input.sizes(), input.options().dtype(dtype)), at::empty(layerNormStatsShape(input), f32),
+          at::empty(layerNormStatsShape(input), f32), given(residual) ? at::empty(input.sizes(), f32) : at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardMeta(const at::Tensor& grad, const at::Tensor& input,

@@ -5,6 +5,7 @@
 #include "spmd/ops/column_sum_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/layer_norm_codegen.h"
+#include "op_helpers.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -33,24 +34,6 @@ void checkRows(const char* op, const at::Tensor& input, const at::Tensor& weight
               op, ": fp32 rows on the GPU with an fp32 weight of their length");
 }
 
-template <typename F>
-std::string sourceOf(const char* op, F generate) {
-  try {
-    return generate();
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK(false, op, ": ", e.what());
-  }
-  return {};  // not reached: TORCH_CHECK(false) throws
-}
-
-std::vector<int64_t> statsShape(const at::Tensor& input) {
-  std::vector<int64_t> shape = input.sizes().vec();
-  shape.back() = 1;
-  return shape;
-}
-
-bool given(const c10::optional<at::Tensor>& t) { return t && t->defined(); }
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layerNormCuda(const at::Tensor& input,
                                                                          const c10::optional<at::Tensor>& residual,
                                                                          const at::Tensor& weight,
@@ -62,11 +45,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layerNormCuda(const a
   const int64_t features = input.size(-1), rows = input.numel() / std::max<int64_t>(features, 1);
   const std::optional<at::ScalarType> residualDtype =
       given(residual) ? std::optional<at::ScalarType>(residual->scalar_type()) : std::nullopt;
-  const std::string source = sourceOf(op, [&] { return layerNormSource(features, eps, dtype, residualDtype); });
+  const std::string source = generatedSource(op, [&] { return layerNormSource(features, eps, dtype, residualDtype); });
   const at::Tensor x = aligned(input), w = aligned(weight), b = aligned(bias.to(at::kFloat));
   const at::Tensor r = given(residual) ? aligned(*residual) : at::Tensor();
   at::Tensor y = at::empty(input.sizes(), input.options().dtype(dtype));
-  at::Tensor mean = at::empty(statsShape(input), input.options()), rstd = at::empty(statsShape(input), input.options());
+  at::Tensor mean = at::empty(layerNormStatsShape(input), input.options()), rstd = at::empty(layerNormStatsShape(input), input.options());
   at::Tensor sum = given(residual) ? at::empty(input.sizes(), input.options()) : at::Tensor();
   launchGenerated(op, source, kLayerNormKernelName, x.device(), (rows + kLayerNormWarps - 1) / kLayerNormWarps,
                   32 * kLayerNormWarps,
@@ -88,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCuda(const at::T
               op, ": a gradient, and an fp32 residual, of the input's shape");
   const int64_t features = input.size(-1), rows = input.numel() / std::max<int64_t>(features, 1);
   const std::string source =
-      sourceOf(op, [&] { return layerNormBackwardSource(features, grad.scalar_type(), withResidual); });
+      generatedSource(op, [&] { return layerNormBackwardSource(features, grad.scalar_type(), withResidual); });
   const at::Tensor dy = aligned(grad), x = aligned(input), w = aligned(weight);
   const at::Tensor m = mean.contiguous(), r = rstd.contiguous();
   const at::Tensor add = withResidual ? aligned(*residual) : at::Tensor();
@@ -111,11 +94,17 @@ at::Tensor columnSumCuda(const at::Tensor& input, bool keepdim) {
   TORCH_CHECK(input.is_cuda() && input.dim() >= 2, op, ": a tensor of at least two dimensions on the GPU");
   const at::ScalarType dtype = input.scalar_type();
   const int64_t columns = input.size(-1), rows = input.numel() / std::max<int64_t>(columns, 1);
-  const std::string source = sourceOf(op, [&] { return columnSumSource(columns, dtype); });
+  const std::string source = generatedSource(op, [&] { return columnSumSource(columns, dtype); });
   const at::Tensor x = aligned(input);
   std::vector<int64_t> shape(keepdim ? static_cast<size_t>(input.dim() - 1) : 0, 1);
   shape.push_back(columns);
   at::Tensor out = at::empty(shape, input.options());
+  if (rows <= kColumnSumWholeRows) {
+    if (rows == 0) return out.zero_();
+    launchGenerated(op, source, kColumnSumWholeKernelName, x.device(), columnSumTiles(columns, dtype),
+                    32 * kColumnSumWarps, {x.data_ptr(), out.data_ptr()}, rows);
+    return out;
+  }
   const int64_t parts = columnSumParts(rows);
   at::Tensor partial = at::empty({parts, columns}, input.options().dtype(at::kFloat));
   launchGenerated(op, source, kColumnSumKernelName, x.device(), parts * columnSumTiles(columns, dtype),

@@ -5,8 +5,9 @@
 //   %db: f32[1,C] = aten::sum.dim_IntList(%g, [0], True, None)     (%g: f32[R,C])
 //     -> %db: f32[1,C] = spmd::column_sum(%g, True)
 //
-// becomes spmd::column_sum (ops/column_sum_ops.cpp), two generated kernels
-// whose order of additions is fixed. Taken: f32 or bf16 input of at least
+// becomes spmd::column_sum (ops/column_sum_ops.cpp), generated kernels
+// whose order of additions is fixed (one kernel up to kColumnSumWholeRows
+// rows, two beyond). Taken: f32 or bf16 input of at least
 // two dimensions, the result in the input's dtype (no dtype argument), the
 // last dimension a whole number of 16-byte pieces, at least kMinRows rows. Other sums stay ATen's;
 // only those over the leading dimensions that this pass does not take get
@@ -35,9 +36,8 @@ bool leadingDims(std::vector<int64_t> dims, size_t rank) {
   return true;
 }
 
-// Below this many rows ATen's one kernel beats the generated two (the
-// seeds' MLP sums 100 rows).
-constexpr int64_t kMinRows = 1024;
+// A sum over one row is a copy: left to ATen.
+constexpr int64_t kMinRows = 2;
 
 int64_t rowsOf(const Value& v) {
   int64_t rows = 1;

@@ -41,24 +41,10 @@ bool sameSchedule(const Node& a, const Node& b) {
   return a.meta.role == b.meta.role && a.meta.iteration == b.meta.iteration;
 }
 
-// Whether `v` is read anywhere but by nodes: a graph output, a state
-// update's new value or a gradient record.
-bool readBeyondNodes(const Graph& g, ValueId v) {
-  const auto& outs = g.outputs();
-  if (std::find(outs.begin(), outs.end(), v) != outs.end()) return true;
-  for (const auto& u : g.updates()) {
-    if (u.value == v) return true;
-  }
-  for (const auto& gr : g.gradients()) {
-    if (gr.value == v || gr.reduced == v) return true;
-  }
-  return false;
-}
-
 // The one node that reads `v`, when nothing else does.
 const Node* onlyReader(const Graph& g, ValueId v) {
   const std::vector<const Node*> users = g.users(v);
-  if (users.size() != 1 || readBeyondNodes(g, v)) return nullptr;
+  if (users.size() != 1 || g.readBeyondNodes(v)) return nullptr;
   return users[0];
 }
 

@@ -10,7 +10,12 @@
 // Grouping is greedy, in program order: an op joins the group of one of its
 // producers when it has the group's output shape, role and iteration, and no
 // node outside the group reads the group's values before it (the fused node
-// takes the place of its last member). Single ops stay as they are.
+// takes the place of its last member). Single ops stay as they are, but for
+// one: a cast from bf16 or f16 up to f32 of at least kLoneCastElements
+// elements over a densely laid-out input (autocast's weight gradients, cast
+// back to the parameters' f32). ATen runs that cast with its unrolled,
+// element-at-a-time copy kernel (about 430 GB/s for gpt's gradients on an
+// H200), the generated kernel with 16-byte accesses.
 // Not done here: reductions (softmax, LayerNorm, sums), ops on f64 or integer
 // tensors, random ops, and views between members.
 #include "spmd/ops/pointwise_program.h"
@@ -128,6 +133,57 @@ struct Candidate {
   std::vector<Step> steps;
 };
 
+// The smallest lone upcast worth a generated kernel (smaller ones are
+// launch-bound either way).
+constexpr int64_t kLoneCastElements = 1 << 16;
+
+bool isHalfWidthFloat(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
+
+std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * std::max<int64_t>(shape[d], 1);
+  return strides;
+}
+
+// Whether `v` is laid out densely as far as its producers show: a graph
+// input or an op's own result, seen through reshapes and an even number of
+// transposes (autograd's t(t(mm)) for a Linear's weight gradient). Only a
+// matter of speed: spmd::fused makes a strided input contiguous first.
+bool laidOutDense(const Graph& g, ValueId v) {
+  static const std::set<std::string> kStridedViews = {
+      "aten::transpose.int", "aten::permute",    "aten::expand",           "aten::slice.Tensor", "aten::select.int",
+      "aten::narrow",        "aten::as_strided", "aten::split.Tensor",     "aten::split_with_sizes", "aten::diagonal"};
+  int transposes = 0;
+  while (const Node* p = g.producer(v)) {
+    const std::string op = p->qualifiedName();
+    if (p->args.empty() || p->args[0].kind != Arg::Kind::Value) return true;
+    if (op == "aten::t") {
+      ++transposes;
+    } else if (op == "aten::_reshape_alias") {
+      if (transposes % 2 || p->args.size() < 3 || p->args[2].ints != contiguousStrides(g.value(v).shape)) return false;
+    } else if (op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape") {
+      if (transposes % 2) return false;
+    } else if (kStridedViews.count(op)) {
+      return false;
+    } else {
+      return transposes % 2 == 0;
+    }
+    v = p->args[0].value;
+  }
+  return transposes % 2 == 0;
+}
+
+// The one single op fuse-pointwise takes (see the top of the file).
+bool isWorthyLoneCast(const Graph& g, const Candidate& c) {
+  const Node& n = *c.node;
+  if (n.op != "aten::_to_copy") return false;
+  const Value &in = g.value(n.args[0].value), &out = g.value(n.outputs[0]);
+  int64_t numel = 1;
+  for (int64_t d : out.shape) numel *= d;
+  return isHalfWidthFloat(in.dtype) && out.dtype == c10::ScalarType::Float && numel >= kLoneCastElements &&
+         laidOutDense(g, n.args[0].value);
+}
+
 struct Group {
   std::vector<Candidate> members;
   std::set<const Node*> nodes;
@@ -138,12 +194,13 @@ class PointwiseFuser {
  public:
   explicit PointwiseFuser(Graph& g) : g_(g) {}
 
-  // Returns how many groups of two or more ops became fused nodes.
+  // Returns how many groups (of two or more ops, or a lone upcast) became
+  // fused nodes.
   int run() {
     for (const Node* n : snapshot(g_.nodes())) consider(*n);
     int fused = 0;
     for (Group& group : groups_) {
-      if (group.members.size() < 2) continue;
+      if (group.members.size() < 2 && !isWorthyLoneCast(g_, group.members.front())) continue;
       replace(group);
       ++fused;
       fusedOps_ += static_cast<int>(group.members.size());
@@ -204,15 +261,7 @@ class PointwiseFuser {
     for (const Node* user : g_.users(v)) {
       if (!group.nodes.count(user)) return true;
     }
-    const auto& outs = g_.outputs();
-    if (std::find(outs.begin(), outs.end(), v) != outs.end()) return true;
-    for (const auto& u : g_.updates()) {
-      if (u.value == v) return true;
-    }
-    for (const auto& gr : g_.gradients()) {
-      if (gr.value == v || gr.reduced == v) return true;
-    }
-    return false;
+    return g_.readBeyondNodes(v);
   }
 
   void replace(const Group& group) {

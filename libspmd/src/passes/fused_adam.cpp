@@ -21,6 +21,7 @@
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 
 namespace spmd {
@@ -165,6 +166,43 @@ const Node* lastProducer(const Graph& g, const std::vector<Update>& group) {
   return last;
 }
 
+// The optimizer nodes computing the group's new values from its inputs: what
+// the call replaces (they die once their results are read no more).
+std::set<const Node*> updateNodes(const Graph& g, const std::vector<Update>& group) {
+  std::set<ValueId> inputs;
+  std::vector<ValueId> work;
+  for (const Update& u : group) {
+    inputs.insert({u.param, u.grad, u.expAvg, u.expAvgSq, u.step});
+    work.insert(work.end(), {u.newParam, u.newExpAvg, u.newExpAvgSq, u.newStep});
+  }
+  std::set<const Node*> nodes;
+  while (!work.empty()) {
+    const ValueId v = work.back();
+    work.pop_back();
+    const Node* n = inputs.count(v) ? nullptr : g.producer(v);
+    if (!n || n->meta.role != NodeRole::Optimizer || !nodes.insert(n).second) continue;
+    forEachTensorArg(*n, [&](ValueId a) { work.push_back(a); });
+  }
+  return nodes;
+}
+
+// Whether every node reading the group's new values, other than the update's
+// own nodes, comes after the call's place `after`: then those reads can take
+// the call's results. In a step spmd-unroll moved, the next forward reads the
+// new parameters; elsewhere only state updates do.
+bool readersFollow(const Graph& g, const std::vector<Update>& group, const Node* after) {
+  const std::set<const Node*> own = updateNodes(g, group);
+  const size_t place = after ? g.indexOf(*after) : 0;
+  for (const Update& u : group) {
+    for (ValueId v : {u.newParam, u.newExpAvg, u.newExpAvgSq, u.newStep}) {
+      for (const Node* reader : g.users(v)) {
+        if (!own.count(reader) && after && g.indexOf(*reader) <= place) return false;
+      }
+    }
+  }
+  return true;
+}
+
 void emit(Graph& g, const std::vector<Update>& group) {
   GraphBuilder b(g);
   const Node* after = lastProducer(g, group);
@@ -188,30 +226,16 @@ void emit(Graph& g, const std::vector<Update>& group) {
        scheduled ? Arg::tensor(h.lrInput) : Arg::ofFloat(h.lr), Arg::ofFloat(h.beta1), Arg::ofFloat(h.beta2),
        Arg::ofFloat(h.weightDecay), Arg::ofFloat(h.eps), Arg::ofBool(h.adamw)},
       "adam");
+  // Every read of a new value (state updates, graph outputs, the nodes after
+  // the call) takes the call's; the per-parameter nodes die.
   const size_t n = group.size();
   for (size_t k = 0; k < n; ++k) {
     const Update& u = group[k];
     for (auto [old, i] : {std::pair{u.newParam, k}, {u.newExpAvg, n + k}, {u.newExpAvgSq, 2 * n + k},
                           {u.newStep, 3 * n + k}}) {
-      for (StateUpdate& su : g.updates()) {
-        if (su.value == old) su.value = out[i];
-      }
+      g.replaceAllUsesWith(old, out[i]);
     }
   }
-}
-
-// Whether the group's old values are read only by state updates: then the
-// call may stand anywhere after its inputs.
-bool onlyUpdatesRead(const Graph& g, const std::vector<Update>& group) {
-  for (const Update& u : group) {
-    for (ValueId v : {u.newParam, u.newExpAvg, u.newExpAvgSq, u.newStep}) {
-      for (const Node* reader : g.users(v)) {
-        if (reader->meta.role != NodeRole::Optimizer) return false;
-      }
-      if (std::count(g.outputs().begin(), g.outputs().end(), v)) return false;
-    }
-  }
-  return true;
 }
 
 class FusedAdamPass final : public Pass {
@@ -240,7 +264,7 @@ class FusedAdamPass final : public Pass {
     size_t fused = 0;
     const bool tensorLr = findOperator("aten::_fused_adam_", "tensor_lr") && findOperator("aten::_fused_adamw_", "tensor_lr");
     for (auto& [key, group] : groups) {
-      if (!onlyUpdatesRead(g, group) || (group.front().hyper.lrInput != kNoValue && !tensorLr)) {
+      if (!readersFollow(g, group, lastProducer(g, group)) || (group.front().hyper.lrInput != kNoValue && !tensorLr)) {
         for (const Update& u : group) left.push_back(g.value(u.param).name);
         continue;
       }

@@ -42,6 +42,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createFuseLayerNormPass},
       {"fuse-column-sum", "sums over every dimension but the last (bias gradients) as spmd::column_sum, generated kernels; spmd-lower runs it for --device cuda",
        createFuseColumnSumPass},
+      {"linear-relu", "a ReLU after a Linear as _addmm_activation, the ReLU in the GEMM's epilogue; spmd-lower runs it for --device cuda",
+       createLinearReluPass},
       {"cat-views", "a cat of reshaped [..., H, D] tensors (attention's q/k/v gradient) reads them itself, without their copies; spmd-lower runs it for --device cuda",
        createCatViewsPass},
       {"fuse-pointwise", "chains of element-wise ops as one spmd::fused node each (a generated kernel); spmd-lower runs it for --device cuda",

@@ -26,6 +26,7 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   std::vector<std::string> names;
   if (cuda) names.push_back("fuse-attention");
   if (cuda) names.push_back("cat-views");
+  if (cuda && o.fuse) names.push_back("linear-relu");
   if (cuda && o.generateKernels) names.push_back("fuse-cross-entropy");
   if (cuda && o.generateKernels) names.push_back("fuse-layer-norm");
   if (cuda && o.generateKernels) names.push_back("fuse-column-sum");

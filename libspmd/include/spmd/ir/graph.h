@@ -303,6 +303,9 @@ class Graph {
   const Node* producer(ValueId v) const;
   // The nodes reading `v`, each once, in program order.
   std::vector<const Node*> users(ValueId v) const;
+  // Whether `v` is read beyond the nodes: a graph output, the new value of a
+  // state update, or a gradient record's value (a fusion must keep it).
+  bool readBeyondNodes(ValueId v) const;
   // Every read of `from` becomes a read of `to`: node arguments, graph
   // outputs and the new values of state updates. Gradient records are
   // annotations, not reads, and stay.

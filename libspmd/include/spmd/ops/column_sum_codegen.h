@@ -9,7 +9,11 @@
 //     columns of its tile (16 bytes of a row for each lane) into
 //     partial[part][column];
 //   spmd_column_sum_parts(const float* partial, OUT* out, long long parts)
-//     sums the parts in a fixed order.
+//     sums the parts in a fixed order;
+//   spmd_column_sum_whole(const IN* x, OUT* out, long long rows)
+//     for at most kColumnSumWholeRows rows, one kernel: block `tile` sums
+//     every row of its columns (a warp takes every kColumnSumWarps-th row)
+//     and writes the result.
 //
 // The parts cover a fixed number of rows, so the order of the additions
 // (and their rounding) does not depend on the GPU. The source is
@@ -25,9 +29,13 @@ namespace spmd {
 
 constexpr const char* kColumnSumKernelName = "spmd_column_sum";
 constexpr const char* kColumnSumPartsKernelName = "spmd_column_sum_parts";
+constexpr const char* kColumnSumWholeKernelName = "spmd_column_sum_whole";
 constexpr int kColumnSumWarps = 8;
 constexpr int64_t kColumnSumBlockRows = 64;  // rows a part sums
 constexpr int kColumnSumPartsThreads = 256;
+// Up to this many rows one block sums a tile's whole columns (the seeds'
+// MLP's bias gradients, 100 rows): one launch instead of two.
+constexpr int64_t kColumnSumWholeRows = 512;
 
 // Columns a block's tile spans: 32 lanes x 16 bytes.
 int64_t columnSumTileColumns(c10::ScalarType dtype);

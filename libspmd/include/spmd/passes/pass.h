@@ -75,6 +75,7 @@ std::unique_ptr<Pass> createFusePointwisePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseCrossEntropyPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseLayerNormPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseColumnSumPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createLinearReluPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCatViewsPass(const PipelineOptions& options);
 
 }  // namespace spmd

@@ -1,0 +1,39 @@
+// Helpers that the ATen implementations of spmd's ops share: the CPU and
+// meta kernels (layer_norm_ops.cpp) and the CUDA launches of generated
+// kernels (fused_kernels_cuda.cpp, reduction_kernels_cuda.cpp), so that both
+// give the same shapes and errors. Internal to ops/.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace spmd {
+
+// An optional tensor argument that was passed and is defined.
+inline bool given(const c10::optional<at::Tensor>& t) { return t && t->defined(); }
+
+// The shape of LayerNorm's per-row mean and rstd: the input's, its last
+// dimension 1.
+inline std::vector<int64_t> layerNormStatsShape(const at::Tensor& input) {
+  std::vector<int64_t> shape = input.sizes().vec();
+  shape.back() = 1;
+  return shape;
+}
+
+// `generate()`'s kernel source; the std::invalid_argument with which the
+// code generators refuse a shape becomes an error of `op` (c10::Error, what
+// the dispatcher's callers catch).
+template <typename F>
+std::string generatedSource(const char* op, F generate) {
+  try {
+    return generate();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, op, ": ", e.what());
+  }
+  return {};  // not reached: TORCH_CHECK(false) throws
+}
+
+}  // namespace spmd
