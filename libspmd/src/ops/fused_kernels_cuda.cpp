@@ -197,7 +197,7 @@ std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& ta
                                   int64_t ignoreIndex) {
   checkCrossEntropyArgs("spmd::cross_entropy", logits, target);
   return generatedSource("spmd::cross_entropy",
-                              [&] { return crossEntropySource(logits.size(1), reduction, ignoreIndex); });
+                         [&] { return crossEntropySource(logits.size(1), reduction, ignoreIndex); });
 }
 
 // The logits, contiguous, and 16-byte aligned where the kernels read them so

@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace spmd {
 namespace {
@@ -49,7 +50,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layerNormCuda(const a
   const at::Tensor x = aligned(input), w = aligned(weight), b = aligned(bias.to(at::kFloat));
   const at::Tensor r = given(residual) ? aligned(*residual) : at::Tensor();
   at::Tensor y = at::empty(input.sizes(), input.options().dtype(dtype));
-  at::Tensor mean = at::empty(layerNormStatsShape(input), input.options()), rstd = at::empty(layerNormStatsShape(input), input.options());
+  const std::vector<int64_t> stats = layerNormStatsShape(input);
+  at::Tensor mean = at::empty(stats, input.options()), rstd = at::empty(stats, input.options());
   at::Tensor sum = given(residual) ? at::empty(input.sizes(), input.options()) : at::Tensor();
   launchGenerated(op, source, kLayerNormKernelName, x.device(), (rows + kLayerNormWarps - 1) / kLayerNormWarps,
                   32 * kLayerNormWarps,

