@@ -8,24 +8,26 @@ namespace spmd {
 namespace {
 
 constexpr const char* kKernels = R"(
-extern "C" __global__ void __launch_bounds__(kThreads) spmd_column_sum(const spmd_in* x, float* partial,
-                                                                     long long rows) {
+// A block's share of a column sum: rows [first, end) of tile `tile`'s
+// columns, 16 bytes of a row a lane (warp w takes rows first + w,
+// first + w + kWarps, ...). The warps' sums are added in warp order and each
+// column's total is handed to store(column, total).
+template <typename Store>
+__device__ __forceinline__ void spmd_sum_tile(const spmd_in* x, long long tile, long long first, long long end,
+                                              Store store) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const long long tile = blockIdx.x % kTiles, part = blockIdx.x / kTiles;
   const long long piece = tile * 32 + lane;  // this lane's 16 bytes of a row
-  const long long first = part * kBlockRows;
   float s[kPerPiece];
 #pragma unroll
   for (int e = 0; e < kPerPiece; ++e) s[e] = 0.0f;
   if (piece < kPieces) {
-    for (long long r = first + warp; r < first + kBlockRows && r < rows; r += kWarps) {
+    for (long long r = first + warp; r < end; r += kWarps) {
       float v[kPerPiece];
       spmd_load(x + r * kColumns, piece, v);
 #pragma unroll
       for (int e = 0; e < kPerPiece; ++e) s[e] += v[e];
     }
   }
-  // The warps' sums, added in warp order.
   __shared__ float acc[kWarps][32 * kPerPiece];
 #pragma unroll
   for (int e = 0; e < kPerPiece; ++e) acc[warp][lane * kPerPiece + e] = s[e];
@@ -36,39 +38,30 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_column_sum(const spm
       float t = 0.0f;
 #pragma unroll
       for (int k = 0; k < kWarps; ++k) t += acc[k][c];
-      partial[part * kColumns + column] = t;
+      store(column, t);
     }
   }
 }
 
+struct spmd_to_partial {  // a part's float sums
+  float* row;
+  __device__ void operator()(long long column, float t) const { row[column] = t; }
+};
+struct spmd_to_out {  // the result, in the output's dtype
+  spmd_out* out;
+  __device__ void operator()(long long column, float t) const { spmd_store(out, column, t); }
+};
+
+extern "C" __global__ void __launch_bounds__(kThreads) spmd_column_sum(const spmd_in* x, float* partial,
+                                                                     long long rows) {
+  const long long tile = blockIdx.x % kTiles, part = blockIdx.x / kTiles;
+  const long long first = part * kBlockRows, end = first + kBlockRows < rows ? first + kBlockRows : rows;
+  spmd_sum_tile(x, tile, first, end, spmd_to_partial{partial + part * kColumns});
+}
+
 extern "C" __global__ void __launch_bounds__(kThreads) spmd_column_sum_whole(const spmd_in* x, spmd_out* out,
                                                                            long long rows) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const long long tile = blockIdx.x, piece = tile * 32 + lane;
-  float s[kPerPiece];
-#pragma unroll
-  for (int e = 0; e < kPerPiece; ++e) s[e] = 0.0f;
-  if (piece < kPieces) {
-    for (long long r = warp; r < rows; r += kWarps) {
-      float v[kPerPiece];
-      spmd_load(x + r * kColumns, piece, v);
-#pragma unroll
-      for (int e = 0; e < kPerPiece; ++e) s[e] += v[e];
-    }
-  }
-  __shared__ float acc[kWarps][32 * kPerPiece];
-#pragma unroll
-  for (int e = 0; e < kPerPiece; ++e) acc[warp][lane * kPerPiece + e] = s[e];
-  __syncthreads();
-  for (int c = threadIdx.x; c < 32 * kPerPiece; c += kThreads) {
-    const long long column = tile * 32 * kPerPiece + c;
-    if (column < kColumns) {
-      float t = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kWarps; ++k) t += acc[k][c];
-      spmd_store(out, column, t);
-    }
-  }
+  spmd_sum_tile(x, blockIdx.x, 0, rows, spmd_to_out{out});
 }
 
 extern "C" __global__ void __launch_bounds__(kPartsThreads) spmd_column_sum_parts(const float* partial, spmd_out* out,
