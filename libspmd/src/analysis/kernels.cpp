@@ -105,7 +105,8 @@ FusedKernel crossEntropyWithGradKernel(const Graph& g, size_t i) {
     k.inputs.push_back(n.args[0].value);
     k.outputs.push_back(n.outputs.at(2));
     k.bytesRead = k.bytesWritten = bytes(logits);
-    k.source = crossEntropyWithGradSource(logits.shape[1], n.args.at(2).i, n.args.at(3).i, n.args.at(4).f);
+    k.source =
+        crossEntropyWithGradSource(logits.shape[1], n.args.at(2).i, n.args.at(3).i, n.args.at(4).f, logits.dtype);
   } catch (const std::exception& e) {
     throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
   }
@@ -130,7 +131,8 @@ std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
     if (!forward) k.outputs.push_back(n.outputs.at(0));
     k.bytesRead = bytes(logits);
     k.bytesWritten = forward ? 0 : bytes(logits);
-    k.source = crossEntropySource(logits.shape[1], n.args.at(reductionArg).i, n.args.at(reductionArg + 1).i);
+    k.source = crossEntropySource(logits.shape[1], n.args.at(reductionArg).i, n.args.at(reductionArg + 1).i,
+                                  logits.dtype);
   } catch (const std::exception& e) {
     throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
   }

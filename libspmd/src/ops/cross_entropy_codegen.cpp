@@ -13,7 +13,16 @@ namespace {
 // A block-wide combination of per-thread (maximum, sum of exp(x - maximum))
 // pairs, and a block-wide sum; warps by shuffles, then the first warp over
 // the warps' results (shared memory for kThreads / 32 of them).
-constexpr const char* kHelpers = R"(struct alignas(16) spmd_f32x4 { float v[4]; };
+constexpr const char* kHelpers = R"(
+// A row's loss, -log_softmax at the target; and the logits' gradient,
+// log_softmax_backward's formula over nll_loss_backward's value `a` at the
+// target. Both see log_softmax's result in the logits' type, as the unfused
+// graph holds it.
+__device__ __forceinline__ float spmd_loss(spmd_logit x, float lse) { return -spmd_as_logit(spmd_load(x) - lse); }
+
+__device__ __forceinline__ spmd_logit spmd_grad(spmd_logit x, float lse, float a, bool target) {
+  return spmd_store((target ? a : 0.0f) - expf(spmd_as_logit(spmd_load(x) - lse)) * a);
+}
 
 // One logit into a running (maximum, sum of exp(x - maximum)).
 __device__ __forceinline__ void spmd_accumulate(float& m, float& s, float v) {
@@ -58,21 +67,21 @@ __device__ void spmd_block_max_sum(float& m, float& s) {
 )";
 
 constexpr const char* kForward = R"(
-extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy(const float* logits, const long long* target,
+extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy(const spmd_logit* logits, const long long* target,
                                                                         float* lse, float* row_loss, long long rows) {
   const long long row = blockIdx.x;
   if (row >= rows) return;
-  const float* x = logits + row * kClasses;
+  const spmd_logit* x = logits + row * kClasses;
   float m = __int_as_float(0xff800000), s = 0.0f;
   if (kVector) {
-    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
+    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
     for (int j = threadIdx.x; j < kClasses / 4; j += kThreads) {
-      const spmd_f32x4 q = x4[j];
+      const spmd_logit4 q = x4[j];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, q.v[e]);
+      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
     }
   } else {
-    for (int j = threadIdx.x; j < kClasses; j += kThreads) spmd_accumulate(m, s, x[j]);
+    for (int j = threadIdx.x; j < kClasses; j += kThreads) spmd_accumulate(m, s, spmd_load(x[j]));
   }
   spmd_block_max_sum<kThreads>(m, s);
   if (threadIdx.x == 0) {
@@ -80,39 +89,39 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy(const 
     const long long t = target[row];
     lse[row] = l;
     // A target out of range (ATen asserts on the device) makes the loss NaN.
-    row_loss[row] = t == kIgnoreIndex ? 0.0f : t < 0 || t >= kClasses ? __int_as_float(0x7fc00000) : l - x[t];
+    row_loss[row] = t == kIgnoreIndex ? 0.0f : t < 0 || t >= kClasses ? __int_as_float(0x7fc00000) : spmd_loss(x[t], l);
   }
 }
 )";
 
 constexpr const char* kBackward = R"(
 extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy_backward(
-    const float* logits, const long long* target, const float* lse, const float* grad, const float* total_weight,
-    float* grad_logits, long long rows) {
+    const spmd_logit* logits, const long long* target, const float* lse, const float* grad, const float* total_weight,
+    spmd_logit* grad_logits, long long rows) {
   const long long row = blockIdx.x;
   if (row >= rows) return;
   const long long t = target[row];
-  const float* x = logits + row * kClasses;
-  float* gx = grad_logits + row * kClasses;
+  const spmd_logit* x = logits + row * kClasses;
+  spmd_logit* gx = grad_logits + row * kClasses;
   // nll_loss_backward's value at the target, then log_softmax_backward's
   // formula: a at the target, minus softmax * a everywhere.
   const bool valid = t >= 0 && t < kClasses;
   const float a = t == kIgnoreIndex ? 0.0f
                   : !valid          ? __int_as_float(0x7fc00000)
-                                    : (kMean ? -grad[0] / total_weight[0] : -grad[0]);
+                                    : spmd_as_logit(kMean ? -grad[0] / total_weight[0] : -grad[0]);
   const float l = lse[row];
   if (kVector) {
-    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
-    spmd_f32x4* g4 = reinterpret_cast<spmd_f32x4*>(gx);
+    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
+    spmd_logit4* g4 = reinterpret_cast<spmd_logit4*>(gx);
     for (int j = threadIdx.x; j < kClasses / 4; j += kThreads) {
-      const spmd_f32x4 q = x4[j];
-      spmd_f32x4 r;
+      const spmd_logit4 q = x4[j];
+      spmd_logit4 r;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) r.v[e] = (4 * j + e == t ? a : 0.0f) - expf(q.v[e] - l) * a;
+      for (int e = 0; e < 4; ++e) r.v[e] = spmd_grad(q.v[e], l, a, 4 * j + e == t);
       g4[j] = r;
     }
   } else {
-    for (int j = threadIdx.x; j < kClasses; j += kThreads) gx[j] = (j == t ? a : 0.0f) - expf(x[j] - l) * a;
+    for (int j = threadIdx.x; j < kClasses; j += kThreads) gx[j] = spmd_grad(x[j], l, a, j == t);
   }
 }
 )";
@@ -125,28 +134,28 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy_backwa
 // an SM: one's reading overlaps the other's writing.
 constexpr const char* kWithGrad = R"(
 extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entropy_with_grad(
-    const float* logits, const long long* target, const float* total_weight, float* row_loss, float* grad_logits,
-    long long rows) {
-  extern __shared__ spmd_f32x4 spmd_row[];  // the row's first kCached floats
+    const spmd_logit* logits, const long long* target, const float* total_weight, float* row_loss,
+    spmd_logit* grad_logits, long long rows) {
+  extern __shared__ spmd_logit4 spmd_row[];  // the row's first kCached logits
   const long long row = blockIdx.x;
   if (row >= rows) return;
-  const float* x = logits + row * kClasses;
-  float* gx = grad_logits + row * kClasses;
+  const spmd_logit* x = logits + row * kClasses;
+  spmd_logit* gx = grad_logits + row * kClasses;
   float m = __int_as_float(0xff800000), s = 0.0f;
   if (kVector) {
-    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
+    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
     for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
-      const spmd_f32x4 q = x4[j];
+      const spmd_logit4 q = x4[j];
       if (j < kCached / 4) spmd_row[j] = q;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, q.v[e]);
+      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
     }
   } else {
-    float* cache = reinterpret_cast<float*>(spmd_row);
+    spmd_logit* cache = reinterpret_cast<spmd_logit*>(spmd_row);
     for (int j = threadIdx.x; j < kClasses; j += kFusedThreads) {
-      const float v = x[j];
+      const spmd_logit v = x[j];
       if (j < kCached) cache[j] = v;
-      spmd_accumulate(m, s, v);
+      spmd_accumulate(m, s, spmd_load(v));
     }
   }
   spmd_block_max_sum<kFusedThreads>(m, s);
@@ -154,28 +163,28 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entrop
   const long long t = target[row];
   if (threadIdx.x == 0) {
     lse = m + logf(s);
-    row_loss[row] = t == kIgnoreIndex ? 0.0f : t < 0 || t >= kClasses ? __int_as_float(0x7fc00000) : lse - x[t];
+    row_loss[row] = t == kIgnoreIndex ? 0.0f : t < 0 || t >= kClasses ? __int_as_float(0x7fc00000) : spmd_loss(x[t], lse);
   }
   __syncthreads();
   const float l = lse;
   const bool valid = t >= 0 && t < kClasses;
   const float a = t == kIgnoreIndex ? 0.0f
                   : !valid          ? __int_as_float(0x7fc00000)
-                                    : (kMean ? -kGradScale / total_weight[0] : -kGradScale);
+                                    : spmd_as_logit(kMean ? -kGradScale / total_weight[0] : -kGradScale);
   if (kVector) {
-    const spmd_f32x4* x4 = reinterpret_cast<const spmd_f32x4*>(x);
-    spmd_f32x4* g4 = reinterpret_cast<spmd_f32x4*>(gx);
+    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
+    spmd_logit4* g4 = reinterpret_cast<spmd_logit4*>(gx);
     for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
-      const spmd_f32x4 q = j < kCached / 4 ? spmd_row[j] : x4[j];
-      spmd_f32x4 r;
+      const spmd_logit4 q = j < kCached / 4 ? spmd_row[j] : x4[j];
+      spmd_logit4 r;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) r.v[e] = (4 * j + e == t ? a : 0.0f) - expf(q.v[e] - l) * a;
+      for (int e = 0; e < 4; ++e) r.v[e] = spmd_grad(q.v[e], l, a, 4 * j + e == t);
       g4[j] = r;
     }
   } else {
-    const float* cache = reinterpret_cast<const float*>(spmd_row);
+    const spmd_logit* cache = reinterpret_cast<const spmd_logit*>(spmd_row);
     for (int j = threadIdx.x; j < kClasses; j += kFusedThreads) {
-      gx[j] = (j == t ? a : 0.0f) - expf((j < kCached ? cache[j] : x[j]) - l) * a;
+      gx[j] = spmd_grad(j < kCached ? cache[j] : x[j], l, a, j == t);
     }
   }
 }
@@ -185,46 +194,81 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entrop
 
 bool crossEntropyVectorized(int64_t classes) { return classes % 4 == 0; }
 
-int64_t crossEntropyCachedClasses(int64_t classes) { return std::min(classes, kCrossEntropyCachedClasses); }
+int64_t crossEntropyElementBytes(c10::ScalarType logits) { return logits == c10::ScalarType::Float ? 4 : 2; }
 
-int64_t crossEntropyRowBytes(int64_t classes) { return crossEntropyCachedClasses(classes) * 4; }
+int64_t crossEntropyCachedClasses(int64_t classes, c10::ScalarType logits) {
+  return std::min(classes, kCrossEntropyCachedBytes / crossEntropyElementBytes(logits));
+}
+
+int64_t crossEntropyRowBytes(int64_t classes, c10::ScalarType logits) {
+  return crossEntropyCachedClasses(classes, logits) * crossEntropyElementBytes(logits);
+}
 
 namespace {
 
+// The logits' type: how a kernel loads one, stores a gradient, and rounds a
+// float to it and back (what the unfused graph's casts do).
+std::string logitType(c10::ScalarType logits) {
+  const auto common = [](const std::string& load, const std::string& store) {
+    return "__device__ __forceinline__ float spmd_load(spmd_logit v) { return " + load + "; }\n" +
+           "__device__ __forceinline__ spmd_logit spmd_store(float v) { return " + store + "; }\n" +
+           "__device__ __forceinline__ float spmd_as_logit(float v) { return spmd_load(spmd_store(v)); }\n";
+  };
+  switch (logits) {
+    case c10::ScalarType::Float:
+      return "// fp32 logits and gradient, four classes (16 bytes) a load\n"
+             "typedef float spmd_logit;\nstruct alignas(16) spmd_logit4 { spmd_logit v[4]; };\n" +
+             common("v", "v");
+    case c10::ScalarType::BFloat16:
+      return bfloat16Helpers() +
+             "// bf16 logits and gradient, four classes (8 bytes) a load; the arithmetic in fp32\n"
+             "typedef unsigned short spmd_logit;\nstruct alignas(8) spmd_logit4 { spmd_logit v[4]; };\n" +
+             common("spmd_bf16_to_f32(v)", "spmd_f32_to_bf16(v)");
+    case c10::ScalarType::Half:
+      return float16Helpers() +
+             "// f16 logits and gradient, four classes (8 bytes) a load; the arithmetic in fp32\n"
+             "typedef unsigned short spmd_logit;\nstruct alignas(8) spmd_logit4 { spmd_logit v[4]; };\n" +
+             common("spmd_f16_to_f32(v)", "spmd_f32_to_f16(v)");
+    default:
+      throw std::invalid_argument(std::string("cross entropy: ") + c10::toString(logits) + " logits");
+  }
+}
+
 // The constants every kernel of the source reads.
-std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex) {
+std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits) {
   if (classes < 1 || classes > (int64_t{1} << 30)) {
     throw std::invalid_argument("cross entropy: " + std::to_string(classes) + " classes");
   }
   if (reduction != 1 && reduction != 2) throw std::invalid_argument("cross entropy: reduction other than mean or sum");
   std::string src = "// Generated by spmd-lower (codegen version " + std::to_string(kCodegenVersion) + ").\n";
-  src += "// cross entropy over " + std::to_string(classes) + " classes, reduction " +
+  src += std::string("// cross entropy over ") + c10::toString(logits) + " logits of " + std::to_string(classes) +
+         " classes, reduction " +
          (reduction == 1 ? "mean" : "sum") + ", ignore_index " + std::to_string(ignoreIndex) + "\n";
   src += "constexpr int kClasses = " + std::to_string(classes) + ";\n";
   src += "constexpr int kThreads = " + std::to_string(kCrossEntropyThreads) + ";\n";
   src += std::string("constexpr bool kMean = ") + (reduction == 1 ? "true" : "false") + ";\n";
   src += "constexpr long long kIgnoreIndex = " + std::to_string(ignoreIndex) + ";\n";
-  src += "// Rows of a multiple of 4 classes are read 16 bytes at a time (the logits' start is 16-byte aligned).\n";
+  src += "// Rows of a multiple of 4 classes are read 4 at a time (the logits' start is aligned to 4 of them).\n";
   src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes) ? "true" : "false") + ";\n";
-  return src;
+  return src + logitType(logits);
 }
 
 }  // namespace
 
-std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex) {
-  return constants(classes, reduction, ignoreIndex) + "\n" + kHelpers + kForward + kBackward;
+std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits) {
+  return constants(classes, reduction, ignoreIndex, logits) + kHelpers + kForward + kBackward;
 }
 
-std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale) {
+std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale,
+                                       c10::ScalarType logits) {
   if (!std::isfinite(static_cast<float>(gradScale))) {
     throw std::invalid_argument("cross entropy: a gradient scale that is not finite");
   }
-  std::string src = constants(classes, reduction, ignoreIndex);
-  src += "constexpr int kFusedThreads = " + std::to_string(kCrossEntropyFusedThreads) + ";\n";
-  src += "constexpr int kCached = " + std::to_string(crossEntropyCachedClasses(classes)) +
+  std::string src = "constexpr int kFusedThreads = " + std::to_string(kCrossEntropyFusedThreads) + ";\n";
+  src += "constexpr int kCached = " + std::to_string(crossEntropyCachedClasses(classes, logits)) +
          ";  // classes a block keeps in shared memory\n";
-  src += "constexpr float kGradScale = " + constantText(gradScale) + "f;  // the loss's incoming gradient\n\n";
-  return src + kHelpers + kForward + kBackward + kWithGrad;
+  src += "constexpr float kGradScale = " + constantText(gradScale) + "f;  // the loss's incoming gradient\n";
+  return constants(classes, reduction, ignoreIndex, logits) + src + kHelpers + kForward + kBackward + kWithGrad;
 }
 
 }  // namespace spmd

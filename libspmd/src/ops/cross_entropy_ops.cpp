@@ -1,5 +1,5 @@
 // spmd::cross_entropy and spmd::cross_entropy_backward: log_softmax over the
-// classes of [rows, classes] fp32 logits followed by nll_loss (no class
+// classes of [rows, classes] logits followed by nll_loss (no class
 // weights; reduction mean or sum), and the backward of both, as one op each
 // (spmd-lower's fuse-cross-entropy puts them in place of the four ATen ops).
 // The forward returns nll_loss's loss and total weight, and each row's
@@ -8,6 +8,11 @@
 // is both at once for a loss whose incoming gradient is the constant
 // grad_scale (the ones_like a train step's backward starts from): the loss,
 // the total weight and the logits' gradient.
+//
+// bf16 or f16 logits stand for autocast's form of the four ops: log_softmax
+// in the logits' type, cast to fp32 for nll_loss, and nll_loss's gradient
+// cast back for log_softmax's backward. The log-sum-exp and the loss are
+// fp32; the logits' gradient has the logits' type.
 //
 // CUDA runs the generated kernels (ops/cross_entropy_codegen.h, launched in
 // ops/fused_kernels_cuda.cpp); the CPU kernel here is the reference they are
@@ -22,30 +27,32 @@
 namespace spmd {
 namespace {
 
-at::Tensor logSoftmaxOf(const at::Tensor& logits, const at::Tensor& lse) { return logits - lse.unsqueeze(1); }
-
+// The ops the pass replaced, as the unfused graph runs them: log_softmax in
+// the logits' type (the backward computes it again from the logits), cast
+// to fp32 for nll_loss, nll_loss's gradient cast back (casts that do
+// nothing for fp32 logits).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyCpu(const at::Tensor& logits, const at::Tensor& target,
                                                                int64_t reduction, int64_t ignoreIndex) {
   TORCH_CHECK(logits.dim() == 2, "spmd::cross_entropy: logits must be [rows, classes]");
-  const at::Tensor lse = at::logsumexp(logits, {1});
-  auto [loss, totalWeight] = at::nll_loss_forward(logSoftmaxOf(logits, lse), target, {}, reduction, ignoreIndex);
-  return {loss, totalWeight, lse};
+  const at::Tensor logProbs = at::_log_softmax(logits, 1, false).to(at::kFloat);
+  auto [loss, totalWeight] = at::nll_loss_forward(logProbs, target, {}, reduction, ignoreIndex);
+  return {loss, totalWeight, at::logsumexp(logits.to(at::kFloat), {1})};
 }
 
 at::Tensor crossEntropyBackwardCpu(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& target,
-                                   const at::Tensor& lse, const at::Tensor& totalWeight, int64_t reduction,
+                                   const at::Tensor& /*lse*/, const at::Tensor& totalWeight, int64_t reduction,
                                    int64_t ignoreIndex) {
-  const at::Tensor logProbs = logSoftmaxOf(logits, lse);
+  const at::Tensor logProbs = at::_log_softmax(logits, 1, false);
   const at::Tensor gradLogProbs =
-      at::nll_loss_backward(grad, logProbs, target, {}, reduction, ignoreIndex, totalWeight);
-  return at::_log_softmax_backward_data(gradLogProbs, logProbs, 1, logits.scalar_type());
+      at::nll_loss_backward(grad, logProbs.to(at::kFloat), target, {}, reduction, ignoreIndex, totalWeight);
+  return at::_log_softmax_backward_data(gradLogProbs.to(logits.scalar_type()), logProbs, 1, logits.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCpu(const at::Tensor& logits,
                                                                        const at::Tensor& target, int64_t reduction,
                                                                        int64_t ignoreIndex, double gradScale) {
   auto [loss, totalWeight, lse] = crossEntropyCpu(logits, target, reduction, ignoreIndex);
-  const at::Tensor grad = at::full({}, gradScale, logits.options());
+  const at::Tensor grad = at::full({}, gradScale, logits.options().dtype(at::kFloat));
   return {loss, totalWeight, crossEntropyBackwardCpu(grad, logits, target, lse, totalWeight, reduction, ignoreIndex)};
 }
 

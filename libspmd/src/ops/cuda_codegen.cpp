@@ -134,12 +134,7 @@ std::string opExpr(const PointwiseStatement& s) {
 std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<PointwiseOp>& ops) {
   std::string s;
   if (dtypes.count(c10::ScalarType::BFloat16)) s += bfloat16Helpers();
-  if (dtypes.count(c10::ScalarType::Half)) {
-    s += "__device__ __forceinline__ float spmd_f16_to_f32(unsigned short h) {\n"
-         "  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n"
-         "__device__ __forceinline__ unsigned short spmd_f32_to_f16(float f) {\n"
-         "  unsigned short h;\n  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n}\n";
-  }
+  if (dtypes.count(c10::ScalarType::Half)) s += float16Helpers();
   using P = PointwiseOp;
   // ATen's constants, rounded to float as its opmath computes with them.
   const std::string alpha = floatLiteral(M_SQRT1_2), beta = floatLiteral(M_2_SQRTPI * M_SQRT1_2 * 0.5);
@@ -294,6 +289,13 @@ std::string bfloat16Helpers() {
          "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
          "  u += 0x7fffu + ((u >> 16) & 1u);\n"
          "  return (unsigned short)(u >> 16);\n}\n";
+}
+
+std::string float16Helpers() {
+  return "__device__ __forceinline__ float spmd_f16_to_f32(unsigned short h) {\n"
+         "  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n"
+         "__device__ __forceinline__ unsigned short spmd_f32_to_f16(float f) {\n"
+         "  unsigned short h;\n  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n}\n";
 }
 
 std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs) {

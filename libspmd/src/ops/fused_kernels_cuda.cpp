@@ -188,25 +188,30 @@ void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vec
 }
 
 void checkCrossEntropyArgs(const char* op, const at::Tensor& logits, const at::Tensor& target) {
-  TORCH_CHECK(logits.is_cuda() && logits.scalar_type() == at::kFloat && logits.dim() == 2 &&
+  const at::ScalarType t = logits.scalar_type();
+  TORCH_CHECK(logits.is_cuda() && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) && logits.dim() == 2 &&
                   target.scalar_type() == at::kLong && target.dim() == 1 && target.size(0) == logits.size(0),
-              op, ": fp32 logits [rows, classes] and int64 targets [rows] on the GPU");
+              op, ": fp32, bf16 or f16 logits [rows, classes] and int64 targets [rows] on the GPU");
 }
 
 std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& target, int64_t reduction,
                                   int64_t ignoreIndex) {
   checkCrossEntropyArgs("spmd::cross_entropy", logits, target);
   return generatedSource("spmd::cross_entropy",
-                         [&] { return crossEntropySource(logits.size(1), reduction, ignoreIndex); });
+                         [&] { return crossEntropySource(logits.size(1), reduction, ignoreIndex, logits.scalar_type()); });
 }
 
-// The logits, contiguous, and 16-byte aligned where the kernels read them so
-// (a view at an odd offset is copied).
+// The logits, contiguous, and aligned to 4 of them where the kernels read
+// them so (a view at an odd offset is copied).
 at::Tensor alignedForCrossEntropy(const at::Tensor& logits) {
   at::Tensor x = logits.contiguous();
-  if (crossEntropyVectorized(x.size(1)) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+  const auto alignment = static_cast<uintptr_t>(4 * x.element_size());
+  if (crossEntropyVectorized(x.size(1)) && reinterpret_cast<uintptr_t>(x.data_ptr()) % alignment != 0) x = x.clone();
   return x;
 }
+
+// The per-row values (log-sum-exp, loss) are fp32 whatever the logits.
+at::TensorOptions rowValues(const at::Tensor& logits) { return logits.options().dtype(at::kFloat); }
 
 // The losses of the rows are summed by ATen (a fixed order, so the loss is
 // the same from run to run), then divided by the count for the mean.
@@ -215,7 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyCuda(const at::Tensor
   const std::string source = crossEntropySourceFor(logits, target, reduction, ignoreIndex);
   const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
   const int64_t rows = x.size(0);
-  at::Tensor lse = at::empty({rows}, x.options()), rowLoss = at::empty({rows}, x.options());
+  at::Tensor lse = at::empty({rows}, rowValues(x)), rowLoss = at::empty({rows}, rowValues(x));
   launchGenerated("spmd::cross_entropy", source, kCrossEntropyKernelName, x.device(), rows, kCrossEntropyThreads,
                   {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()}, rows);
   const at::Tensor totalWeight = t.ne(ignoreIndex).sum().to(at::kFloat);
@@ -246,18 +251,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at
   constexpr const char* op = "spmd::cross_entropy_with_grad";
   checkCrossEntropyArgs(op, logits, target);
   const std::string source = generatedSource(
-      op, [&] { return crossEntropyWithGradSource(logits.size(1), reduction, ignoreIndex, gradScale); });
+      op, [&] {
+        return crossEntropyWithGradSource(logits.size(1), reduction, ignoreIndex, gradScale, logits.scalar_type());
+      });
   const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
-  const int64_t rows = x.size(0), rowBytes = crossEntropyRowBytes(x.size(1));
+  const int64_t rows = x.size(0), rowBytes = crossEntropyRowBytes(x.size(1), x.scalar_type());
   const at::Tensor totalWeight = t.ne(ignoreIndex).sum().to(at::kFloat);
-  at::Tensor rowLoss = at::empty({rows}, x.options()), gx = at::empty_like(x);
+  at::Tensor rowLoss = at::empty({rows}, rowValues(x)), gx = at::empty_like(x);
   if (rowBytes <= static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin)) {
     launchGenerated(op, source, kCrossEntropyWithGradKernelName, x.device(), rows, kCrossEntropyFusedThreads,
                     {x.data_ptr(), t.data_ptr(), totalWeight.data_ptr(), rowLoss.data_ptr(), gx.data_ptr()}, rows,
                     static_cast<int>(rowBytes));
   } else {
-    at::Tensor lse = at::empty({rows}, x.options());
-    const at::Tensor grad = at::full({}, gradScale, x.options());
+    at::Tensor lse = at::empty({rows}, rowValues(x));
+    const at::Tensor grad = at::full({}, gradScale, rowValues(x));
     launchGenerated(op, source, kCrossEntropyKernelName, x.device(), rows, kCrossEntropyThreads,
                     {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()}, rows);
     launchGenerated(op, source, kCrossEntropyBackwardKernelName, x.device(), rows, kCrossEntropyThreads,

@@ -14,7 +14,19 @@
 // forward stands: the logits are read once in all, and their gradient is
 // made with the loss. Taken: fp32 logits [rows, classes], the classes'
 // dimension last, no class weights, reduction mean or sum, log_softmax's
-// result read by nothing else. The values keep their names.
+// result read by nothing else. bf16 or f16 logits are taken in the form
+// autocast records, the log probabilities cast to fp32 for nll_loss and
+// nll_loss's gradient cast back:
+//
+//   %lp = aten::_log_softmax(%x, 1, False)                 (bf16)
+//   %lpf = aten::_to_copy(%lp, torch.float32, ...)
+//   ... nll_loss_forward and nll_loss_backward read %lpf ...
+//   %glp16 = aten::_to_copy(%glp, torch.bfloat16, ...)
+//   %gx = aten::_log_softmax_backward_data(%glp16, %lp, 1, torch.bfloat16)
+//
+// The casts go with the ops; the kernels round the log probabilities to
+// bf16 where the graph held them so. The values keep their names.
+#include "cast_match.h"
 #include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -28,12 +40,19 @@ namespace {
 
 struct CrossEntropy {
   const Node* logSoftmax = nullptr;
+  const Node* upcast = nullptr;            // autocast's: log probabilities to fp32 for nll_loss
   const Node* loss = nullptr;              // nll_loss_forward
   const Node* lossBackward = nullptr;      // nll_loss_backward, if the graph differentiates the loss
+  const Node* downcast = nullptr;          // autocast's: nll_loss's gradient back to the logits' type
   const Node* logSoftmaxBackward = nullptr;
 };
 
 bool isValue(const Arg& a, ValueId v) { return a.kind == Arg::Kind::Value && a.value == v; }
+
+bool isOutput(const Graph& g, ValueId v) {
+  const auto& outs = g.outputs();
+  return std::find(outs.begin(), outs.end(), v) != outs.end();
+}
 
 // Whether `n`'s arguments from `first` on are the loss's target, weights,
 // reduction and ignore index (nll_loss_backward's start at 2, the forward's at 1).
@@ -46,49 +65,89 @@ bool sameLoss(const Node& n, size_t first, const Node& loss) {
   return true;
 }
 
+// The cast of half-precision log probabilities `lp` to fp32 that autocast
+// puts before nll_loss (its fp32 policy), or nullptr.
+const Node* upcastOf(const Graph& g, ValueId lp) {
+  for (const Node* u : g.users(lp)) {
+    if (isCastTo(*u, c10::ScalarType::Float)) return u;
+  }
+  return nullptr;
+}
+
+// Takes `u`, a reader of the log probabilities (`lp` in the logits' type,
+// `probs` what nll_loss reads), into `ce` as the loss's backward or
+// log_softmax's; false for any other reader.
+bool takeBackwardReader(CrossEntropy& ce, const Node& u, ValueId lp, ValueId probs, int64_t dim) {
+  if (u.op == "aten::nll_loss_backward" && !ce.lossBackward && isValue(u.args[1], probs) &&
+      sameLoss(u, 2, *ce.loss) && isValue(u.args[6], ce.loss->outputs[1])) {
+    ce.lossBackward = &u;
+    return true;
+  }
+  if (u.op == "aten::_log_softmax_backward_data" && !ce.logSoftmaxBackward && isValue(u.args[1], lp) &&
+      u.args[2].i == dim) {
+    ce.logSoftmaxBackward = &u;
+    return true;
+  }
+  return false;
+}
+
+// Whether the loss's backward feeds log_softmax's and nothing else, through
+// a cast back to `logits` where the logits are not fp32.
+bool backwardChains(const Graph& g, CrossEntropy& ce, c10::ScalarType logits) {
+  ValueId grad = ce.lossBackward->outputs[0];
+  if (logits != c10::ScalarType::Float) {
+    const Node* cast = onlyReader(g, grad);
+    if (!cast || !isCastTo(*cast, logits)) return false;
+    ce.downcast = cast;
+    grad = cast->outputs[0];
+  }
+  return onlyReader(g, grad) == ce.logSoftmaxBackward && isValue(ce.logSoftmaxBackward->args[0], grad);
+}
+
 // The cross entropy that log_softmax `f` starts, or why it is not one this
 // pass takes (nullopt why: not a cross entropy at all, nothing to say).
+// fp32 logits: nll_loss reads log_softmax's result. bf16 or f16 logits (the
+// form autocast records): nll_loss reads it cast to fp32, and
+// log_softmax's backward reads nll_loss's gradient cast back.
 std::optional<CrossEntropy> match(const Graph& g, const Node& f, std::string& why) {
   const ValueId lp = f.outputs[0];
+  const Value& x = g.value(f.args[0].value);
+  const bool half = x.dtype == c10::ScalarType::BFloat16 || x.dtype == c10::ScalarType::Half;
   CrossEntropy ce;
   ce.logSoftmax = &f;
-  for (const Node* u : g.users(lp)) {
-    if (u->op == "aten::nll_loss_forward" && isValue(u->args[0], lp)) ce.loss = u;
+  ce.upcast = half ? upcastOf(g, lp) : nullptr;
+  if (half && !ce.upcast) return std::nullopt;
+  const ValueId probs = ce.upcast ? ce.upcast->outputs[0] : lp;
+  for (const Node* u : g.users(probs)) {
+    if (u->op == "aten::nll_loss_forward" && isValue(u->args[0], probs)) ce.loss = u;
   }
   if (!ce.loss) return std::nullopt;
-  const Value& x = g.value(f.args[0].value);
   const int64_t dim = f.args[1].i;
   const Arg &weight = ce.loss->args[2], &reduction = ce.loss->args[3];
-  if (x.dtype != c10::ScalarType::Float || x.shape.size() != 2 || (dim != 1 && dim != -1) || f.args[2].b) {
-    why = "the logits are not fp32 [rows, classes] with log_softmax over the classes";
+  if ((x.dtype != c10::ScalarType::Float && !half) || x.shape.size() != 2 || (dim != 1 && dim != -1) || f.args[2].b) {
+    why = "the logits are not fp32, bf16 or f16 [rows, classes] with log_softmax over the classes";
     return std::nullopt;
   }
   if (weight.kind != Arg::Kind::None || reduction.kind != Arg::Kind::Int || (reduction.i != 1 && reduction.i != 2)) {
     why = "class weights, or a reduction other than mean or sum";
     return std::nullopt;
   }
-  for (const Node* u : g.users(lp)) {
-    if (u == ce.loss) continue;
-    if (u->op == "aten::nll_loss_backward" && !ce.lossBackward && isValue(u->args[1], lp) && sameLoss(*u, 2, *ce.loss) &&
-        isValue(u->args[6], ce.loss->outputs[1])) {
-      ce.lossBackward = u;
-    } else if (u->op == "aten::_log_softmax_backward_data" && !ce.logSoftmaxBackward && isValue(u->args[1], lp) &&
-               u->args[2].i == dim) {
-      ce.logSoftmaxBackward = u;
-    } else {
-      why = "the log probabilities have another reader (" + u->qualifiedName() + ")";
-      return std::nullopt;
-    }
+  std::vector<const Node*> readers = g.users(lp);
+  if (probs != lp) {
+    const std::vector<const Node*> more = g.users(probs);
+    readers.insert(readers.end(), more.begin(), more.end());
+  }
+  for (const Node* u : readers) {
+    if (u == ce.loss || u == ce.upcast || takeBackwardReader(ce, *u, lp, probs, dim)) continue;
+    why = "the log probabilities have another reader (" + u->qualifiedName() + ")";
+    return std::nullopt;
   }
   const bool backward = ce.lossBackward && ce.logSoftmaxBackward;
-  if ((ce.lossBackward || ce.logSoftmaxBackward) &&
-      (!backward || !isValue(ce.logSoftmaxBackward->args[0], ce.lossBackward->outputs[0]) ||
-       g.users(ce.lossBackward->outputs[0]).size() != 1)) {
+  if ((ce.lossBackward || ce.logSoftmaxBackward) && (!backward || !backwardChains(g, ce, x.dtype))) {
     why = "its backward is not nll_loss_backward read only by _log_softmax_backward_data";
     return std::nullopt;
   }
-  const auto& outs = g.outputs();
-  if (std::find(outs.begin(), outs.end(), lp) != outs.end()) {
+  if (isOutput(g, lp) || isOutput(g, probs)) {
     why = "the log probabilities are an output of the graph";
     return std::nullopt;
   }
@@ -121,8 +180,13 @@ const Node* onesSeed(const Graph& g, const CrossEntropy& ce) {
   for (size_t k = 1; k < seed->args.size(); ++k) {
     if (seed->args[k].kind != Arg::Kind::None) return nullptr;  // a dtype, layout, device or format of its own
   }
-  const auto& outs = g.outputs();
-  return std::find(outs.begin(), outs.end(), grad.value) == outs.end() ? seed : nullptr;
+  return isOutput(g, grad.value) ? nullptr : seed;
+}
+
+// Erases the casts (if any) and log_softmax once the ops reading them are gone.
+void eraseForward(Graph& g, const CrossEntropy& ce) {
+  if (ce.upcast) g.erase(*ce.upcast);
+  g.erase(*ce.logSoftmax);
 }
 
 // Forward and backward as one node where the loss's forward stands: the
@@ -132,12 +196,13 @@ void fuseWithGrad(Graph& g, const CrossEntropy& ce, const Node& seed) {
                                  Arg::ofFloat(1.0)};
   const std::vector<ValueId> outputs = {ce.loss->outputs[0], ce.loss->outputs[1], ce.logSoftmaxBackward->outputs[0]};
   g.extract(*ce.logSoftmaxBackward);
+  if (ce.downcast) g.erase(*ce.downcast);
   g.erase(*ce.lossBackward);
   g.erase(seed);
   GraphBuilder b(g);
   b.setMeta(ce.loss->meta);
   b.replace(*ce.loss, "spmd::cross_entropy_with_grad", args, outputs);
-  g.erase(*ce.logSoftmax);
+  eraseForward(g, ce);
 }
 
 void fuse(Graph& g, const CrossEntropy& ce) {
@@ -153,9 +218,10 @@ void fuse(Graph& g, const CrossEntropy& ce) {
     replaceWith(g, *ce.logSoftmaxBackward, "spmd::cross_entropy_backward",
                 {grad, logits, target, Arg::tensor(forward[2]), Arg::tensor(forward[1]), reduction, ignoreIndex},
                 "cross_entropy_backward");
+    if (ce.downcast) g.erase(*ce.downcast);
     g.erase(*ce.lossBackward);
   }
-  g.erase(*ce.logSoftmax);
+  eraseForward(g, ce);
 }
 
 class FuseCrossEntropyPass final : public Pass {

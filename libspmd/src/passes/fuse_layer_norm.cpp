@@ -19,13 +19,11 @@
 // at most kLayerNormMaxFeatures; other LayerNorms stay ATen's, with a note.
 // The values keep their names. Not done here: the cast of the backward's
 // result to bf16 (fuse-pointwise leaves it a kernel of its own).
+#include "cast_match.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ops/layer_norm_codegen.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
-
-#include <c10/core/Layout.h>
-#include <c10/core/MemoryFormat.h>
 
 #include <algorithm>
 #include <optional>
@@ -39,28 +37,6 @@ bool isTensor(const Arg& a) { return a.kind == Arg::Kind::Value; }
 
 bool sameSchedule(const Node& a, const Node& b) {
   return a.meta.role == b.meta.role && a.meta.iteration == b.meta.iteration;
-}
-
-// The one node that reads `v`, when nothing else does.
-const Node* onlyReader(const Graph& g, ValueId v) {
-  const std::vector<const Node*> users = g.users(v);
-  if (users.size() != 1 || g.readBeyondNodes(v)) return nullptr;
-  return users[0];
-}
-
-// aten::_to_copy(x, dtype) that only changes the dtype (strided, same
-// memory format, blocking).
-bool isCastTo(const Node& n, c10::ScalarType to) {
-  if (n.op != "aten::_to_copy" || n.args.size() != 7 || !isTensor(n.args[0]) || n.args[1].kind != Arg::Kind::DType ||
-      n.args[1].i != static_cast<int64_t>(to)) {
-    return false;
-  }
-  const Arg &layout = n.args[2], &nonBlocking = n.args[5], &format = n.args[6];
-  return (layout.kind == Arg::Kind::None ||
-          (layout.kind == Arg::Kind::Layout && layout.i == static_cast<int64_t>(c10::kStrided))) &&
-         (nonBlocking.kind == Arg::Kind::None || !nonBlocking.b) &&
-         (format.kind == Arg::Kind::None || (format.kind == Arg::Kind::MemoryFormat &&
-                                             format.i == static_cast<int64_t>(c10::MemoryFormat::Preserve)));
 }
 
 Arg dtypeArg(c10::ScalarType t) {

@@ -1,24 +1,26 @@
 // CUDA C for spmd::cross_entropy(_backward), which stand for log_softmax over
 // the classes followed by nll_loss (what F.cross_entropy records) and their
-// backward ops, over fp32 logits [rows, classes]. One source holds both:
+// backward ops, over logits [rows, classes] of fp32, bf16 or f16 (`logit` below;
+// the arithmetic is fp32, log_softmax's result rounded to the logits' type
+// where the unfused graph holds it so). One source holds both:
 //
-//   spmd_cross_entropy(const float* logits, const long long* target,
+//   spmd_cross_entropy(const logit* logits, const long long* target,
 //                      float* lse, float* row_loss, long long rows)
 //     per row: lse = log(sum(exp(logits))), computed in one pass with a
 //     running maximum; row_loss = lse - logits[target], 0 where the target
 //     is ignore_index. The caller sums row_loss (deterministically, with ATen).
-//   spmd_cross_entropy_backward(const float* logits, const long long* target,
+//   spmd_cross_entropy_backward(const logit* logits, const long long* target,
 //                               const float* lse, const float* grad,
-//                               const float* total_weight, float* grad_logits,
+//                               const float* total_weight, logit* grad_logits,
 //                               long long rows)
 //     with a = -grad / total_weight (mean) or -grad (sum), nll_loss_backward's
 //     value at the target: grad_logits = (class == target ? a : 0)
 //     - exp(logits - lse) * a, log_softmax_backward's formula; rows whose
 //     target is ignore_index get 0. A target out of range gives NaN.
 //
-//   spmd_cross_entropy_with_grad(const float* logits, const long long* target,
+//   spmd_cross_entropy_with_grad(const logit* logits, const long long* target,
 //                                const float* total_weight, float* row_loss,
-//                                float* grad_logits, long long rows)
+//                                logit* grad_logits, long long rows)
 //     both at once, where the loss's incoming gradient is a constant known
 //     when lowering (the ones_like the backward starts from, times
 //     kGradScale): the row's first classes (at most
@@ -32,6 +34,8 @@
 // result is never written.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 
@@ -42,22 +46,27 @@ constexpr const char* kCrossEntropyBackwardKernelName = "spmd_cross_entropy_back
 constexpr const char* kCrossEntropyWithGradKernelName = "spmd_cross_entropy_with_grad";
 constexpr int kCrossEntropyThreads = 512;
 constexpr int kCrossEntropyFusedThreads = 1024;
-// 100 KB of floats: two blocks an SM fit an H100's or H200's shared memory.
-constexpr int64_t kCrossEntropyCachedClasses = 25600;
+// 100 KB a row: two blocks an SM fit an H100's or H200's shared memory
+// (25600 fp32 classes; 51200 bf16 ones, GPT-2's whole 50304).
+constexpr int64_t kCrossEntropyCachedBytes = 102400;
 
-// Whether the kernels read (and write) rows 16 bytes at a time: then the
-// logits and their gradient must start 16-byte aligned.
+// Whether the kernels read (and write) rows 4 classes at a time: then the
+// logits and their gradient must start aligned to 4 of them.
 bool crossEntropyVectorized(int64_t classes);
+// 4 for fp32 logits, 2 for bf16 and f16.
+int64_t crossEntropyElementBytes(c10::ScalarType logits);
 
 // ATen's reduction codes (at::Reduction): 1 mean, 2 sum; the kernels take
-// those two. Throws std::invalid_argument for classes < 1 or another reduction.
-std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex);
+// those two. Throws std::invalid_argument for classes < 1, another
+// reduction or logits of another type.
+std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits);
 // The same source with the forward-and-backward kernel added, for a loss
 // gradient of `gradScale`; and the dynamic shared memory it asks for (a
 // GPU whose blocks cannot have that much runs the two kernels instead),
 // the first crossEntropyCachedClasses of a row.
-std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale);
-int64_t crossEntropyRowBytes(int64_t classes);
-int64_t crossEntropyCachedClasses(int64_t classes);
+std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale,
+                                       c10::ScalarType logits);
+int64_t crossEntropyRowBytes(int64_t classes, c10::ScalarType logits);
+int64_t crossEntropyCachedClasses(int64_t classes, c10::ScalarType logits);
 
 }  // namespace spmd

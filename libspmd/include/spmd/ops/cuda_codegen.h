@@ -45,6 +45,8 @@ int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTe
 // spmd_f32_to_bf16(float) (round to nearest even, as c10::BFloat16), which
 // every generated source that reads or writes bf16 as 16-bit words shares.
 std::string bfloat16Helpers();
+// The same for f16: spmd_f16_to_f32 and spmd_f32_to_f16 (round to nearest even).
+std::string float16Helpers();
 
 // Blocks to launch for `numel` elements (a grid-stride loop covers the rest).
 int64_t fusedGridSize(int64_t numel, int multiprocessors);

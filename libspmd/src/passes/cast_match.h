@@ -1,0 +1,38 @@
+// Matching autocast's casts: the fusion passes that take a pattern with an
+// aten::_to_copy between its ops (fuse-layer-norm, fuse-cross-entropy) share
+// what counts as a plain cast. Internal to passes/.
+#pragma once
+#include "spmd/ir/graph.h"
+
+#include <c10/core/Layout.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/core/ScalarType.h>
+
+#include <vector>
+
+namespace spmd {
+
+// aten::_to_copy(x, dtype) that only changes the dtype to `to` (strided,
+// same memory format, blocking).
+inline bool isCastTo(const Node& n, c10::ScalarType to) {
+  if (n.op != "aten::_to_copy" || n.args.size() != 7 || n.args[0].kind != Arg::Kind::Value ||
+      n.args[1].kind != Arg::Kind::DType || n.args[1].i != static_cast<int64_t>(to)) {
+    return false;
+  }
+  const Arg &layout = n.args[2], &nonBlocking = n.args[5], &format = n.args[6];
+  return (layout.kind == Arg::Kind::None ||
+          (layout.kind == Arg::Kind::Layout && layout.i == static_cast<int64_t>(c10::kStrided))) &&
+         (nonBlocking.kind == Arg::Kind::None || !nonBlocking.b) &&
+         (format.kind == Arg::Kind::None || (format.kind == Arg::Kind::MemoryFormat &&
+                                             format.i == static_cast<int64_t>(c10::MemoryFormat::Preserve)));
+}
+
+// The one node that reads `v`, when nothing else does (no other node, not
+// the graph's outputs), else nullptr.
+inline const Node* onlyReader(const Graph& g, ValueId v) {
+  const std::vector<const Node*> users = g.users(v);
+  if (users.size() != 1 || g.readBeyondNodes(v)) return nullptr;
+  return users[0];
+}
+
+}  // namespace spmd
