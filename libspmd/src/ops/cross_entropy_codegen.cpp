@@ -74,11 +74,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy(const 
   const spmd_logit* x = logits + row * kClasses;
   float m = __int_as_float(0xff800000), s = 0.0f;
   if (kVector) {
-    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
-    for (int j = threadIdx.x; j < kClasses / 4; j += kThreads) {
-      const spmd_logit4 q = x4[j];
+    const spmd_logits* xv = reinterpret_cast<const spmd_logits*>(x);
+    for (int j = threadIdx.x; j < kClasses / kVec; j += kThreads) {
+      const spmd_logits q = xv[j];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
+      for (int e = 0; e < kVec; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
     }
   } else {
     for (int j = threadIdx.x; j < kClasses; j += kThreads) spmd_accumulate(m, s, spmd_load(x[j]));
@@ -111,14 +111,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy_backwa
                                     : spmd_as_logit(kMean ? -grad[0] / total_weight[0] : -grad[0]);
   const float l = lse[row];
   if (kVector) {
-    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
-    spmd_logit4* g4 = reinterpret_cast<spmd_logit4*>(gx);
-    for (int j = threadIdx.x; j < kClasses / 4; j += kThreads) {
-      const spmd_logit4 q = x4[j];
-      spmd_logit4 r;
+    const spmd_logits* xv = reinterpret_cast<const spmd_logits*>(x);
+    spmd_logits* gv = reinterpret_cast<spmd_logits*>(gx);
+    for (int j = threadIdx.x; j < kClasses / kVec; j += kThreads) {
+      const spmd_logits q = xv[j];
+      spmd_logits r;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) r.v[e] = spmd_grad(q.v[e], l, a, 4 * j + e == t);
-      g4[j] = r;
+      for (int e = 0; e < kVec; ++e) r.v[e] = spmd_grad(q.v[e], l, a, kVec * j + e == t);
+      gv[j] = r;
     }
   } else {
     for (int j = threadIdx.x; j < kClasses; j += kThreads) gx[j] = spmd_grad(x[j], l, a, j == t);
@@ -136,19 +136,19 @@ constexpr const char* kWithGrad = R"(
 extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entropy_with_grad(
     const spmd_logit* logits, const long long* target, const float* total_weight, float* row_loss,
     spmd_logit* grad_logits, long long rows) {
-  extern __shared__ spmd_logit4 spmd_row[];  // the row's first kCached logits
+  extern __shared__ spmd_logits spmd_row[];  // the row's first kCached logits
   const long long row = blockIdx.x;
   if (row >= rows) return;
   const spmd_logit* x = logits + row * kClasses;
   spmd_logit* gx = grad_logits + row * kClasses;
   float m = __int_as_float(0xff800000), s = 0.0f;
   if (kVector) {
-    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
-    for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
-      const spmd_logit4 q = x4[j];
-      if (j < kCached / 4) spmd_row[j] = q;
+    const spmd_logits* xv = reinterpret_cast<const spmd_logits*>(x);
+    for (int j = threadIdx.x; j < kClasses / kVec; j += kFusedThreads) {
+      const spmd_logits q = xv[j];
+      if (j < kCached / kVec) spmd_row[j] = q;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
+      for (int e = 0; e < kVec; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
     }
   } else {
     spmd_logit* cache = reinterpret_cast<spmd_logit*>(spmd_row);
@@ -172,14 +172,14 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entrop
                   : !valid          ? __int_as_float(0x7fc00000)
                                     : spmd_as_logit(kMean ? -kGradScale / total_weight[0] : -kGradScale);
   if (kVector) {
-    const spmd_logit4* x4 = reinterpret_cast<const spmd_logit4*>(x);
-    spmd_logit4* g4 = reinterpret_cast<spmd_logit4*>(gx);
-    for (int j = threadIdx.x; j < kClasses / 4; j += kFusedThreads) {
-      const spmd_logit4 q = j < kCached / 4 ? spmd_row[j] : x4[j];
-      spmd_logit4 r;
+    const spmd_logits* xv = reinterpret_cast<const spmd_logits*>(x);
+    spmd_logits* gv = reinterpret_cast<spmd_logits*>(gx);
+    for (int j = threadIdx.x; j < kClasses / kVec; j += kFusedThreads) {
+      const spmd_logits q = j < kCached / kVec ? spmd_row[j] : xv[j];
+      spmd_logits r;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) r.v[e] = spmd_grad(q.v[e], l, a, 4 * j + e == t);
-      g4[j] = r;
+      for (int e = 0; e < kVec; ++e) r.v[e] = spmd_grad(q.v[e], l, a, kVec * j + e == t);
+      gv[j] = r;
     }
   } else {
     const spmd_logit* cache = reinterpret_cast<const spmd_logit*>(spmd_row);
@@ -192,9 +192,13 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entrop
 
 }  // namespace
 
-bool crossEntropyVectorized(int64_t classes) { return classes % 4 == 0; }
-
 int64_t crossEntropyElementBytes(c10::ScalarType logits) { return logits == c10::ScalarType::Float ? 4 : 2; }
+
+int64_t crossEntropyVectorWidth(c10::ScalarType logits) { return 16 / crossEntropyElementBytes(logits); }
+
+bool crossEntropyVectorized(int64_t classes, c10::ScalarType logits) {
+  return classes % crossEntropyVectorWidth(logits) == 0;
+}
 
 int64_t crossEntropyCachedClasses(int64_t classes, c10::ScalarType logits) {
   return std::min(classes, kCrossEntropyCachedBytes / crossEntropyElementBytes(logits));
@@ -216,18 +220,18 @@ std::string logitType(c10::ScalarType logits) {
   };
   switch (logits) {
     case c10::ScalarType::Float:
-      return "// fp32 logits and gradient, four classes (16 bytes) a load\n"
-             "typedef float spmd_logit;\nstruct alignas(16) spmd_logit4 { spmd_logit v[4]; };\n" +
+      return "// fp32 logits and gradient\n"
+             "typedef float spmd_logit;\n" +
              common("v", "v");
     case c10::ScalarType::BFloat16:
       return bfloat16Helpers() +
-             "// bf16 logits and gradient, four classes (8 bytes) a load; the arithmetic in fp32\n"
-             "typedef unsigned short spmd_logit;\nstruct alignas(8) spmd_logit4 { spmd_logit v[4]; };\n" +
+             "// bf16 logits and gradient; the arithmetic in fp32\n"
+             "typedef unsigned short spmd_logit;\n" +
              common("spmd_bf16_to_f32(v)", "spmd_f32_to_bf16(v)");
     case c10::ScalarType::Half:
       return float16Helpers() +
-             "// f16 logits and gradient, four classes (8 bytes) a load; the arithmetic in fp32\n"
-             "typedef unsigned short spmd_logit;\nstruct alignas(8) spmd_logit4 { spmd_logit v[4]; };\n" +
+             "// f16 logits and gradient; the arithmetic in fp32\n"
+             "typedef unsigned short spmd_logit;\n" +
              common("spmd_f16_to_f32(v)", "spmd_f32_to_f16(v)");
     default:
       throw std::invalid_argument(std::string("cross entropy: ") + c10::toString(logits) + " logits");
@@ -248,9 +252,13 @@ std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex, c
   src += "constexpr int kThreads = " + std::to_string(kCrossEntropyThreads) + ";\n";
   src += std::string("constexpr bool kMean = ") + (reduction == 1 ? "true" : "false") + ";\n";
   src += "constexpr long long kIgnoreIndex = " + std::to_string(ignoreIndex) + ";\n";
-  src += "// Rows of a multiple of 4 classes are read 4 at a time (the logits' start is aligned to 4 of them).\n";
-  src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes) ? "true" : "false") + ";\n";
-  return src + logitType(logits);
+  const int64_t vec = crossEntropyVectorWidth(logits);
+  src += "// Rows of a multiple of kVec classes are read 16 bytes at a time (the logits' start is 16-byte aligned):\n";
+  src += "// a thread's one load in flight moves that much, half as much memory in flight at 8 bytes.\n";
+  src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes, logits) ? "true" : "false") + ";\n";
+  src += logitType(logits);
+  src += "constexpr int kVec = " + std::to_string(vec) + ";\n";
+  return src + "struct alignas(16) spmd_logits { spmd_logit v[kVec]; };\n";
 }
 
 }  // namespace

@@ -201,12 +201,13 @@ std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& ta
                          [&] { return crossEntropySource(logits.size(1), reduction, ignoreIndex, logits.scalar_type()); });
 }
 
-// The logits, contiguous, and aligned to 4 of them where the kernels read
-// them so (a view at an odd offset is copied).
+// The logits, contiguous, and 16-byte aligned where the kernels read them
+// so (a view at an odd offset is copied).
 at::Tensor alignedForCrossEntropy(const at::Tensor& logits) {
   at::Tensor x = logits.contiguous();
-  const auto alignment = static_cast<uintptr_t>(4 * x.element_size());
-  if (crossEntropyVectorized(x.size(1)) && reinterpret_cast<uintptr_t>(x.data_ptr()) % alignment != 0) x = x.clone();
+  if (crossEntropyVectorized(x.size(1), x.scalar_type()) && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) {
+    x = x.clone();
+  }
   return x;
 }
 

@@ -50,11 +50,14 @@ constexpr int kCrossEntropyFusedThreads = 1024;
 // (25600 fp32 classes; 51200 bf16 ones, GPT-2's whole 50304).
 constexpr int64_t kCrossEntropyCachedBytes = 102400;
 
-// Whether the kernels read (and write) rows 4 classes at a time: then the
-// logits and their gradient must start aligned to 4 of them.
-bool crossEntropyVectorized(int64_t classes);
 // 4 for fp32 logits, 2 for bf16 and f16.
 int64_t crossEntropyElementBytes(c10::ScalarType logits);
+// Classes in 16 bytes: 4 fp32, 8 bf16 or f16.
+int64_t crossEntropyVectorWidth(c10::ScalarType logits);
+// Whether the kernels read (and write) rows 16 bytes at a time (the classes
+// a multiple of the vector width): then the logits and their gradient must
+// start 16-byte aligned.
+bool crossEntropyVectorized(int64_t classes, c10::ScalarType logits);
 
 // ATen's reduction codes (at::Reduction): 1 mean, 2 sum; the kernels take
 // those two. Throws std::invalid_argument for classes < 1, another
