@@ -34,6 +34,24 @@ __device__ __forceinline__ void spmd_accumulate(float& m, float& s, float v) {
   }
 }
 
+// A vector of logits into a running (maximum, sum): its maximum first, so
+// the sum is rescaled once and each logit costs one exp (with bf16, as many
+// logits a byte as fp32 has twice over, the exps bound the kernel).
+__device__ __forceinline__ void spmd_accumulate_vec(float& m, float& s, const spmd_logits& q) {
+  float v[kVec];
+  float top = m;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    v[e] = spmd_load(q.v[e]);
+    top = fmaxf(top, v[e]);  // a NaN logit is skipped here and makes the sum NaN below
+  }
+  if (top == __int_as_float(0xff800000)) return;  // all -inf so far
+  s *= expf(m - top);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) s += expf(v[e] - top);
+  m = top;
+}
+
 __device__ __forceinline__ void spmd_combine(float& m, float& s, float m2, float s2) {
   const float top = fmaxf(m, m2);
   if (top == __int_as_float(0xff800000)) return;  // both empty
@@ -76,9 +94,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy(const 
   if (kVector) {
     const spmd_logits* xv = reinterpret_cast<const spmd_logits*>(x);
     for (int j = threadIdx.x; j < kClasses / kVec; j += kThreads) {
-      const spmd_logits q = xv[j];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
+      spmd_accumulate_vec(m, s, xv[j]);
     }
   } else {
     for (int j = threadIdx.x; j < kClasses; j += kThreads) spmd_accumulate(m, s, spmd_load(x[j]));
@@ -147,8 +163,7 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entrop
     for (int j = threadIdx.x; j < kClasses / kVec; j += kFusedThreads) {
       const spmd_logits q = xv[j];
       if (j < kCached / kVec) spmd_row[j] = q;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) spmd_accumulate(m, s, spmd_load(q.v[e]));
+      spmd_accumulate_vec(m, s, q);
     }
   } else {
     spmd_logit* cache = reinterpret_cast<spmd_logit*>(spmd_row);
