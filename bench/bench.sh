@@ -26,7 +26,8 @@
 # PYTHON=python3, B=build-gpu (BUILD=0: use it as it is; BUILD_ONLY=1: build and stop,
 # e.g. as a device call of its own), TIMEOUT=300 (seconds per command), QUICK=1 (5
 # steps + 2 warm-up), TINY=1 (the small models; with DEVICE=cpu BUILD=0 B=build
-# PYTHON=/usr/bin/python3 a smoke test on CPU), WORK, and the flags below.
+# PYTHON=/usr/bin/python3 a smoke test on CPU), WORK, SPMD_COMMIT (the commit the
+# report names, for a copy of the tree whose git is not its own), and the flags below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda}

@@ -37,6 +37,10 @@ def nvidia_smi(query):
 
 
 def git_commit():
+    # A copy of the tree without its history (the GPU machine's) names the
+    # commit it was made from in SPMD_COMMIT; its own git would be stale.
+    if os.environ.get("SPMD_COMMIT"):
+        return os.environ["SPMD_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         out = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"],

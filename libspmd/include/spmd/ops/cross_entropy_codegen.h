@@ -24,7 +24,7 @@
 //     both at once, where the loss's incoming gradient is a constant known
 //     when lowering (the ones_like the backward starts from, times
 //     kGradScale): the row's first classes (at most
-//     kCrossEntropyCachedClasses) are kept in shared memory as the forward
+//     kCrossEntropyCachedBytes of them) are kept in shared memory as the forward
 //     reads them (its size a launch argument: crossEntropyRowBytes), the
 //     rest read again, and the gradient written. Two blocks an SM. The
 //     caller sums row_loss as for the forward; total_weight comes first.
