@@ -10,9 +10,10 @@
 namespace spmd {
 namespace {
 
-// A block-wide combination of per-thread (maximum, sum of exp(x - maximum))
-// pairs, and a block-wide sum; warps by shuffles, then the first warp over
-// the warps' results (shared memory for kThreads / 32 of them).
+// The device functions the kernels share: a row's loss and gradient, a
+// running (maximum, sum of exp(x - maximum)) per thread, and its block-wide
+// combination (warps by shuffles, then the first warp over the warps'
+// results, shared memory for kThreads / 32 of them).
 constexpr const char* kHelpers = R"(
 // A row's loss, -log_softmax at the target; and the logits' gradient,
 // log_softmax_backward's formula over nll_loss_backward's value `a` at the
@@ -35,15 +36,15 @@ __device__ __forceinline__ void spmd_accumulate(float& m, float& s, float v) {
 }
 
 // A vector of logits into a running (maximum, sum): its maximum first, so
-// the sum is rescaled once and each logit costs one exp (with bf16, as many
-// logits a byte as fp32 has twice over, the exps bound the kernel).
+// the sum is rescaled once and each logit costs one exp (bf16 rows hold
+// twice the logits a byte of fp32 ones: the exps bound that kernel).
 __device__ __forceinline__ void spmd_accumulate_vec(float& m, float& s, const spmd_logits& q) {
   float v[kVec];
   float top = m;
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
     v[e] = spmd_load(q.v[e]);
-    top = fmaxf(top, v[e]);  // a NaN logit is skipped here and makes the sum NaN below
+    top = v[e] > top || v[e] != v[e] ? v[e] : top;  // a NaN becomes the maximum: the sum turns NaN
   }
   if (top == __int_as_float(0xff800000)) return;  // all -inf so far
   s *= expf(m - top);
