@@ -125,7 +125,7 @@ ZOO_SGD = "--optimizer sgd --lr 0.01 --momentum 0.9"
 ZOO_CASES = [Case("zoo_" + name, name, ZOO_SGD, 2, 3, "", 1, False) for name in [
     "resnet18", "mobilenet_v2", "mobilenet_v3_small", "efficientnet_b0", "shufflenet_v2", "squeezenet",
     "densenet121", "regnet", "vit", "convnext", "swin", "transformer_encoder_lm", "transformer_seq2seq",
-    "transformer_decoder", "lstm", "gru", "gpt2_hf_style"]]
+    "transformer_decoder", "lstm", "gru", "gpt2_hf_style", "llama_hf_style"]]
 TOOLS = ["spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-run"]
 
 

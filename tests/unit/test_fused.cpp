@@ -18,6 +18,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -92,6 +93,74 @@ const FusionCase kCases[] = {
 )", 1},
 };
 
+// Row programs (fuse-rows): reductions over the last dimension with the
+// element-wise ops around them, in the forms the importer and autograd
+// record (tests/zoo's llama_hf_style: RMSNorm in fp32 inside, attention's
+// scale, causal mask and softmax, and their backward).
+const FusionCase kRowCases[] = {
+    {"RMSNorm (fp32 inside, weight after the cast back)", R"(graph
+  input %h: {D}[6,40,96] data
+  input %w: {D}[96] data
+  %x: f32[6,40,96] = aten::_to_copy(%h, torch.float32, None, None, None, False, None)
+  %p: f32[6,40,96] = aten::pow.Tensor_Scalar(%x, 2)
+  %m: f32[6,40,1] = aten::mean.dim(%p, [-1], True, None)
+  %e: f32[] = aten::scalar_tensor(1e-06, torch.float32, None, None, None)
+  %a: f32[6,40,1] = aten::add.Tensor(%m, %e, 1)
+  %r: f32[6,40,1] = aten::rsqrt(%a)
+  %n: f32[6,40,96] = aten::mul.Tensor(%x, %r)
+  %c: {D}[6,40,96] = aten::_to_copy(%n, torch.{T}, None, None, None, False, None)
+  %y: {D}[6,40,96] = aten::mul.Tensor(%w, %c)
+  return (%y, %r)
+)", 1},
+    {"RMSNorm backward as autograd records it", R"(graph
+  input %dy16: {D}[6,40,96] data
+  input %x: f32[6,40,96] data
+  input %w: f32[96] data
+  input %r: f32[6,40,1] data
+  %dy: f32[6,40,96] = aten::_to_copy(%dy16, torch.float32, None, None, None, False, None)
+  %g: f32[6,40,96] = aten::mul.Tensor(%dy, %w)
+  %gx: f32[6,40,96] = aten::mul.Tensor(%g, %x)
+  %gr: f32[6,40,96] = aten::mul.Tensor(%g, %r)
+  %s: f32[6,40,1] = aten::sum.dim_IntList(%gx, [2], True, None)
+  %r3: f32[6,40,1] = aten::pow.Tensor_Scalar(%r, 3)
+  %h: f32[6,40,1] = aten::mul.Scalar(%s, -0.5)
+  %hr: f32[6,40,1] = aten::mul.Tensor(%h, %r3)
+  %b: f32[6,40,96] = aten::expand(%hr, [6, 40, 96], False)
+  %d: f32[6,40,96] = aten::div.Scalar(%b, 96)
+  %x1: f32[6,40,96] = aten::pow.Tensor_Scalar(%x, 1.0)
+  %x2: f32[6,40,96] = aten::mul.Scalar(%x1, 2.0)
+  %dd: f32[6,40,96] = aten::mul.Tensor(%d, %x2)
+  %out: f32[6,40,96] = aten::add.Tensor(%gr, %dd, 1)
+  %out16: {D}[6,40,96] = aten::_to_copy(%out, torch.{T}, None, None, None, False, None)
+  return (%out16)
+)", 1},
+    {"scaled, masked softmax in fp32, cast back, and its backward", R"(graph
+  input %scores: {D}[3,4,24,24] data
+  input %causal_mask: f32[24,24] data
+  input %dp: {D}[3,4,24,24] data
+  %sf: f32[3,4,24,24] = aten::_to_copy(%scores, torch.float32, None, None, None, False, None)
+  %k: f32[] = aten::scalar_tensor(2.8284271247461903, torch.float32, None, None, None)
+  %z: f32[3,4,24,24] = aten::div.Tensor(%sf, %k)
+  %zm: f32[3,4,24,24] = aten::add.Tensor(%z, %causal_mask, 1)
+  %p: f32[3,4,24,24] = aten::softmax.int(%zm, -1, torch.float32)
+  %p16: {D}[3,4,24,24] = aten::to.dtype(%p, torch.{T}, False, False, None)
+  %dpf: f32[3,4,24,24] = aten::_to_copy(%dp, torch.float32, None, None, None, False, None)
+  %dz: f32[3,4,24,24] = aten::_softmax_backward_data(%dpf, %p, -1, torch.float32)
+  %ds: f32[3,4,24,24] = aten::div.Tensor(%dz, %k)
+  return (%p16, %ds)
+)", 1},
+    {"log_softmax, its backward, amax and a plain sum over the last dimension", R"(graph
+  input %x: {D}[33,70] data
+  input %g: {D}[33,70] data
+  %l: {D}[33,70] = aten::_log_softmax(%x, 1, False)
+  %gl: {D}[33,70] = aten::_log_softmax_backward_data(%g, %l, 1, torch.{T})
+  %m: {D}[33,1] = aten::amax(%x, [-1], True)
+  %d: {D}[33,70] = aten::sub.Tensor(%x, %m, 1)
+  %s: {D}[33,1] = aten::sum.dim_IntList(%d, [-1], True, None)
+  return (%gl, %s)
+)", 2},
+};
+
 Graph caseGraph(const FusionCase& c, c10::ScalarType dtype) {
   const std::string shortName = dtype == at::kFloat ? "f32" : dtype == at::kBFloat16 ? "bf16" : "f16";
   const std::string torchName = dtype == at::kFloat ? "float32" : dtype == at::kBFloat16 ? "bfloat16" : "float16";
@@ -105,13 +174,15 @@ int fusedNodes(const Graph& g) {
   return n;
 }
 
-// Inputs in [-2, 2).
+// Inputs in [-2, 2); one named causal_mask is attention's: -inf above the diagonal.
 std::map<std::string, at::Tensor> randomInputs(const Graph& g, const at::Device& device) {
   at::manual_seed(7);
   std::map<std::string, at::Tensor> inputs;
   for (const auto& in : g.inputs()) {
     const Value& v = g.value(in.value);
-    inputs[v.name] = (at::rand(v.shape, at::kDouble) * 4 - 2).to(v.dtype).to(device);
+    at::Tensor t = at::rand(v.shape, at::kDouble) * 4 - 2;
+    if (v.name == "causal_mask") t = at::full(v.shape, -INFINITY, at::kDouble).triu(1);
+    inputs[v.name] = t.to(v.dtype).to(device);
   }
   return inputs;
 }
@@ -120,10 +191,11 @@ struct Ran {
   std::vector<at::Tensor> unfused, fused;
 };
 
-Ran runBoth(const FusionCase& c, c10::ScalarType dtype, const at::Device& device) {
+Ran runBoth(const FusionCase& c, c10::ScalarType dtype, const at::Device& device,
+            const std::string& pass = "fuse-pointwise") {
   Graph plain = caseGraph(c, dtype);
   Graph fused = plain;
-  runPasses(fused, {"fuse-pointwise"}, PipelineOptions{}, DebugOptions{});
+  runPasses(fused, {pass}, PipelineOptions{}, DebugOptions{});
   REQUIRE(fusedNodes(fused) == c.groups);
   const auto inputs = randomInputs(plain, device);
   return {Interpreter(plain).run(inputs).outputs, Interpreter(fused).run(inputs).outputs};
@@ -198,6 +270,57 @@ TEST_CASE("fused groups equal their ATen ops on the CPU", "[fused]") {
 }
 
 namespace {
+
+// The reductions add in another order than ATen's (a warp's lanes, then a
+// shuffle tree; on the CPU softmax as exp, sum and div): f32 within a few
+// units, bf16 and f16 within two units of their rounding.
+void requireRowsClose(const Ran& ran, const FusionCase& c, c10::ScalarType dtype) {
+  REQUIRE(ran.fused.size() == ran.unfused.size());
+  for (size_t k = 0; k < ran.fused.size(); ++k) {
+    const at::Tensor ours = ran.fused[k].cpu(), ref = ran.unfused[k].cpu();
+    REQUIRE(ours.scalar_type() == ref.scalar_type());
+    std::printf("[rows-numerics] %-72s %-9s output %zu: max abs diff %.3g (max |ref| %.3g)\n", c.name,
+                c10::toString(dtype), k, (ours.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>(),
+                ref.to(at::kDouble).abs().max().item<double>());
+    if (ref.scalar_type() == at::kFloat) {
+      testing::requireClose(ours, ref, c.name, 1e-5, 1e-6);
+    } else {
+      testing::requireClose(ours, ref, c.name, 2 * ulp(ref.scalar_type()), 1.0 / 64);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fused row programs equal their ATen ops on the CPU", "[fused]") {
+  for (const FusionCase& c : kRowCases) {
+    for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      INFO(c.name << " in " << c10::toString(dtype));
+      requireRowsClose(runBoth(c, dtype, at::kCPU, "fuse-rows"), c, dtype);
+    }
+  }
+}
+
+TEST_CASE("row programs print as they parse and return per-row values", "[fused]") {
+  const std::string text =
+      "t0:f32 = mul(in0, in0); t1:f32 = row_sum(t0); t2:f32 = add(t1, in1); t3:bf16 = mul(in0, t2); "
+      "return t3, row(t2)";
+  const PointwiseProgram p = parsePointwiseProgram(text);
+  CHECK(printPointwiseProgram(p) == text);
+  CHECK(hasRowReductions(p));
+  CHECK(resultShape(p, 0, {4, 8}) == std::vector<int64_t>{4, 8});
+  CHECK(resultShape(p, 1, {4, 8}) == std::vector<int64_t>{4, 1});
+  // in1 of [4, 1] is the same along a row, so t2 is a row's value; of [4, 8] it is not.
+  CHECK(rowLevelStatements(p, {{4, 8}, {4, 1}}, {4, 8}) == std::vector<bool>{false, true, true, false});
+  CHECK_THROWS_WITH(rowLevelStatements(p, {{4, 8}, {4, 8}}, {4, 8}), Catch::Contains("row(t2) of a statement not at row level"));
+  const std::string source = pointwiseKernelSource(p, {{at::kFloat, {4, 8}}, {at::kFloat, {4, 1}}});
+  CHECK(source.find(kFusedRowsKernelName) != std::string::npos);
+  CHECK(fusedVectorWidth(p, {{at::kFloat, {4, 8}}, {at::kFloat, {4, 1}}}) == 0);
+}
+
+namespace {
+
+// Cross entropy as F.cross_entropy records itnamespace {
 
 // Cross entropy as F.cross_entropy records it, and its backward, over
 // `rows` x `classes` logits: fp32, or bf16 in autocast's form (log_softmax
@@ -336,6 +459,18 @@ TEST_CASE("generated kernels match ATen's CUDA kernels", "[fused][cuda]") {
         testing::requireClose(ran.fused[k].cpu(), ran.unfused[k].cpu(), c.name, dtype == at::kFloat ? 1e-5 : ulp(dtype),
                               dtype == at::kFloat ? 1e-6 : 1e-3);
       }
+    }
+  }
+}
+#endif
+
+#ifdef SPMD_WITH_CUDA
+TEST_CASE("generated row kernels match ATen's CUDA kernels", "[fused][cuda]") {
+  if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  for (const FusionCase& c : kRowCases) {
+    for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      INFO(c.name << " in " << c10::toString(dtype));
+      requireRowsClose(runBoth(c, dtype, at::Device(at::kCUDA, 0), "fuse-rows"), c, dtype);
     }
   }
 }

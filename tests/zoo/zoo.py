@@ -193,6 +193,103 @@ class GPT2LMHead(nn.Module):
         return F.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
 
 
+# ---- LLaMA as Hugging Face's transformers writes it (eager attention) ----------
+
+
+class LlamaRMSNorm(nn.Module):
+    """Root-mean-square norm in fp32, as LlamaRMSNorm computes it."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, hidden):
+        dtype = hidden.dtype
+        hidden = hidden.to(torch.float32)
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        hidden = hidden * torch.rsqrt(variance + self.eps)
+        return self.weight * hidden.to(dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Rotary positions, grouped-query heads and a softmax over fp32 scores."""
+
+    def __init__(self, dim, heads, kv_heads, seq):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q_proj = nn.Linear(dim, dim, bias=False)
+        self.k_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(dim, dim, bias=False)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+        angles = torch.outer(torch.arange(seq).float(), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+        self.register_buffer("mask", torch.full((seq, seq), float("-inf")).triu(1))
+
+    def forward(self, hidden):
+        batch, seq, _ = hidden.shape
+        q = self.q_proj(hidden).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = self.cos[:seq], self.sin[:seq]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        repeat = self.heads // self.kv_heads
+        k = k.repeat_interleave(repeat, dim=1)
+        v = v.repeat_interleave(repeat, dim=1)
+        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.head_dim) + self.mask[:seq, :seq]
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(weights, v).transpose(1, 2).reshape(batch, seq, -1)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaLM(nn.Module):
+    """LlamaForCausalLM's structure: pre-norm blocks of RMSNorm, rotary
+    attention and a SwiGLU MLP, an untied head, the shifted-label loss."""
+
+    def __init__(self, dim=32, heads=4, kv_heads=2, layers=2, seq=8):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(VOCAB, dim)
+        self.layers = nn.ModuleList()
+        for _ in range(layers):
+            block = nn.ModuleDict({"input_layernorm": LlamaRMSNorm(dim),
+                                   "self_attn": LlamaAttention(dim, heads, kv_heads, seq),
+                                   "post_attention_layernorm": LlamaRMSNorm(dim),
+                                   "mlp": LlamaMLP(dim, 3 * dim)})
+            self.layers.append(block)
+        self.norm = LlamaRMSNorm(dim)
+        self.lm_head = nn.Linear(dim, VOCAB, bias=False)
+
+    def forward(self, input_ids, labels):
+        hidden = self.embed_tokens(input_ids)
+        for block in self.layers:
+            hidden = hidden + block["self_attn"](block["input_layernorm"](hidden))
+            hidden = hidden + block["mlp"](block["post_attention_layernorm"](hidden))
+        logits = self.lm_head(self.norm(hidden))
+        shift_logits = logits[..., :-1, :].contiguous()
+        shift_labels = labels[..., 1:].contiguous()
+        return F.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+
+
 def images(batch=4, size=32):
     return [f"x:f32[{batch},3,{size},{size}]", f"y:i64[{batch}]"]
 
@@ -226,4 +323,5 @@ ZOO = {
     "lstm": (lambda: Recurrent(nn.LSTM), tokens("tokens", "targets")),
     "gru": (lambda: Recurrent(nn.GRU), tokens("tokens", "targets")),
     "gpt2_hf_style": (GPT2LMHead, tokens("input_ids", "labels", seq=16)),
+    "llama_hf_style": (LlamaLM, tokens("input_ids", "labels")),
 }

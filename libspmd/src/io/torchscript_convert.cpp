@@ -72,6 +72,10 @@ class Converter {
       convertConvolution(n);
       return;
     }
+    if (kind == "aten::repeat_interleave" && schema->overload_name() == "self_int") {
+      convertRepeatInterleave(n);
+      return;
+    }
     const bool inPlace = schema->is_mutable() && kind.back() == '_';
     Node node;
     node.op = kind;
@@ -130,6 +134,33 @@ class Converter {
       values_[view] = outputs.at(info.index);
       refreshViews(n, view);
     }
+  }
+
+  // aten::repeat_interleave(x, repeats: int, dim, output_size) as
+  // x.unsqueeze(dim + 1).expand(..., repeats, ...).reshape(...): the same
+  // elements, where LibTorch's own decomposition gathers with an index
+  // tensor whose length its meta kernels cannot know (the traced shape
+  // would not be checked), and whose backward is an index_add.
+  void convertRepeatInterleave(const jit::Node* n) {
+    auto repeats = jit::toIValue(n->inputs()[1]);
+    auto dim = jit::toIValue(n->inputs()[2]);
+    if (!repeats || !repeats->isInt() || !dim || !dim->isInt()) {
+      throw Diagnostic(describe(n), "aten::repeat_interleave: only a constant repeat count along a given dimension is supported");
+    }
+    const ValueId x = values_.at(n->inputs()[0]);
+    std::vector<int64_t> shape = graph_.value(x).shape;
+    const int64_t rank = static_cast<int64_t>(shape.size());
+    int64_t d = dim->toInt();
+    if (d < -rank || d >= rank) throw Diagnostic(describe(n), "aten::repeat_interleave: dimension out of range");
+    d = d < 0 ? d + rank : d;
+    GraphBuilder b(graph_);
+    b.setMeta(NodeMeta{sourceOf(n)});
+    const ValueId unsqueezed = b.call("aten::unsqueeze", {Arg::tensor(x), Arg::ofInt(d + 1)});
+    std::vector<int64_t> expanded = shape;
+    expanded.insert(expanded.begin() + d + 1, repeats->toInt());
+    const ValueId spread = b.call("aten::expand", {Arg::tensor(unsqueezed), intsArg(expanded), Arg::ofBool(false)});
+    shape[d] *= repeats->toInt();
+    values_[n->outputs()[0]] = b.call("aten::reshape", {Arg::tensor(spread), intsArg(shape)});
   }
 
   bool isTrainingBatchNorm(const jit::Node* n) {

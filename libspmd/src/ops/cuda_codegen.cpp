@@ -117,6 +117,8 @@ std::string opExpr(const PointwiseStatement& s) {
     case P::Rsqrt: return "rsqrtf(" + a[0] + ")";
     case P::Pow: break;
     case P::Cast: return a[0];
+    case P::RowSum:
+    case P::RowMax: throw std::logic_error("a row reduction outside a row kernel");
   }
   // ATen's pow with a scalar exponent special-cases these exponents.
   if (s.operands[1].kind != PointwiseOperand::Kind::Constant) return "powf(" + a[0] + ", " + a[1] + ")";
@@ -163,6 +165,18 @@ std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<Poin
          "  const float inner_derivative = " + tanhBeta + " * (1.0f + 3.0f * " + kappa + " * x_sq);\n"
          "  return g * (0.5f * right + left * (1.0f - th * th) * inner_derivative);\n}\n";
   }
+  if (ops.count(P::RowMax)) {
+    s += "// The larger, or NaN where either is (ATen's max propagates NaN).\n"
+         "__device__ __forceinline__ float spmd_max_nan(float a, float b) { return a > b || a != a ? a : b; }\n"
+         "__device__ __forceinline__ float spmd_warp_max(float v) {\n"
+         "  for (int o = 16; o > 0; o >>= 1) v = spmd_max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+         "  return v;\n}\n";
+  }
+  if (ops.count(P::RowSum)) {
+    s += "__device__ __forceinline__ float spmd_warp_sum(float v) {\n"
+         "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+         "  return v;\n}\n";
+  }
   if (ops.count(P::SiluGrad)) {
     s += "__device__ __forceinline__ float spmd_silu_grad(float g, float x) {\n"
          "  const float s = 1.0f / (1.0f + expf(-x));\n"
@@ -196,7 +210,7 @@ struct KernelText {
     }
     for (size_t r = 0; r < program.results.size(); ++r) {
       s += std::string(",\n    ") + storageType(resultType(r)) + "* __restrict__ out" + std::to_string(r) + "  /* " +
-           dtypeShortName(resultType(r)) + shapeText(shape) + " */";
+           dtypeShortName(resultType(r)) + shapeText(resultShape(program, r, shape)) + " */";
     }
     return s + ") {\n";
   }
@@ -278,6 +292,129 @@ struct KernelText {
   }
 };
 
+
+// The kernel of a row program: `spmd_fused_rows`, one warp a row of the
+// iteration space's last dimension. Each reduction is one pass over the row
+// (its lanes read every 32nd element, then a warp shuffle combines them);
+// the element-level statements it needs are computed again in each pass
+// rather than kept, so a pass reads the row's inputs once more (from L1/L2
+// for rows of a few KB). A last pass writes the element-level results; lane
+// 0 writes the per-row ones.
+struct RowKernelText {
+  KernelText base;
+  std::string index;
+  std::vector<bool> row;
+  int64_t columns, rows;
+
+  RowKernelText(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs,
+                const std::vector<int64_t>& shape, const std::string& index, const std::string& suffix)
+      : base{program, inputs, shape, suffix},
+        index(index),
+        row(rowLevelStatements(program, shapesOf(inputs), shape)),
+        columns(shape.back()),
+        rows(product(shape, 0, shape.size() - 1)) {}
+
+  static std::vector<std::vector<int64_t>> shapesOf(const std::vector<KernelTensor>& inputs) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const KernelTensor& t : inputs) shapes.push_back(t.shape);
+    return shapes;
+  }
+
+  const PointwiseProgram& program() const { return base.program; }
+  bool constantAlongRow(int input) const { return constantAlongRows(base.inputs[input].shape, base.shape); }
+  std::string number(int64_t n) const { return std::to_string(n) + base.suffix; }
+
+  // The element-level statements that `operands` read, directly or through
+  // others, in program order; `inputs` gets the inputs they read.
+  std::vector<size_t> elementClosure(const std::vector<PointwiseOperand>& operands, std::set<int>& inputs) const {
+    std::set<size_t> needed;
+    std::vector<PointwiseOperand> work = operands;
+    while (!work.empty()) {
+      const PointwiseOperand o = work.back();
+      work.pop_back();
+      if (o.kind == PointwiseOperand::Kind::Input && !constantAlongRow(o.index)) inputs.insert(o.index);
+      if (o.kind != PointwiseOperand::Kind::Temp || row[o.index] || !needed.insert(o.index).second) continue;
+      for (const PointwiseOperand& x : program().statements[o.index].operands) work.push_back(x);
+    }
+    return {needed.begin(), needed.end()};
+  }
+
+  // A loop over the row's elements computing what `operands` need, then `tail`.
+  std::string elementLoop(const std::vector<PointwiseOperand>& operands, const std::string& tail) const {
+    std::set<int> inputs;
+    const std::vector<size_t> needed = elementClosure(operands, inputs);
+    std::string s = "  for (" + index + " j = lane; j < " + number(columns) + "; j += 32" + base.suffix + ") {\n";
+    s += "    const " + index + " i = row * " + number(columns) + " + j;\n";
+    for (int k : inputs) s += "    const float a" + std::to_string(k) + " = " + base.elementAt(k) + ";\n";
+    for (size_t k : needed) {
+      const PointwiseStatement& st = program().statements[k];
+      s += "    const float t" + std::to_string(k) + " = " + rounded(st.dtype, opExpr(st)) + ";\n";
+    }
+    return s + tail + "  }\n";
+  }
+
+  std::string reduction(size_t k) const {
+    const PointwiseStatement& st = program().statements[k];
+    const bool sum = st.op == PointwiseOp::RowSum;
+    const std::string acc = "r" + std::to_string(k), value = operandExpr(st.operands[0]);
+    std::string s = "  float " + acc + " = " + (sum ? "0.0f" : floatLiteral(-INFINITY)) + ";\n";
+    s += elementLoop(st.operands, "    " + acc + " = " + (sum ? acc + " + " + value : "spmd_max_nan(" + acc + ", " + value + ")") + ";\n");
+    s += "  " + acc + " = " + (sum ? "spmd_warp_sum(" : "spmd_warp_max(") + acc + ");\n";
+    return s + "  const float t" + std::to_string(k) + " = " + rounded(st.dtype, acc) + ";\n";
+  }
+
+  std::string results() const {
+    std::vector<PointwiseOperand> elementResults;
+    std::string tail, rowStores;
+    for (size_t r = 0; r < program().results.size(); ++r) {
+      const int k = program().results[r];
+      const std::string value = storeExpr(base.resultType(r), "t" + std::to_string(k));
+      if (isPerRowResult(program(), r)) {
+        rowStores += "  if (lane == 0) out" + std::to_string(r) + "[row] = " + value + ";\n";
+      } else {
+        elementResults.push_back({PointwiseOperand::Kind::Temp, k, 0});
+        tail += "    out" + std::to_string(r) + "[i] = " + value + ";\n";
+      }
+    }
+    return (elementResults.empty() ? "" : elementLoop(elementResults, tail)) + rowStores;
+  }
+
+  // The inputs that are the same along the row, read once, at its first element.
+  std::string rowInputs() const {
+    std::set<int> read;
+    for (const PointwiseStatement& st : program().statements) {
+      for (const PointwiseOperand& o : st.operands) {
+        if (o.kind == PointwiseOperand::Kind::Input && constantAlongRow(o.index)) read.insert(o.index);
+      }
+    }
+    std::string s;
+    bool indexed = false;  // a 0-dim input is read at 0, without the row's index
+    for (int k : read) {
+      indexed = indexed || indexExpr(base.inputs[k].shape, base.shape, base.suffix) != "0";
+      s += "  const float a" + std::to_string(k) + " = " + base.elementAt(k) + ";\n";
+    }
+    if (!indexed) return s;
+    return "  const " + index + " i = row * " + number(columns) + ";  // the row's first element\n" + s;
+  }
+
+  std::string kernel() const {
+    std::string s = base.signature(kFusedRowsKernelName);
+    s += "  const " + index + " row = blockIdx.x * " + number(kFusedRowsPerBlock) + " + threadIdx.x / 32" + base.suffix + ";\n";
+    s += "  const " + index + " lane = threadIdx.x % 32" + base.suffix + ";\n";
+    s += "  if (row >= " + number(rows) + ") return;  // a whole warp\n";
+    s += rowInputs();
+    for (size_t k = 0; k < program().statements.size(); ++k) {
+      const PointwiseStatement& st = program().statements[k];
+      if (isRowReduction(st.op)) {
+        s += reduction(k);
+      } else if (row[k]) {
+        s += "  const float t" + std::to_string(k) + " = " + rounded(st.dtype, opExpr(st)) + ";\n";
+      }
+    }
+    return s + results() + "}\n";
+  }
+};
+
 }  // namespace
 
 std::string bfloat16Helpers() {
@@ -318,7 +455,10 @@ int64_t fusedGridSize(int64_t numel, int multiprocessors) {
   return std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{multiprocessors} * 16));
 }
 
+int64_t fusedRowBlocks(int64_t rows) { return (rows + kFusedRowsPerBlock - 1) / kFusedRowsPerBlock; }
+
 int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs) {
+  if (hasRowReductions(program)) return 0;
   const std::vector<int64_t> shape = broadcastShapes(inputs);
   const KernelText k{program, inputs, shape, "u"};
   return product(shape, 0, shape.size()) % k.vectorWidth() == 0 ? k.vectorWidth() : 0;
@@ -350,6 +490,10 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
   src += "// " + printPointwiseProgram(program) + "\n";
   src += "// iteration space " + shapeText(shape) + ", " + std::to_string(numel) + " elements\n";
   src += prelude(dtypes, ops);
+  if (hasRowReductions(program)) {
+    if (shape.empty()) throw std::invalid_argument("a row program over a 0-dim iteration space");
+    return src + RowKernelText(program, inputs, shape, index, suffix).kernel();
+  }
   KernelText k{program, inputs, shape, suffix};
   src += k.scalarKernel(index, numel);
   if (numel % k.vectorWidth() == 0) src += k.vectorKernel(index, numel);

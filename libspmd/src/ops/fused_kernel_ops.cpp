@@ -32,8 +32,16 @@ std::vector<KernelTensor> signatureOf(at::TensorList inputs) {
 std::vector<int64_t> iterationShape(const PointwiseProgram& program, at::TensorList inputs) {
   TORCH_CHECK(static_cast<int>(inputs.size()) == program.numInputs, "spmd::fused: the program reads ",
               program.numInputs, " inputs, given ", inputs.size());
+  TORCH_CHECK(!hasRowReductions(program) || !inputs.empty(), "spmd::fused: a row program without inputs");
   try {
-    return broadcastShapes(signatureOf(inputs));
+    std::vector<int64_t> shape = broadcastShapes(signatureOf(inputs));
+    if (hasRowReductions(program)) {
+      TORCH_CHECK(!shape.empty(), "spmd::fused: a row program over a 0-dim tensor");
+      std::vector<std::vector<int64_t>> shapes;
+      for (const at::Tensor& t : inputs) shapes.push_back(t.sizes().vec());
+      rowLevelStatements(program, shapes, shape);  // checks the row(tK) results
+    }
+    return shape;
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "spmd::fused: ", e.what());
   }
@@ -43,13 +51,16 @@ std::vector<at::Tensor> fusedMeta(at::TensorList inputs, c10::string_view text) 
   const PointwiseProgram program = programOf(text);
   const std::vector<int64_t> shape = iterationShape(program, inputs);
   std::vector<at::Tensor> out;
-  for (int r : program.results) {
-    out.push_back(at::empty(shape, inputs[0].options().dtype(program.statements[r].dtype)));
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    out.push_back(at::empty(resultShape(program, r, shape),
+                            inputs[0].options().dtype(program.statements[program.results[r]].dtype)));
   }
   return out;
 }
 
-at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& a) {
+// `shape`: the iteration space, over whose last dimension the row
+// reductions run (an operand may broadcast to it).
+at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& a, at::IntArrayRef shape) {
   using P = PointwiseOp;
   // A threshold or exponent is a Scalar to ATen (these come from constants).
   auto scalar = [&](size_t k) { return a[k].item(); };
@@ -77,6 +88,8 @@ at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& 
     case P::Rsqrt: return at::rsqrt(a[0]);
     case P::Pow: return s.operands[1].kind == PointwiseOperand::Kind::Constant ? at::pow(a[0], scalar(1)) : at::pow(a[0], a[1]);
     case P::Cast: return a[0];
+    case P::RowSum: return at::sum(a[0].expand(shape), {-1}, /*keepdim=*/true);
+    case P::RowMax: return at::amax(a[0].expand(shape), {-1}, /*keepdim=*/true);
   }
   TORCH_CHECK(false, "spmd::fused: an operation without a CPU kernel");
 }
@@ -97,13 +110,14 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
           break;
       }
     }
-    at::Tensor t = evaluate(s, operands);
+    at::Tensor t = evaluate(s, operands, shape);
     if (s.dtype != at::kFloat) t = t.to(s.dtype).to(at::kFloat);
     temps.push_back(t);
   }
   std::vector<at::Tensor> out;
-  for (int r : program.results) {
-    out.push_back(temps[r].to(program.statements[r].dtype).expand(shape).contiguous());
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    const int k = program.results[r];
+    out.push_back(temps[k].to(program.statements[k].dtype).expand(resultShape(program, r, shape)).contiguous());
   }
   return out;
 }

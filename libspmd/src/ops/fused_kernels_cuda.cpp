@@ -70,7 +70,10 @@ class KernelCache {
     if (it != functions_.end()) return it->second;
     CUmodule module = load(sourceOf());
     Functions f;
-    checkDriver(cuModuleGetFunction(&f.scalar, module, kFusedKernelName), "finding a generated kernel");
+    // A row program's source has its row kernel only.
+    if (cuModuleGetFunction(&f.scalar, module, kFusedKernelName) != CUDA_SUCCESS) {
+      checkDriver(cuModuleGetFunction(&f.scalar, module, kFusedRowsKernelName), "finding a generated kernel");
+    }
     if (cuModuleGetFunction(&f.vector, module, kFusedVectorKernelName) != CUDA_SUCCESS) f.vector = nullptr;
     return functions_[{device, key}] = f;
   }
@@ -153,14 +156,24 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
     pointers.push_back(dense.back().data_ptr());
   }
   std::vector<at::Tensor> out;
-  for (int r : program.results) {
-    out.push_back(at::empty(shape, inputs[0].options().dtype(program.statements[r].dtype)));
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    out.push_back(at::empty(resultShape(program, r, shape),
+                            inputs[0].options().dtype(program.statements[program.results[r]].dtype)));
     pointers.push_back(out.back().data_ptr());
   }
   const int64_t numel = c10::multiply_integers(shape);
+  // fuse-rows takes no rows of length 0 (whose sums and maxima would need filling in).
+  TORCH_CHECK(!hasRowReductions(program) || shape.back() > 0, "spmd::fused: a row program over rows of length 0");
   if (numel == 0) return out;
   std::vector<void*> args;
   for (void*& p : pointers) args.push_back(&p);
+  if (hasRowReductions(program)) {
+    const auto blocks = static_cast<unsigned int>(fusedRowBlocks(numel / shape.back()));
+    const CUresult launched = cuLaunchKernel(f.scalar, blocks, 1, 1, kFusedBlockSize, 1, 1, 0,
+                                             at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
+    TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused: launching a generated kernel failed (CUDA error ", launched, ")");
+    return out;
+  }
   // The vector form where every operand allows 16-byte access.
   const int width = f.vector ? fusedVectorWidth(program, sig) : 0;
   bool aligned = width > 0;

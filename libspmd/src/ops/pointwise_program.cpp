@@ -25,6 +25,7 @@ const std::vector<PointwiseOpInfo>& pointwiseOps() {
       {P::Exp, "exp", 1},          {P::Log, "log", 1},
       {P::Sqrt, "sqrt", 1},        {P::Rsqrt, "rsqrt", 1},
       {P::Pow, "pow", 2},          {P::Cast, "cast", 1},
+      {P::RowSum, "row_sum", 1},   {P::RowMax, "row_max", 1},
   };
   return ops;
 }
@@ -34,6 +35,49 @@ const PointwiseOpInfo& pointwiseOpInfo(PointwiseOp op) {
     if (info.op == op) return info;
   }
   throw std::logic_error("pointwise op without an entry in pointwiseOps()");
+}
+
+bool isRowReduction(PointwiseOp op) { return op == PointwiseOp::RowSum || op == PointwiseOp::RowMax; }
+
+bool hasRowReductions(const PointwiseProgram& program) {
+  for (const PointwiseStatement& s : program.statements) {
+    if (isRowReduction(s.op)) return true;
+  }
+  return false;
+}
+
+bool constantAlongRows(const std::vector<int64_t>& input, const std::vector<int64_t>& shape) {
+  return input.empty() || input.back() == 1 || shape.empty() || shape.back() == 1;
+}
+
+std::vector<bool> rowLevelStatements(const PointwiseProgram& program,
+                                     const std::vector<std::vector<int64_t>>& inputShapes,
+                                     const std::vector<int64_t>& shape) {
+  std::vector<bool> row(program.statements.size(), false);
+  if (!hasRowReductions(program)) return row;
+  for (size_t i = 0; i < program.statements.size(); ++i) {
+    const PointwiseStatement& s = program.statements[i];
+    bool fromRows = true;
+    for (const PointwiseOperand& o : s.operands) {
+      if (o.kind == PointwiseOperand::Kind::Temp) fromRows = fromRows && row[o.index];
+      if (o.kind == PointwiseOperand::Kind::Input) fromRows = fromRows && constantAlongRows(inputShapes.at(o.index), shape);
+    }
+    row[i] = isRowReduction(s.op) || fromRows;
+  }
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    if (isPerRowResult(program, r) && !row[program.results[r]]) {
+      throw std::invalid_argument("row(t" + std::to_string(program.results[r]) + ") of a statement not at row level");
+    }
+  }
+  return row;
+}
+
+bool isPerRowResult(const PointwiseProgram& program, size_t r) { return r < program.perRow.size() && program.perRow[r]; }
+
+std::vector<int64_t> resultShape(const PointwiseProgram& program, size_t r, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out = shape;
+  if (!out.empty() && isPerRowResult(program, r)) out.back() = 1;
+  return out;
 }
 
 bool isPointwiseDtype(c10::ScalarType t) {
@@ -71,9 +115,16 @@ class ProgramParser {
     do {
       skipSpace();
       const size_t at = pos_;
+      const bool perRow = atWord("row");
+      if (perRow) {
+        pos_ += 3;
+        expect('(');
+      }
       PointwiseOperand r = operand();
       if (r.kind != PointwiseOperand::Kind::Temp) fail(at, "a result must be a statement's value (tK)");
+      if (perRow) expect(')');
       program_.results.push_back(r.index);
+      program_.perRow.push_back(perRow);
       skipSpace();
     } while (accept(','));
     if (pos_ != text_.size()) fail(pos_, "unexpected text after the results");
@@ -227,7 +278,10 @@ std::string printPointwiseProgram(const PointwiseProgram& program) {
     out += "); ";
   }
   out += "return ";
-  for (size_t k = 0; k < program.results.size(); ++k) out += (k ? ", t" : "t") + std::to_string(program.results[k]);
+  for (size_t k = 0; k < program.results.size(); ++k) {
+    const std::string t = "t" + std::to_string(program.results[k]);
+    out += (k ? ", " : "") + (isPerRowResult(program, k) ? "row(" + t + ")" : t);
+  }
   return out;
 }
 

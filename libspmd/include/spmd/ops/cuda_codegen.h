@@ -21,6 +21,10 @@ constexpr int kCodegenVersion = 1;
 constexpr const char* kFusedKernelName = "spmd_fused";
 constexpr int kFusedBlockSize = 256;
 constexpr const char* kFusedVectorKernelName = "spmd_fused_vec";
+// A row program's kernel (ops/pointwise_program.h): one warp a row, this many
+// rows a block of kFusedBlockSize threads. It is the source's only kernel.
+constexpr const char* kFusedRowsKernelName = "spmd_fused_rows";
+constexpr int kFusedRowsPerBlock = kFusedBlockSize / 32;
 
 struct KernelTensor {
   c10::ScalarType dtype = c10::ScalarType::Float;
@@ -37,7 +41,7 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
 
 // `spmd_fused_vec`'s elements per iteration (8 where every operand it reads
 // or writes whole is 16-bit, else 4), or 0 when the element count is no
-// multiple of it and the source has no such kernel. spmd::fused launches it
+// multiple of it, or the program is a row program, and the source has no such kernel. spmd::fused launches it
 // when every data pointer is 16-byte aligned.
 int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs);
 
@@ -47,6 +51,9 @@ int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTe
 std::string bfloat16Helpers();
 // The same for f16: spmd_f16_to_f32 and spmd_f32_to_f16 (round to nearest even).
 std::string float16Helpers();
+
+// Blocks to launch for a row program over `rows` rows (one warp each).
+int64_t fusedRowBlocks(int64_t rows);
 
 // Blocks to launch for `numel` elements (a grid-stride loop covers the rest).
 int64_t fusedGridSize(int64_t numel, int multiprocessors);

@@ -12,10 +12,24 @@
 // and add; math functions differ by an ulp between implementations). The
 // results named by `return` are the node's outputs, of the iteration space's
 // shape.
+//
+// A row program also reduces over the last dimension of the iteration space
+// (softmax, RMSNorm and their backward; sums over the last dimension):
+//
+//   t0:f32 = mul(in0, in0); t1:f32 = row_sum(t0); t2:f32 = mul(in0, t1); return t2, t1
+//
+// `row_sum` and `row_max` give one value a row, and so does every statement
+// computed only from such values, constants and inputs that are the same
+// along a row (last dimension 1, or broadcast there): its "row level". A
+// result written `row(tK)` is one value a row, of the iteration space's
+// shape with the last dimension 1 (tK must be at row level); any other
+// result has the iteration space's shape (a row-level one repeated along the
+// row). The reductions accumulate in float and round once, as ATen's do.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +41,7 @@ namespace spmd {
 enum class PointwiseOp {
   Add, Sub, Mul, Div, Neg, Relu, ThresholdGrad, Gelu, GeluGrad, GeluTanh, GeluTanhGrad,
   Tanh, TanhGrad, Sigmoid, SigmoidGrad, Silu, SiluGrad, Exp, Log, Sqrt, Rsqrt, Pow, Cast,
+  RowSum, RowMax,  // over the last dimension (see above)
 };
 
 struct PointwiseOpInfo {
@@ -54,7 +69,25 @@ struct PointwiseProgram {
   int numInputs = 0;
   std::vector<PointwiseStatement> statements;
   std::vector<int> results;  // statement indices, in output order
+  std::vector<bool> perRow;  // per result: written row(tK)
 };
+
+bool isRowReduction(PointwiseOp op);
+bool hasRowReductions(const PointwiseProgram& program);
+// Whether an input of shape `input` is the same along each row of the
+// iteration space `shape` (it broadcasts along the last dimension).
+bool constantAlongRows(const std::vector<int64_t>& input, const std::vector<int64_t>& shape);
+// Per statement: whether it has one value a row (see above), for inputs of
+// `inputShapes` over the iteration space `shape`. All false for a program
+// without reductions. Throws std::invalid_argument where a row(tK) result
+// names a statement that is not at row level.
+std::vector<bool> rowLevelStatements(const PointwiseProgram& program,
+                                     const std::vector<std::vector<int64_t>>& inputShapes,
+                                     const std::vector<int64_t>& shape);
+bool isPerRowResult(const PointwiseProgram& program, size_t r);
+// The shape of result `r` over the iteration space `shape` (row(tK): its
+// last dimension 1).
+std::vector<int64_t> resultShape(const PointwiseProgram& program, size_t r, const std::vector<int64_t>& shape);
 
 // The dtypes a program computes in (its values' and inputs' dtypes).
 bool isPointwiseDtype(c10::ScalarType t);

@@ -1,0 +1,189 @@
+#include "pointwise_groups.h"
+
+#include "spmd/ir/graph.h"
+
+#include <c10/core/Layout.h>
+#include <c10/core/MemoryFormat.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+namespace spmd {
+namespace {
+
+bool isTensor(const Arg& a) { return a.kind == Arg::Kind::Value; }
+
+// a + alpha * b (aten::add's formula; alpha 1 is a plain add).
+std::vector<Step> addScaled(PointwiseOp op, Source a, Source b, double alpha) {
+  if (alpha == 1) return {{op, {a, b}}};
+  return {{PointwiseOp::Mul, {b, constantSource(alpha)}}, {op, {a, localSource(0)}}};
+}
+
+bool isPlainCopy(const Node& n) {
+  // _to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format)
+  if (n.args.size() != 7 || n.args[1].kind != Arg::Kind::DType) return false;
+  const bool stridedLayout = n.args[2].kind == Arg::Kind::None ||
+                             (n.args[2].kind == Arg::Kind::Layout && n.args[2].i == static_cast<int64_t>(c10::kStrided));
+  const bool keepsFormat = n.args[6].kind == Arg::Kind::None ||
+                           (n.args[6].kind == Arg::Kind::MemoryFormat &&
+                            n.args[6].i == static_cast<int64_t>(c10::MemoryFormat::Preserve));
+  return stridedLayout && keepsFormat && (n.args[5].kind == Arg::Kind::None || !n.args[5].b);
+}
+
+// The node as statements, or nullopt for ops this pass does not fuse. The
+// last step's result is the node's output.
+}  // namespace
+
+std::optional<std::vector<Step>> translatePointwise(const Node& n) {
+  using P = PointwiseOp;
+  const std::string op = n.qualifiedName();
+  const auto& a = n.args;
+  auto v = [&](size_t k) { return valueSource(a[k].value); };
+  auto c = [&](size_t k) { return constantSource(scalarOf(a[k])); };
+  auto tensors = [&](size_t count) {
+    if (a.size() < count) return false;
+    for (size_t k = 0; k < count; ++k) {
+      if (!isTensor(a[k])) return false;
+    }
+    return true;
+  };
+  static const std::map<std::string, P> unary = {
+      {"aten::neg", P::Neg},   {"aten::relu", P::Relu},       {"aten::tanh", P::Tanh}, {"aten::sigmoid", P::Sigmoid},
+      {"aten::silu", P::Silu}, {"aten::exp", P::Exp},         {"aten::log", P::Log},   {"aten::sqrt", P::Sqrt},
+      {"aten::rsqrt", P::Rsqrt}};
+  static const std::map<std::string, P> binary = {
+      {"aten::mul.Tensor", P::Mul},           {"aten::div.Tensor", P::Div},
+      {"aten::tanh_backward", P::TanhGrad},   {"aten::sigmoid_backward", P::SigmoidGrad},
+      {"aten::silu_backward", P::SiluGrad}};
+  if (auto it = unary.find(op); it != unary.end() && tensors(1) && a.size() == 1) return std::vector<Step>{{it->second, {v(0)}}};
+  if (auto it = binary.find(op); it != binary.end() && tensors(2) && a.size() == 2) {
+    return std::vector<Step>{{it->second, {v(0), v(1)}}};
+  }
+  if ((op == "aten::add.Tensor" || op == "aten::sub.Tensor") && tensors(2) && a.size() == 3 && isScalar(a[2])) {
+    return addScaled(op == "aten::add.Tensor" ? P::Add : P::Sub, v(0), v(1), scalarOf(a[2]));
+  }
+  if ((op == "aten::add.Scalar" || op == "aten::sub.Scalar") && tensors(1) && a.size() == 3 && isScalar(a[1]) && isScalar(a[2])) {
+    return std::vector<Step>{{op == "aten::add.Scalar" ? P::Add : P::Sub, {v(0), constantSource(scalarOf(a[1]) * scalarOf(a[2]))}}};
+  }
+  if ((op == "aten::mul.Scalar" || op == "aten::div.Scalar") && tensors(1) && a.size() == 2 && isScalar(a[1])) {
+    return std::vector<Step>{{op == "aten::mul.Scalar" ? P::Mul : P::Div, {v(0), c(1)}}};
+  }
+  if (op == "aten::rsub.Scalar" && tensors(1) && a.size() == 3 && isScalar(a[1]) && isScalar(a[2])) {
+    // other - alpha * self
+    if (scalarOf(a[2]) == 1) return std::vector<Step>{{P::Sub, {c(1), v(0)}}};
+    return std::vector<Step>{{P::Mul, {v(0), c(2)}}, {P::Sub, {c(1), localSource(0)}}};
+  }
+  if (op == "aten::pow.Tensor_Scalar" && tensors(1) && a.size() == 2 && isScalar(a[1])) return std::vector<Step>{{P::Pow, {v(0), c(1)}}};
+  if (op == "aten::threshold_backward" && tensors(2) && a.size() == 3 && isScalar(a[2])) {
+    return std::vector<Step>{{P::ThresholdGrad, {v(0), v(1), c(2)}}};
+  }
+  if (op == "aten::gelu" && tensors(1) && a.size() == 2 && a[1].kind == Arg::Kind::Str) {
+    if (a[1].s == "none") return std::vector<Step>{{P::Gelu, {v(0)}}};
+    if (a[1].s == "tanh") return std::vector<Step>{{P::GeluTanh, {v(0)}}};
+  }
+  if (op == "aten::gelu_backward" && tensors(2) && a.size() == 3 && a[2].kind == Arg::Kind::Str) {
+    if (a[2].s == "none") return std::vector<Step>{{P::GeluGrad, {v(0), v(1)}}};
+    if (a[2].s == "tanh") return std::vector<Step>{{P::GeluTanhGrad, {v(0), v(1)}}};
+  }
+  if (op == "aten::_to_copy" && tensors(1) && isPlainCopy(n)) return std::vector<Step>{{P::Cast, {v(0)}}};
+  // to.dtype(self, dtype, non_blocking, copy, memory_format): a copy or self
+  // itself, the same values either way in a graph without writes.
+  if (op == "aten::to.dtype" && tensors(1) && a.size() == 5 && a[1].kind == Arg::Kind::DType &&
+      a[4].kind == Arg::Kind::None) {
+    return std::vector<Step>{{P::Cast, {v(0)}}};
+  }
+  return std::nullopt;
+}
+
+
+namespace {
+
+// A member's value that the rest of the graph reads (a node, an output, a
+// state update or a gradient record).
+bool readOutside(const Graph& g, const std::set<const Node*>& nodes, ValueId v) {
+  for (const Node* user : g.users(v)) {
+    if (!nodes.count(user)) return true;
+  }
+  return g.readBeyondNodes(v);
+}
+
+}  // namespace
+
+bool hasPointwiseDtypes(const Graph& g, const Node& n) {
+  if (n.outputs.size() != 1 || n.outputs[0] == kNoValue || !isPointwiseDtype(g.value(n.outputs[0]).dtype)) return false;
+  bool ok = true;
+  forEachTensorArg(n, [&](ValueId v) { ok = ok && isPointwiseDtype(g.value(v).dtype); });
+  return ok;
+}
+
+bool canEndGroupAt(const Graph& g, const std::vector<Candidate>& members, const std::set<const Node*>& nodes,
+                   const Node& n) {
+  const size_t at = g.indexOf(n);
+  for (const Candidate& m : members) {
+    for (const Node* user : g.users(m.node->outputs[0])) {
+      if (user != &n && !nodes.count(user) && g.indexOf(*user) < at) return false;
+    }
+  }
+  return true;
+}
+
+void replaceWithFusedNode(Graph& g, const std::vector<Candidate>& members, const std::set<const Node*>& nodes,
+                          const std::function<bool(ValueId)>& perRow) {
+  PointwiseProgram program;
+  std::vector<ValueId> inputs, results;
+  std::map<ValueId, int> temp;  // member value -> statement
+  auto operandOf = [&](const Source& s, int firstLocal) {
+    PointwiseOperand o;
+    if (s.kind == Source::Kind::Constant) {
+      o.constant = s.constant;
+    } else if (s.kind == Source::Kind::Local) {
+      o.kind = PointwiseOperand::Kind::Temp;
+      o.index = firstLocal + s.local;
+    } else if (auto it = temp.find(s.value); it != temp.end()) {
+      o.kind = PointwiseOperand::Kind::Temp;
+      o.index = it->second;
+    } else {
+      o.kind = PointwiseOperand::Kind::Input;
+      auto pos = std::find(inputs.begin(), inputs.end(), s.value);
+      o.index = static_cast<int>(pos - inputs.begin());
+      if (pos == inputs.end()) inputs.push_back(s.value);
+    }
+    return o;
+  };
+  for (const Candidate& m : members) {
+    const int firstLocal = static_cast<int>(program.statements.size());
+    const ValueId out = m.node->outputs[0];
+    for (size_t k = 0; k < m.steps.size(); ++k) {
+      PointwiseStatement s;
+      s.op = m.steps[k].op;
+      // Only the op's result is rounded to its dtype; its inner steps stay float.
+      s.dtype = k + 1 == m.steps.size() ? g.value(out).dtype : c10::ScalarType::Float;
+      for (const Source& src : m.steps[k].operands) s.operands.push_back(operandOf(src, firstLocal));
+      program.statements.push_back(s);
+    }
+    temp[out] = static_cast<int>(program.statements.size()) - 1;
+    if (readOutside(g, nodes, out)) {
+      program.results.push_back(temp[out]);
+      program.perRow.push_back(perRow && perRow(out));
+      results.push_back(out);
+    }
+  }
+  program.numInputs = static_cast<int>(inputs.size());
+
+  Node fused;
+  fused.op = "spmd::fused";
+  Arg list;
+  list.kind = Arg::Kind::Values;
+  list.values = inputs;
+  Arg text;
+  text.kind = Arg::Kind::Str;
+  text.s = printPointwiseProgram(program);
+  fused.args = {list, text};
+  fused.outputs = results;
+  fused.meta = members.back().node->meta;
+  for (size_t k = members.size() - 1; k-- > 0;) g.extract(*members[k].node);
+  g.replaceNode(*members.back().node, std::move(fused));
+}
+
+}  // namespace spmd
