@@ -21,7 +21,7 @@
 # F.scaled_dot_product_attention, the fused optimizer). Every result line carries
 # its "precision".
 #
-# Knobs (environment): MODELS="mlp mlp4096 gpt" (resnet50 too, by name),
+# Knobs (environment): MODELS="mlp mlp4096 gpt" (llama and resnet50 too, by name),
 # PRECISIONS="fp32", NPROCS="1 2", SYSTEMS="spmd ddp compile", DEVICE=cuda,
 # PYTHON=python3, B=build-gpu (BUILD=0: use it as it is; BUILD_ONLY=1: build and stop,
 # e.g. as a device call of its own), TIMEOUT=300 (seconds per command), QUICK=1 (5
@@ -54,9 +54,9 @@ B=${B:-build-gpu}
 BUILD=${BUILD:-1}
 TIMEOUT=${TIMEOUT:-300}
 TINY=${TINY:-0}
-declare -A STEPS=([mlp]=300 [mlp4096]=50 [gpt]=30 [resnet50]=30) WARMUP=([mlp]=30 [mlp4096]=10 [gpt]=5 [resnet50]=5)
+declare -A STEPS=([mlp]=300 [mlp4096]=50 [gpt]=30 [llama]=30 [resnet50]=30) WARMUP=([mlp]=30 [mlp4096]=10 [gpt]=5 [llama]=5 [resnet50]=5)
 if [ "${QUICK:-0}" = 1 ]; then
-  STEPS=([mlp]=5 [mlp4096]=5 [gpt]=5 [resnet50]=5) WARMUP=([mlp]=2 [mlp4096]=2 [gpt]=2 [resnet50]=2)
+  STEPS=([mlp]=5 [mlp4096]=5 [gpt]=5 [llama]=5 [resnet50]=5) WARMUP=([mlp]=2 [mlp4096]=2 [gpt]=2 [llama]=2 [resnet50]=2)
 fi
 for m in $MODELS; do
   if [ -z "${STEPS[$m]:-}" ]; then echo "bench.sh: unknown model $m (STEPS has ${!STEPS[*]})" >&2; exit 2; fi

@@ -2,7 +2,7 @@
 
   python3 bench/models.py OUTDIR [--tiny] [--model NAME]... [--data-ranks 1,2]
 
-For each model (mlp, mlp4096, gpt, resnet50; all by default) writes OUTDIR/NAME.pt
+For each model (mlp, mlp4096, gpt, llama, resnet50; all by default) writes OUTDIR/NAME.pt
 (scripted with torch.jit.script, or traced with example inputs where scripting
 fails; weights seeded with torch.manual_seed(0), as samples/generate.py makes the
 samples), NAME.inputs (the --input flags), NAME.optim (spmd-expand's optimizer
@@ -38,6 +38,15 @@ def _samples():
     return module
 
 
+def _zoo():
+    """tests/zoo/zoo.py: models written as other projects write them (llama)."""
+    found = importlib.util.spec_from_file_location("zoo", os.path.join(ROOT, "tests", "zoo", "zoo.py"))
+    module = importlib.util.module_from_spec(found)
+    sys.modules["zoo"] = module
+    found.loader.exec_module(module)
+    return module
+
+
 _SAMPLES = _samples()
 MLP, TinyLM, Attention = _SAMPLES.MLP, _SAMPLES.TinyLM, _SAMPLES.Attention
 
@@ -45,7 +54,8 @@ MLP, TinyLM, Attention = _SAMPLES.MLP, _SAMPLES.TinyLM, _SAMPLES.Attention
 Input = namedtuple("Input", "name dtype shape high")
 # make(): the module; inputs: per-rank arguments of forward; optimizer: "adam" or
 # "sgd", at learning rate lr (and, for sgd, momentum).
-Bench = namedtuple("Bench", "name about make inputs lr optimizer momentum", defaults=("adam", 0.0))
+# traced: torch.jit.trace it (the zoo's models are written for eager PyTorch, not TorchScript).
+Bench = namedtuple("Bench", "name about make inputs lr optimizer momentum traced", defaults=("adam", 0.0, False))
 
 SHORT = {torch.float32: "f32", torch.int64: "i64"}
 
@@ -70,6 +80,16 @@ def gpt_bench(name, vocab, dim, heads, layers, seq, batch, about):
     return Bench(name, about, lambda: TinyLM(vocab=vocab, dim=dim, heads=heads, layers=layers, seq=seq), tokens, 1e-3)
 
 
+def llama_bench(name, vocab, dim, heads, kv_heads, layers, hidden, seq, batch, about):
+    """tests/zoo's LlamaLM (Hugging Face's LLaMA structure: RMSNorm, rotary, grouped-query heads, eager
+    softmax attention in fp32, SwiGLU), Adam lr 1e-3."""
+    tokens = [Input(n, torch.int64, [batch, seq], vocab) for n in ("input_ids", "labels")]
+    def make():
+        return _zoo().LlamaLM(dim=dim, heads=heads, kv_heads=kv_heads, layers=layers, seq=seq, vocab=vocab,
+                              hidden=hidden)
+    return Bench(name, about, make, tokens, 1e-3, traced=True)
+
+
 def resnet_bench(name, arch, classes, size, batch, about):
     """torchvision.models.ARCH(num_classes=classes) on batch x 3 x size x size images, SGD lr 0.1 momentum 0.9."""
     def make():
@@ -86,6 +106,8 @@ def benches(tiny=False):
             "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP (tiny: unchanged)"),
             "mlp4096": mlp_bench("mlp4096", 16, 64, 1e-3, "MLP 16 x Linear(64,64)+ReLU (tiny)"),
             "gpt": gpt_bench("gpt", 64, 32, 2, 2, 16, 8, "GPT vocab 64, dim 32, 2 heads, 2 layers, seq 16 (tiny)"),
+            "llama": llama_bench("llama", 64, 32, 4, 2, 2, 96, 16, 8,
+                                 "LLaMA structure, vocab 64, dim 32, 4 heads (2 kv), 2 layers, seq 16 (tiny)"),
             "resnet50": resnet_bench("resnet50", "resnet18", 10, 32, 2,
                                      "torchvision resnet18, 10 classes, 3x32x32 images (tiny), loss = cross-entropy"),
         }
@@ -94,6 +116,9 @@ def benches(tiny=False):
         "mlp4096": mlp_bench("mlp4096", 16, 4096, 1e-3, "MLP 16 x Linear(4096,4096)+ReLU, loss = sum"),
         "gpt": gpt_bench("gpt", 50304, 768, 12, 12, 1024, 8,
                          "GPT-2 small shape: vocab 50304, dim 768, 12 heads, 12 layers, seq 1024"),
+        "llama": llama_bench("llama", 32000, 768, 12, 4, 12, 2048, 1024, 8,
+                             "LLaMA structure (tests/zoo): vocab 32000, dim 768, 12 heads (4 kv), 12 layers, "
+                             "SwiGLU 2048, seq 1024, eager fp32 softmax attention"),
         "resnet50": resnet_bench("resnet50", "resnet50", 1000, 224, 32,
                                  "torchvision resnet50, 1000 classes, 3x224x224 images, loss = cross-entropy"),
     }
@@ -132,13 +157,15 @@ def optimizer(bench, params, **impl):
 
 
 def to_torchscript(bench):
-    """(scripted module, how): torch.jit.script, or torch.jit.trace on example inputs if scripting fails."""
+    """(scripted module, how): torch.jit.script, or torch.jit.trace on example inputs if scripting fails
+    or the bench is traced."""
     module = build(bench)
-    try:
-        return torch.jit.script(module), "script"
-    except Exception as e:  # noqa: BLE001  (TorchScript raises many kinds)
-        print("models.py: torch.jit.script(%s) failed (%s: %s); tracing instead"
-              % (bench.name, type(e).__name__, str(e).splitlines()[0] if str(e) else ""), file=sys.stderr)
+    if not bench.traced:
+        try:
+            return torch.jit.script(module), "script"
+        except Exception as e:  # noqa: BLE001  (TorchScript raises many kinds)
+            print("models.py: torch.jit.script(%s) failed (%s: %s); tracing instead"
+                  % (bench.name, type(e).__name__, str(e).splitlines()[0] if str(e) else ""), file=sys.stderr)
     g = torch.Generator().manual_seed(0)
     example = tuple(random_input(i, 1, g) for i in bench.inputs)
     return torch.jit.trace(module, example, check_trace=False), "trace"

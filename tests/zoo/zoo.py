@@ -266,18 +266,18 @@ class LlamaLM(nn.Module):
     """LlamaForCausalLM's structure: pre-norm blocks of RMSNorm, rotary
     attention and a SwiGLU MLP, an untied head, the shifted-label loss."""
 
-    def __init__(self, dim=32, heads=4, kv_heads=2, layers=2, seq=8):
+    def __init__(self, dim=32, heads=4, kv_heads=2, layers=2, seq=8, vocab=VOCAB, hidden=None):
         super().__init__()
-        self.embed_tokens = nn.Embedding(VOCAB, dim)
+        self.embed_tokens = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList()
         for _ in range(layers):
             block = nn.ModuleDict({"input_layernorm": LlamaRMSNorm(dim),
                                    "self_attn": LlamaAttention(dim, heads, kv_heads, seq),
                                    "post_attention_layernorm": LlamaRMSNorm(dim),
-                                   "mlp": LlamaMLP(dim, 3 * dim)})
+                                   "mlp": LlamaMLP(dim, hidden or 3 * dim)})
             self.layers.append(block)
         self.norm = LlamaRMSNorm(dim)
-        self.lm_head = nn.Linear(dim, VOCAB, bias=False)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, input_ids, labels):
         hidden = self.embed_tokens(input_ids)
