@@ -167,7 +167,10 @@ def to_torchscript(bench):
             print("models.py: torch.jit.script(%s) failed (%s: %s); tracing instead"
                   % (bench.name, type(e).__name__, str(e).splitlines()[0] if str(e) else ""), file=sys.stderr)
     g = torch.Generator().manual_seed(0)
-    example = tuple(random_input(i, 1, g) for i in bench.inputs)
+    # A traced bench traces one sample (the batch stays a traced size, which
+    # spmd-expand's --input sets): its forward on this CPU is 8x cheaper.
+    example = tuple(random_input(i._replace(shape=[1] + i.shape[1:]) if bench.traced else i, 1, g)
+                    for i in bench.inputs)
     return torch.jit.trace(module, example, check_trace=False), "trace"
 
 
