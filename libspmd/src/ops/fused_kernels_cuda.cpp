@@ -139,11 +139,21 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
     key += "|" + std::to_string(static_cast<int>(t.scalar_type())) + ":" + c10::str(t.sizes());
   }
   const std::vector<int64_t> shape = broadcastShapes(sig);
-  const c10::cuda::CUDAGuard guard(inputs[0].device());
+  // A 0-dim CPU tensor may stand beside CUDA ones, as in ATen's own ops; it
+  // is copied to the device (fuse-pointwise and fuse-rows fold the
+  // importer's scalar_tensor constants, so a step's kernels see none).
+  const at::Tensor* onDevice = nullptr;
+  for (const at::Tensor& t : inputs) {
+    if (!onDevice && t.is_cuda()) onDevice = &t;
+    TORCH_CHECK(t.is_cuda() || t.dim() == 0, "spmd::fused: an input on ", t.device(), " of ", t.dim(),
+                " dimensions beside CUDA tensors");
+  }
+  TORCH_CHECK(onDevice, "spmd::fused: no input on the GPU");
+  const c10::cuda::CUDAGuard guard(onDevice->device());
   KernelCache::Functions f;
   try {
     ensureContext();
-    f = KernelCache::instance().functions(inputs[0].get_device(), key,
+    f = KernelCache::instance().functions(onDevice->get_device(), key,
                                           [&] { return pointwiseKernelSource(program, sig); });
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "spmd::fused: ", e.what());
@@ -152,13 +162,13 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   std::vector<at::Tensor> dense;
   std::vector<void*> pointers;
   for (const at::Tensor& t : inputs) {
-    dense.push_back(t.contiguous());
+    dense.push_back(t.is_cuda() ? t.contiguous() : t.to(onDevice->device()));
     pointers.push_back(dense.back().data_ptr());
   }
   std::vector<at::Tensor> out;
   for (size_t r = 0; r < program.results.size(); ++r) {
     out.push_back(at::empty(resultShape(program, r, shape),
-                            inputs[0].options().dtype(program.statements[program.results[r]].dtype)));
+                            onDevice->options().dtype(program.statements[program.results[r]].dtype)));
     pointers.push_back(out.back().data_ptr());
   }
   const int64_t numel = c10::multiply_integers(shape);

@@ -111,6 +111,7 @@ class PointwiseFuser {
     if (!hasPointwiseDtypes(g_, n)) return;
     auto steps = translatePointwise(n);
     if (!steps) return;
+    foldScalarTensors(g_, *steps);
     const std::vector<int64_t>& shape = g_.value(n.outputs[0]).shape;
     int chosen = -1;
     forEachTensorArg(n, [&](ValueId v) {

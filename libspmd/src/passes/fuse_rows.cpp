@@ -235,6 +235,7 @@ class RowFuser {
     if (!hasPointwiseDtypes(g_, n)) return;
     std::optional<RowCandidate> c = translateRowNode(g_, n);
     if (!c) return;
+    foldScalarTensors(g_, c->candidate.steps);
     const std::vector<int> producers = producerGroups(n);
     int chosen = -1;
     bool rowLevel = false;

@@ -110,6 +110,17 @@ bool readOutside(const Graph& g, const std::set<const Node*>& nodes, ValueId v) 
 
 }  // namespace
 
+void foldScalarTensors(const Graph& g, std::vector<Step>& steps) {
+  for (Step& step : steps) {
+    for (Source& src : step.operands) {
+      const Node* p = src.kind == Source::Kind::Value ? g.producer(src.value) : nullptr;
+      if (!p || p->op != "aten::scalar_tensor" || p->args.empty() || !isScalar(p->args[0])) continue;
+      if (g.value(src.value).dtype != c10::ScalarType::Float) continue;  // f32: the kernels' arithmetic
+      src = constantSource(scalarOf(p->args[0]));
+    }
+  }
+}
+
 bool hasPointwiseDtypes(const Graph& g, const Node& n) {
   if (n.outputs.size() != 1 || n.outputs[0] == kNoValue || !isPointwiseDtype(g.value(n.outputs[0]).dtype)) return false;
   bool ok = true;

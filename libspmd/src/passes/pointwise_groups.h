@@ -43,6 +43,12 @@ inline bool isScalar(const Arg& a) { return a.kind == Arg::Kind::Int || a.kind =
 // does not fuse.
 std::optional<std::vector<Step>> translatePointwise(const Node& n);
 
+// Replaces each operand that is an aten::scalar_tensor of a number (a 0-dim
+// CPU tensor, as the importer writes a Python float: RMSNorm's eps, a
+// scale) by that number: a CPU pointer cannot reach a kernel, and the
+// constant is in the generated source.
+void foldScalarTensors(const Graph& g, std::vector<Step>& steps);
+
 // Whether `n` has one result and it, and every tensor `n` reads, has a
 // dtype that pointwise programs compute in.
 bool hasPointwiseDtypes(const Graph& g, const Node& n);
