@@ -159,6 +159,14 @@ const FusionCase kRowCases[] = {
   %s: {D}[33,1] = aten::sum.dim_IntList(%d, [-1], True, None)
   return (%gl, %s)
 )", 2},
+    {"softmax and its backward over rows too long for a lane's registers", R"(graph
+  input %x: {D}[5,2000] data
+  input %g: {D}[5,2000] data
+  %z: {D}[5,2000] = aten::mul.Scalar(%x, 0.5)
+  %y: {D}[5,2000] = aten::_softmax(%z, 1, False)
+  %gx: {D}[5,2000] = aten::_softmax_backward_data(%g, %y, 1, torch.{T})
+  return (%y, %gx)
+)", 1},
 };
 
 Graph caseGraph(const FusionCase& c, c10::ScalarType dtype) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <regex>
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -295,11 +296,15 @@ struct KernelText {
 
 // The kernel of a row program: `spmd_fused_rows`, one warp a row of the
 // iteration space's last dimension. Each reduction is one pass over the row
-// (its lanes read every 32nd element, then a warp shuffle combines them);
+// (its lanes take every 32nd element, then a warp shuffle combines them);
 // the element-level statements it needs are computed again in each pass
-// rather than kept, so a pass reads the row's inputs once more (from L1/L2
-// for rows of a few KB). A last pass writes the element-level results; lane
-// 0 writes the per-row ones.
+// rather than kept. Where a lane's share of the row-varying inputs fits in
+// kRowCachedFloatsPerLane registers (rows of 1024 with three inputs), they
+// are read once, before the first pass; longer rows read them again each
+// pass (from L1/L2). A last pass writes the element-level results; lane 0
+// writes the per-row ones.
+constexpr int64_t kRowCachedFloatsPerLane = 96;
+
 struct RowKernelText {
   KernelText base;
   std::string index;
@@ -339,18 +344,64 @@ struct RowKernelText {
     return {needed.begin(), needed.end()};
   }
 
-  // A loop over the row's elements computing what `operands` need, then `tail`.
+  // The inputs that vary along the row, which a lane keeps in registers
+  // (its every 32nd element) where the row is short enough: each is then
+  // read from memory once however many passes the reductions make.
+  std::set<int> rowVaryingInputs() const {
+    std::set<int> read;
+    for (const PointwiseStatement& st : program().statements) {
+      for (const PointwiseOperand& o : st.operands) {
+        if (o.kind == PointwiseOperand::Kind::Input && !constantAlongRow(o.index)) read.insert(o.index);
+      }
+    }
+    return read;
+  }
+  int64_t perLane() const { return (columns + 31) / 32; }
+  bool cached() const {
+    return static_cast<int64_t>(rowVaryingInputs().size()) * perLane() <= kRowCachedFloatsPerLane;
+  }
+
+  // The loop over a lane's elements: each iteration's `body` sees j and i.
+  std::string laneLoop(const std::string& body) const {
+    const std::string n = number(columns);
+    if (!cached()) {
+      return "  for (" + index + " j = lane; j < " + n + "; j += 32" + base.suffix + ") {\n    const " + index +
+             " i = row * " + n + " + j;\n" + body + "  }\n";
+    }
+    std::string s = "#pragma unroll\n  for (" + index + " u = 0; u < " + number(perLane()) + "; ++u) {\n";
+    // j and i, the element's place, only where the body reads or writes
+    // memory or the row ends inside the lane's last element.
+    const bool ragged = columns % 32 != 0, indexed = std::regex_search(body, std::regex("\\bi\\b"));
+    if (ragged || indexed) s += "    const " + index + " j = lane + 32" + base.suffix + " * u;\n";
+    if (ragged) s += "    if (j >= " + n + ") break;\n";
+    if (indexed) s += "    const " + index + " i = row * " + n + " + j;\n";
+    return s + body + "  }\n";
+  }
+
+  std::string cacheInputs() const {
+    if (!cached() || rowVaryingInputs().empty()) return "";
+    std::string decl, body;
+    for (int k : rowVaryingInputs()) {
+      decl += "  float c" + std::to_string(k) + "[" + std::to_string(perLane()) + "];\n";
+      body += "    c" + std::to_string(k) + "[u] = " + base.elementAt(k) + ";\n";
+    }
+    return decl + laneLoop(body);
+  }
+
+  // A pass over the row's elements computing what `operands` need, then `tail`.
   std::string elementLoop(const std::vector<PointwiseOperand>& operands, const std::string& tail) const {
     std::set<int> inputs;
     const std::vector<size_t> needed = elementClosure(operands, inputs);
-    std::string s = "  for (" + index + " j = lane; j < " + number(columns) + "; j += 32" + base.suffix + ") {\n";
-    s += "    const " + index + " i = row * " + number(columns) + " + j;\n";
-    for (int k : inputs) s += "    const float a" + std::to_string(k) + " = " + base.elementAt(k) + ";\n";
+    std::string s;
+    for (int k : inputs) {
+      s += "    const float a" + std::to_string(k) + " = " + (cached() ? "c" + std::to_string(k) + "[u]" : base.elementAt(k)) +
+           ";\n";
+    }
     for (size_t k : needed) {
       const PointwiseStatement& st = program().statements[k];
       s += "    const float t" + std::to_string(k) + " = " + rounded(st.dtype, opExpr(st)) + ";\n";
     }
-    return s + tail + "  }\n";
+    return laneLoop(s + tail);
   }
 
   std::string reduction(size_t k) const {
@@ -402,7 +453,7 @@ struct RowKernelText {
     s += "  const " + index + " row = blockIdx.x * " + number(kFusedRowsPerBlock) + " + threadIdx.x / 32" + base.suffix + ";\n";
     s += "  const " + index + " lane = threadIdx.x % 32" + base.suffix + ";\n";
     s += "  if (row >= " + number(rows) + ") return;  // a whole warp\n";
-    s += rowInputs();
+    s += rowInputs() + cacheInputs();
     for (size_t k = 0; k < program().statements.size(); ++k) {
       const PointwiseStatement& st = program().statements[k];
       if (isRowReduction(st.op)) {
