@@ -46,6 +46,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createLinearReluPass},
       {"cat-views", "a cat of reshaped [..., H, D] tensors (attention's q/k/v gradient) reads them itself, without their copies; spmd-lower runs it for --device cuda",
        createCatViewsPass},
+      {"slice-grads", "a sum of slice gradients that split a dimension (cat's backward into a slice's) as one cat; a whole-dimension slice gradient as its input; spmd-lower runs it",
+       createSliceGradsPass},
       {"fuse-rows", "reductions over the last dimension (softmax, RMSNorm, sums) with the element-wise ops around them as one spmd::fused row kernel each; spmd-lower runs it for --device cuda",
        createFuseRowsPass},
       {"fuse-pointwise", "chains of element-wise ops as one spmd::fused node each (a generated kernel); spmd-lower runs it for --device cuda",

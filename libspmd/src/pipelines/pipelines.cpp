@@ -23,7 +23,7 @@ std::vector<std::string> unrollPipeline(const PipelineOptions&) { return {"unrol
 std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   const LowerOptions& o = options.lower;
   const bool cuda = o.device == "cuda";
-  std::vector<std::string> names;
+  std::vector<std::string> names = {"slice-grads"};
   if (cuda) names.push_back("fuse-attention");
   if (cuda) names.push_back("cat-views");
   if (cuda && o.fuse) names.push_back("linear-relu");

@@ -73,6 +73,7 @@ std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCapturableAdamPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFusePointwisePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseRowsPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createSliceGradsPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseCrossEntropyPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseLayerNormPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseColumnSumPass(const PipelineOptions& options);
