@@ -470,9 +470,7 @@ TEST_CASE("generated kernels match ATen's CUDA kernels", "[fused][cuda]") {
     }
   }
 }
-#endif
 
-#ifdef SPMD_WITH_CUDA
 TEST_CASE("generated row kernels match ATen's CUDA kernels", "[fused][cuda]") {
   if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
   for (const FusionCase& c : kRowCases) {

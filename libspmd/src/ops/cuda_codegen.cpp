@@ -310,6 +310,8 @@ struct RowKernelText {
   std::string index;
   std::vector<bool> row;
   int64_t columns, rows;
+  std::set<int> varying;  // the inputs that vary along the row
+  bool cached;            // whether a lane keeps its share of them in registers
 
   RowKernelText(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs,
                 const std::vector<int64_t>& shape, const std::string& index, const std::string& suffix)
@@ -317,7 +319,9 @@ struct RowKernelText {
         index(index),
         row(rowLevelStatements(program, shapesOf(inputs), shape)),
         columns(shape.back()),
-        rows(product(shape, 0, shape.size() - 1)) {}
+        rows(product(shape, 0, shape.size() - 1)),
+        varying(rowVaryingInputs()),
+        cached(static_cast<int64_t>(varying.size()) * perLane() <= kRowCachedFloatsPerLane) {}
 
   static std::vector<std::vector<int64_t>> shapesOf(const std::vector<KernelTensor>& inputs) {
     std::vector<std::vector<int64_t>> shapes;
@@ -357,14 +361,11 @@ struct RowKernelText {
     return read;
   }
   int64_t perLane() const { return (columns + 31) / 32; }
-  bool cached() const {
-    return static_cast<int64_t>(rowVaryingInputs().size()) * perLane() <= kRowCachedFloatsPerLane;
-  }
 
   // The loop over a lane's elements: each iteration's `body` sees j and i.
   std::string laneLoop(const std::string& body) const {
     const std::string n = number(columns);
-    if (!cached()) {
+    if (!cached) {
       return "  for (" + index + " j = lane; j < " + n + "; j += 32" + base.suffix + ") {\n    const " + index +
              " i = row * " + n + " + j;\n" + body + "  }\n";
     }
@@ -379,9 +380,9 @@ struct RowKernelText {
   }
 
   std::string cacheInputs() const {
-    if (!cached() || rowVaryingInputs().empty()) return "";
+    if (!cached || varying.empty()) return "";
     std::string decl, body;
-    for (int k : rowVaryingInputs()) {
+    for (int k : varying) {
       decl += "  float c" + std::to_string(k) + "[" + std::to_string(perLane()) + "];\n";
       body += "    c" + std::to_string(k) + "[u] = " + base.elementAt(k) + ";\n";
     }
@@ -394,7 +395,7 @@ struct RowKernelText {
     const std::vector<size_t> needed = elementClosure(operands, inputs);
     std::string s;
     for (int k : inputs) {
-      s += "    const float a" + std::to_string(k) + " = " + (cached() ? "c" + std::to_string(k) + "[u]" : base.elementAt(k)) +
+      s += "    const float a" + std::to_string(k) + " = " + (cached ? "c" + std::to_string(k) + "[u]" : base.elementAt(k)) +
            ";\n";
     }
     for (size_t k : needed) {
