@@ -26,6 +26,7 @@ for name, path in tools.items():
         lit_config.fatal(f"{name} not found (got {path!r}); install llvm-15-tools and build spmd-opt and spmd-inspect")
     # The tool's name as a word of a RUN line, not inside a path or a longer name.
     config.substitutions.append((r"(?<![\w./-])" + re.escape(name) + r"(?![\w./-])", path))
+config.substitutions.append(("%torch_python", getattr(config, "torch_python", "/usr/bin/python3")))
 config.substitutions.append(("%python", sys.executable))
 
 config.environment["LC_ALL"] = "C"

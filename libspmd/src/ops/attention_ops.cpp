@@ -2,9 +2,10 @@
 // fused forms spmd-lower puts in their place on CUDA.
 //
 // spmd::attention is the attention pattern the model wrote, run as it wrote
-// it: matmul(q, k^T) * scale [+ mask], softmax over the last dimension, the
-// probabilities cast to v's dtype (as autocast casts them for the second
-// matmul), matmul with v. Its backward runs LibTorch's autograd over those
+// it: matmul(q, k^T) * scale (or / scale, with `divide`) [+ mask], softmax
+// over the last dimension (in `softmax_dtype` when given), the probabilities
+// cast to v's dtype (as autocast casts them for the second matmul), matmul
+// with v. Its backward runs LibTorch's autograd over those
 // same ops, so that gradients equal an unfused step's bit for bit; spmd-lower
 // replaces both by a fused kernel where the device has one.
 //
@@ -32,17 +33,28 @@
 namespace spmd {
 namespace {
 
+// How the scores are scaled and the softmax computed, as the model wrote
+// it: `x * scale` or `x / scale` (they round differently), and softmax's
+// dtype argument (autocast's fp32 softmax, or F.softmax(..., dtype=)).
+struct AttentionForm {
+  double scale = 1.0;
+  bool divide = false;
+  c10::optional<at::ScalarType> softmaxDtype;
+};
+
 at::Tensor attentionMath(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const c10::optional<at::Tensor>& mask, double scale) {
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul(scale);
+                         const c10::optional<at::Tensor>& mask, const AttentionForm& form) {
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
+  scores = form.divide ? scores.div(form.scale) : scores.mul(form.scale);
   if (mask && mask->defined()) scores = scores.add(*mask);
-  at::Tensor probs = at::softmax(scores, -1);
+  at::Tensor probs = at::softmax(scores, -1, form.softmaxDtype);
   return at::matmul(probs.to(v.scalar_type()), v);
 }
 
 at::Tensor attentionForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const c10::optional<at::Tensor>& mask, double scale, bool /*causal*/) {
-  return attentionMath(q, k, v, mask, scale);
+                            const c10::optional<at::Tensor>& mask, double scale, bool /*causal*/, bool divide,
+                            c10::optional<at::ScalarType> softmaxDtype) {
+  return attentionMath(q, k, v, mask, {scale, divide, softmaxDtype});
 }
 
 // The gradients of attentionMath, from LibTorch's autograd over its ops. The
@@ -51,7 +63,8 @@ at::Tensor attentionForward(const at::Tensor& q, const at::Tensor& k, const at::
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attentionBackward(const at::Tensor& grad, const at::Tensor& q,
                                                                  const at::Tensor& k, const at::Tensor& v,
                                                                  const c10::optional<at::Tensor>& mask, double scale,
-                                                                 bool /*causal*/) {
+                                                                 bool /*causal*/, bool divide,
+                                                                 c10::optional<at::ScalarType> softmaxDtype) {
   c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
   keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
   c10::impl::ForceDispatchKeyGuard withAutograd(keys);
@@ -59,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attentionBackward(const at::Tenso
   const at::Tensor qq = q.detach().requires_grad_(true);
   const at::Tensor kk = k.detach().requires_grad_(true);
   const at::Tensor vv = v.detach().requires_grad_(true);
-  const at::Tensor out = attentionMath(qq, kk, vv, mask, scale);
+  const at::Tensor out = attentionMath(qq, kk, vv, mask, {scale, divide, softmaxDtype});
   const auto grads = torch::autograd::grad({out}, {qq, kk, vv}, {grad});
   return {grads[0], grads[1], grads[2]};
 }
@@ -77,15 +90,19 @@ const c10::OperatorHandle& spmdOp(const char* name) {
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const c10::optional<at::Tensor>& mask, double scale, bool causal) {
+                            const at::Tensor& v, const c10::optional<at::Tensor>& mask, double scale, bool causal,
+                            bool divide, c10::optional<at::ScalarType> softmaxDtype) {
     at::AutoDispatchBelowADInplaceOrView below;
     at::Tensor out = spmdOp("spmd::attention")
                          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           const c10::optional<at::Tensor>&, double, bool)>()
-                         .call(q, k, v, mask, scale, causal);
+                                           const c10::optional<at::Tensor>&, double, bool, bool,
+                                           c10::optional<at::ScalarType>)>()
+                         .call(q, k, v, mask, scale, causal, divide, softmaxDtype);
     ctx->save_for_backward({q, k, v, mask.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
+    ctx->saved_data["divide"] = divide;
+    ctx->saved_data["softmax_dtype"] = softmaxDtype ? c10::IValue(static_cast<int64_t>(*softmaxDtype)) : c10::IValue();
     return out;
   }
 
@@ -95,20 +112,24 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     // Below autograd: the backward is not differentiated again.
     at::AutoDispatchBelowADInplaceOrView below;
     const c10::optional<at::Tensor> mask = saved[3].defined() ? c10::optional<at::Tensor>(saved[3]) : c10::nullopt;
+    const c10::IValue& dtype = ctx->saved_data["softmax_dtype"];
+    const c10::optional<at::ScalarType> softmaxDtype =
+        dtype.isNone() ? c10::nullopt : c10::optional<at::ScalarType>(static_cast<at::ScalarType>(dtype.toInt()));
     auto [dq, dk, dv] =
         spmdOp("spmd::attention_backward")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                  const at::Tensor&, const at::Tensor&,
-                                                                  const c10::optional<at::Tensor>&, double, bool)>()
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                const c10::optional<at::Tensor>&, double, bool, bool, c10::optional<at::ScalarType>)>()
             .call(grads[0], saved[0], saved[1], saved[2], mask, ctx->saved_data["scale"].toDouble(),
-                  ctx->saved_data["causal"].toBool());
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+                  ctx->saved_data["causal"].toBool(), ctx->saved_data["divide"].toBool(), softmaxDtype);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor attentionAutograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const c10::optional<at::Tensor>& mask, double scale, bool causal) {
-  return AttentionFunction::apply(q, k, v, mask, scale, causal);
+                             const c10::optional<at::Tensor>& mask, double scale, bool causal, bool divide,
+                             c10::optional<at::ScalarType> softmaxDtype) {
+  return AttentionFunction::apply(q, k, v, mask, scale, causal, divide, softmaxDtype);
 }
 
 // ---- the fused kernels ----------------------------------------------------
@@ -313,10 +334,12 @@ void ensureAttentionOpsRegistered() {}
 }  // namespace spmd
 
 TORCH_LIBRARY_FRAGMENT(spmd, m) {
-  m.def("attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal) -> Tensor");
+  m.def(
+      "attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal, bool divide, "
+      "ScalarType? softmax_dtype) -> Tensor");
   m.def(
       "attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, "
-      "bool causal) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "bool causal, bool divide, ScalarType? softmax_dtype) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
   m.def(
       "fused_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal, str kernel) "
       "-> (Tensor out, Tensor logsumexp, Tensor seed, Tensor offset)");

@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -198,9 +199,23 @@ bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun&
   return true;
 }
 
+// The dtype autocast's policy runs softmax in for scores of the lower
+// precision type (fp32 on CUDA), or nullopt where it leaves softmax alone.
+std::optional<c10::ScalarType> autocastSoftmaxDtype(const AutocastPolicy& policy) {
+  const std::optional<c10::OperatorHandle> softmax = findOperator("aten::softmax", "int");
+  if (!softmax) return std::nullopt;
+  const at::Tensor scores = at::empty({2}, at::TensorOptions().device(at::kMeta).dtype(policy.dtype));
+  const AutocastRun run = runUnderAutocast(*softmax, {scores, int64_t{-1}, c10::IValue()}, policy, false);
+  const c10::ScalarType dtype = run.results.at(0).toTensor().scalar_type();
+  if (dtype == policy.dtype) return std::nullopt;
+  return dtype;
+}
+
 // spmd::attention (passes/attention.cpp) stands for matmuls and a softmax;
 // eager autocast casts fp32 q, k and v to the lower precision type for the
-// matmuls, and so does this (the rest follows inside the op).
+// matmuls, and so does this, and runs the softmax as its policy runs
+// softmax (in fp32 on CUDA), unless the model gave softmax a dtype itself.
+// The rest follows inside the op.
 bool AutocastPass::castAttentionInputs(Graph& g, const Node& node) {
   GraphBuilder b(g);
   b.setInsertionPoint(node);
@@ -211,6 +226,15 @@ bool AutocastPass::castAttentionInputs(Graph& g, const Node& node) {
     if (g.value(v).dtype != c10::ScalarType::Float) continue;
     g.setArg(node, i, Arg::tensor(cast(b, v, policy_.dtype)));
     changed = true;
+  }
+  if (node.args[7].kind == Arg::Kind::None) {
+    if (const std::optional<c10::ScalarType> dtype = autocastSoftmaxDtype(policy_)) {
+      Arg softmaxDtype;
+      softmaxDtype.kind = Arg::Kind::DType;
+      softmaxDtype.i = static_cast<int64_t>(*dtype);
+      g.setArg(node, 7, softmaxDtype);
+      changed = true;
+    }
   }
   // Its result has v's dtype (the probabilities are cast to it).
   const c10::ScalarType dtype = g.value(node.args[2].value).dtype;

@@ -58,7 +58,8 @@ const Node* backwardOf(const Graph& g, const Node& a) {
     if (u->op != "spmd::attention_backward") continue;
     bool same = true;
     for (size_t i = 0; i < 3; ++i) same = same && u->args[i + 1].kind == Arg::Kind::Value && u->args[i + 1].value == a.args[i].value;
-    same = same && u->args[5].f == a.args[4].f && u->args[6].b == a.args[5].b;
+    same = same && u->args[5].f == a.args[4].f && u->args[6].b == a.args[5].b && u->args[7].b == a.args[6].b &&
+           u->args[8].kind == a.args[7].kind && u->args[8].i == a.args[7].i;
     if (same) return u;
   }
   return nullptr;
@@ -107,12 +108,21 @@ std::vector<Arg> contiguousForGemm(GraphBuilder& b, const Graph& g, const std::v
   return out;
 }
 
+// The factor the fused kernels multiply the scores by: the attention's
+// scale, or its reciprocal where the model divides (the kernels' result
+// rounds differently from the math's either way). Their softmax is fp32
+// whatever softmax_dtype says: at least as precise as the model's.
+Arg multiplier(const Node& a) {
+  const double scale = a.args[4].f;
+  return Arg::ofFloat(a.args[6].b ? 1.0 / scale : scale);
+}
+
 void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kernel) {
   GraphBuilder b(g);
   b.setInsertionPoint(a);
   b.setMeta(a.meta);
   const bool causal = a.args[5].b;
-  const Arg scale = a.args[4];
+  const Arg scale = multiplier(a);
   std::vector<Arg> qkv = {a.args[0], a.args[1], a.args[2]};
   if (kernel == "gemm") qkv = contiguousForGemm(b, g, qkv);
   const std::string base = g.value(a.outputs[0]).name;

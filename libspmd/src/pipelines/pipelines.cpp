@@ -1,11 +1,42 @@
 #include "spmd/pipelines/pipelines.h"
 
 #include "spmd/io/load.h"
+#include "spmd/io/weights.h"
 #include "spmd/ir/verify.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/phase_times.h"
 
 namespace spmd {
+namespace {
+
+// The weights file's buffers, read when a pass first asks (most stages
+// never do). A file that cannot be read leaves every buffer unknown: the
+// passes that ask only miss an optimisation, and the stage that needs the
+// values (spmd-run) reports the file.
+class WeightsBufferValues final : public BufferValues {
+ public:
+  explicit WeightsBufferValues(WeightsRef ref) : ref_(std::move(ref)) {}
+
+  const at::Tensor* find(const std::string& name) override {
+    if (!loaded_) {
+      loaded_ = true;
+      try {
+        if (!ref_.file.empty()) values_ = loadWeights(ref_);
+      } catch (const std::exception&) {  // Diagnostic, or c10::Error from a torch.save file
+        values_.clear();
+      }
+    }
+    auto it = values_.find(name);
+    return it == values_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  WeightsRef ref_;
+  bool loaded_ = false;
+  std::map<std::string, at::Tensor> values_;
+};
+
+}  // namespace
 
 std::vector<std::string> expandPipeline(const PipelineOptions& options) {
   std::vector<std::string> names = {"attention"};
@@ -48,7 +79,10 @@ void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const 
       TimedPhase phase("verify input");
       verifyGraphOrThrow(loaded.graph);
     }
-    runPasses(loaded.graph, names, options, debug);
+    WeightsBufferValues buffers(loaded.graph.weights());
+    PipelineOptions withBuffers = options;
+    if (!withBuffers.buffers) withBuffers.buffers = &buffers;
+    runPasses(loaded.graph, names, withBuffers, debug);
   } catch (Diagnostic& d) {
     throw d.inFile(loaded.displayName);
   }

@@ -9,7 +9,8 @@
 //   spmd::bucket_start      launches the all-reduce of a bucket's packed gradients.
 //   spmd::bucket_wait       waits for it and returns the reduced flat tensor.
 //   spmd::attention         softmax(q k^T * scale [+ mask]) v, as a model writes it
-//                           (spmd-expand's attention pass), differentiated by
+//                           (spmd-expand's attention pass; `divide`: q k^T / scale;
+//                           `softmax_dtype`: softmax's dtype), differentiated by
 //   spmd::attention_backward  LibTorch's autograd over the same ops.
 //   spmd::fused_attention(_backward)  ATen's fused attention kernels (efficient,
 //                           flash, cudnn), or batched GEMMs around a generated

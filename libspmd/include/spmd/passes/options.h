@@ -10,9 +10,23 @@
 #include <string>
 #include <vector>
 
+namespace at {
+class Tensor;
+}
+
 namespace spmd {
 
 class DiagnosticEngine;
+
+// The values of a graph's buffers, for passes that recognise a constant one
+// (the causal mask a model keeps as a buffer). runStage reads them from the
+// graph's weights file, on first use.
+class BufferValues {
+ public:
+  virtual ~BufferValues() = default;
+  // The value of buffer input `name`, or nullptr where it cannot be read.
+  virtual const at::Tensor* find(const std::string& name) = 0;
+};
 
 enum class OptimizerKind { Sgd, Adam, AdamW };
 
@@ -78,6 +92,8 @@ struct PipelineOptions {
   BucketOptions buckets;
   UnrollOptions unroll;
   LowerOptions lower;
+  // The buffers' values, or nullptr: passes then treat every buffer as unknown.
+  BufferValues* buffers = nullptr;
   // Where passes say what they did not do and why (printed by the tool as
   // "TOOL: note: FILE: WHERE: WHAT"), or nullptr to drop the notes.
   DiagnosticEngine* diagnostics = nullptr;
