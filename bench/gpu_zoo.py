@@ -60,6 +60,17 @@ def hf(config_name, model_name, **config):
     return lambda: HFLoss(getattr(transformers, model_name)(cfg))
 
 
+def zoo_model(name, **kw):
+    """tests/zoo/zoo.py's models (LlamaLM: Hugging Face's eager LLaMA with its mask as a buffer)."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "zoo", "zoo.py")
+    found = importlib.util.spec_from_file_location("zoo", path)
+    module = importlib.util.module_from_spec(found)
+    sys.modules["zoo"] = module
+    found.loader.exec_module(module)
+    return lambda: getattr(module, name)(**kw)
+
+
 def timm_model(name, **kw):
     import timm
     return lambda: ClassifyLoss(timm.create_model(name, pretrained=False, num_classes=10, **kw))
@@ -76,6 +87,7 @@ MODELS = {
     "hf_bert_mlm": (hf("BertConfig", "BertForMaskedLM", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                        num_attention_heads=2, vocab_size=128, max_position_embeddings=64,
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), TOKENS),
+    "zoo_llama": (zoo_model("LlamaLM", dim=64, heads=4, kv_heads=2, layers=2, seq=32, vocab=128, hidden=128), TOKENS),
     "timm_resnet18": (timm_model("resnet18"), IMAGES),
     "timm_resnet18_no_zero_init": (timm_model("resnet18", zero_init_last=False), IMAGES),
     "tv_resnet18": (lambda: ClassifyLoss(__import__("torchvision").models.resnet18(num_classes=10)), IMAGES),
