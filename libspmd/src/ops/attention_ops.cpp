@@ -102,7 +102,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["divide"] = divide;
-    ctx->saved_data["softmax_dtype"] = softmaxDtype ? c10::IValue(static_cast<int64_t>(*softmaxDtype)) : c10::IValue();
+    ctx->saved_data["softmax_dtype"] = softmaxDtype;
     return out;
   }
 
@@ -112,9 +112,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     // Below autograd: the backward is not differentiated again.
     at::AutoDispatchBelowADInplaceOrView below;
     const c10::optional<at::Tensor> mask = saved[3].defined() ? c10::optional<at::Tensor>(saved[3]) : c10::nullopt;
-    const c10::IValue& dtype = ctx->saved_data["softmax_dtype"];
-    const c10::optional<at::ScalarType> softmaxDtype =
-        dtype.isNone() ? c10::nullopt : c10::optional<at::ScalarType>(static_cast<at::ScalarType>(dtype.toInt()));
+    const auto softmaxDtype = ctx->saved_data["softmax_dtype"].toOptional<at::ScalarType>();
     auto [dq, dk, dv] =
         spmdOp("spmd::attention_backward")
             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(

@@ -229,10 +229,7 @@ bool AutocastPass::castAttentionInputs(Graph& g, const Node& node) {
   }
   if (node.args[7].kind == Arg::Kind::None) {
     if (const std::optional<c10::ScalarType> dtype = autocastSoftmaxDtype(policy_)) {
-      Arg softmaxDtype;
-      softmaxDtype.kind = Arg::Kind::DType;
-      softmaxDtype.i = static_cast<int64_t>(*dtype);
-      g.setArg(node, 7, softmaxDtype);
+      g.setArg(node, 7, dtypeArg(*dtype));
       changed = true;
     }
   }

@@ -39,13 +39,6 @@ bool sameSchedule(const Node& a, const Node& b) {
   return a.meta.role == b.meta.role && a.meta.iteration == b.meta.iteration;
 }
 
-Arg dtypeArg(c10::ScalarType t) {
-  Arg a;
-  a.kind = Arg::Kind::DType;
-  a.i = static_cast<int64_t>(t);
-  return a;
-}
-
 // Why the LayerNorm over `input` with `normalizedShape`, `weight` and `bias`
 // is not one this pass takes ("" when it is).
 std::string unsupported(const Graph& g, const Arg& input, const Arg& normalizedShape, const Arg& weight,
