@@ -1,8 +1,11 @@
 // spmd-kernel-bench (CUDA builds only): the achieved memory bandwidth of
-// generated kernels (spmd::fused) beside a device-to-device copy of the same
-// size and beside the ATen ops they replace, in one process. Medians of 30
-// timed runs with CUDA events, after 5 warm-up runs. Prints a markdown table.
+// generated kernels (spmd::fused; the cross entropy with its gradient and the
+// attention softmax at GPT-2 small's shapes) beside a device-to-device copy
+// and beside the ATen ops they replace, in one process. Medians of 30 timed
+// runs with CUDA events, after 5 warm-up runs. Prints a markdown table.
 //   build-gpu/spmd-kernel-bench [ELEMENTS]   (default 2^27)
+#include "spmd/ops/attention_codegen.h"
+#include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/spmd_ops.h"
 
 #include <ATen/ATen.h>
@@ -54,6 +57,64 @@ int64_t bytesOf(const std::vector<at::Tensor>& ts) {
   return b;
 }
 
+// Prints a table row: name, elements, bytes moved, ms, and ATen's ms.
+using Row = std::function<void(const char*, int64_t, int64_t, double, double)>;
+
+// GPT-2 small's loss: 8192 rows of 50304 classes, the logits read once and
+// their gradient written once (what spmd::cross_entropy_with_grad must move),
+// beside ATen's log_softmax, nll_loss and their backward ops.
+void crossEntropyRows(const Row& row) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("spmd::cross_entropy_with_grad", "")
+                             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                                   int64_t, int64_t, double)>();
+  const int64_t rows = 8192, classes = 50304;
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+    const at::Tensor logits = at::randn({rows, classes}, opts) * 3;
+    const at::Tensor target = at::randint(classes, {rows}, opts.dtype(at::kLong));
+    const int64_t mean = 1, ignore = -100;
+    const auto aten = [&] {
+      const at::Tensor lp = at::_log_softmax(logits, 1, false);
+      const auto nll = at::nll_loss_forward(lp, target, {}, mean, ignore);
+      const at::Tensor g = at::nll_loss_backward(at::ones_like(std::get<0>(nll)), lp, target, {}, mean, ignore,
+                                                 std::get<1>(nll));
+      at::_log_softmax_backward_data(g, lp, 1, dtype);
+    };
+    row(dtype == at::kFloat ? "cross entropy with its gradient, f32, 8192 x 50304"
+                            : "cross entropy with its gradient, bf16, 8192 x 50304",
+        logits.numel(), 2 * logits.nbytes(), medianMs([&] { op.call(logits, target, mean, ignore, 1.0); }),
+        medianMs(aten));
+  }
+}
+
+// GPT-2 small's attention softmax over [8, 12, 1024, 1024] fp32 scores,
+// causal, in place: the bytes the kernels must touch (attentionSoftmaxElements),
+// beside ATen's softmax and its backward over the whole rows.
+void attentionSoftmaxRows(const Row& row) {
+  const int64_t batch = 8 * 12, n = 1024;
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const at::Tensor init = at::randn({8, 12, n, n}, opts);
+  at::Tensor scores = init.clone(), grad = at::randn_like(init);
+  const at::Tensor probs = at::softmax(init, -1);
+  const double scale = 0.125;
+  const spmd::AttentionSoftmaxElements e = spmd::attentionSoftmaxElements(n, n, true);
+  // The forward works in place: each run starts from the same scores (the
+  // copy is timed alone and taken off).
+  const double copyMs = medianMs([&] { scores.copy_(init); });
+  const auto forward = [&] {
+    scores.copy_(init);
+    spmd::attentionSoftmaxInPlace(scores, scale, true);
+  };
+  row("attention softmax, causal, in place, f32 [8, 12, 1024, 1024] (the scores' copy timed alone, taken off)",
+      init.numel(), batch * (e.read + e.written) * 4, medianMs(forward) - copyMs,
+      medianMs([&] { at::_softmax(init, -1, false); }));
+  row("attention softmax backward, causal, in place, f32 [8, 12, 1024, 1024]", init.numel(),
+      batch * (2 * e.read + e.written) * 4,
+      medianMs([&] { spmd::attentionSoftmaxBackwardInPlace(grad, probs, scale, true); }),
+      medianMs([&] { at::_softmax_backward_data(grad, probs, -1, at::kFloat); }));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -84,6 +145,11 @@ int main(int argc, char** argv) {
        [&] { at::add(at::mul(a, 0.5), 1.0); }},
       {"cast f32 to bf16", {a}, "t0:bf16 = cast(in0); return t0", [&] { a.to(at::kBFloat16); }},
   };
+  const auto row = [&](const char* name, int64_t elements, int64_t moved, double ms, double atenMs) {
+    const double gbs = moved / ms / 1e6;
+    std::printf("| %s | %lld | %lld | %.3f | %.0f | %.0f%% | %.3f |\n", name, static_cast<long long>(elements),
+                static_cast<long long>(moved), ms, gbs, 100 * gbs / copyGbs, atenMs);
+  };
   for (const Case& c : cases) {
     const std::vector<at::Tensor> outs = fused(c.inputs, c.program);  // compiles it once
     const int64_t moved = bytesOf(c.inputs) + bytesOf(outs);
@@ -93,5 +159,7 @@ int main(int argc, char** argv) {
     std::printf("| %s | %lld | %lld | %.3f | %.0f | %.0f%% | %.3f |\n", c.name, static_cast<long long>(outs[0].numel()),
                 static_cast<long long>(moved), ms, gbs, 100 * gbs / copyGbs, atenMs);
   }
+  crossEntropyRows(row);
+  attentionSoftmaxRows(row);
   return 0;
 }

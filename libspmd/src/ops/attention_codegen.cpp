@@ -32,34 +32,45 @@ __device__ __forceinline__ float spmd_warp_sum(float v) {
 )";
 
 // As ATen's softmax: the maximum, the sum of exp(x - max), then each
-// exp(x - max) divided by the sum.
+// exp(x - max) divided by the sum. A lane reads and writes kWidth scores
+// at a time: key j = kWidth * (lane + 32 * i) + e.
 constexpr const char* kForward = R"(
 extern "C" __global__ void __launch_bounds__(kThreads) spmd_attention_softmax(float* scores, long long rows) {
   const long long row = (long long)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
   const int lane = threadIdx.x & 31, last = spmd_last_key(row), end = spmd_write_end(row);
-  float* x = scores + row * kKeys;
-  float v[kPerLane];
+  spmd_scores* x = reinterpret_cast<spmd_scores*>(scores + row * kKeys);
+  float v[kPerLane][kWidth];
   float m = __int_as_float(0xff800000);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int j = lane + 32 * i;
-    v[i] = j <= last ? x[j] * kScale : __int_as_float(0xff800000);
-    m = fmaxf(m, v[i]);
+    const int j = kWidth * (lane + 32 * i);
+    spmd_scores q = {};
+    if (j <= last) q = x[lane + 32 * i];
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      v[i][e] = j + e <= last ? q.v[e] * kScale : __int_as_float(0xff800000);
+      m = fmaxf(m, v[i][e]);
+    }
   }
   m = spmd_warp_max(m);
   float sum = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int j = lane + 32 * i;
-    v[i] = j <= last ? expf(v[i] - m) : 0.0f;
-    sum += v[i];
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      v[i][e] = kWidth * (lane + 32 * i) + e <= last ? expf(v[i][e] - m) : 0.0f;
+      sum += v[i][e];
+    }
   }
   sum = spmd_warp_sum(sum);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int j = lane + 32 * i;
-    if (j < end) x[j] = v[i] / sum;
+    if (kWidth * (lane + 32 * i) >= end) continue;
+    spmd_scores r;
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) r.v[e] = v[i][e] / sum;
+    x[lane + 32 * i] = r;
   }
 }
 )";
@@ -72,22 +83,33 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_attention_softmax_ba
   const long long row = (long long)blockIdx.x * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
   const int lane = threadIdx.x & 31, last = spmd_last_key(row), end = spmd_write_end(row);
-  float* g = grad + row * kKeys;
-  const float* p = probs + row * kKeys;
-  float pv[kPerLane], pg[kPerLane];
+  spmd_scores* g = reinterpret_cast<spmd_scores*>(grad + row * kKeys);
+  const spmd_scores* p = reinterpret_cast<const spmd_scores*>(probs + row * kKeys);
+  float pv[kPerLane][kWidth], pg[kPerLane][kWidth];
   float dot = 0.0f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int j = lane + 32 * i;
-    pv[i] = j <= last ? p[j] : 0.0f;
-    pg[i] = j <= last ? pv[i] * g[j] : 0.0f;
-    dot += pg[i];
+    const int j = kWidth * (lane + 32 * i);
+    spmd_scores pq = {}, gq = {};
+    if (j <= last) {
+      pq = p[lane + 32 * i];
+      gq = g[lane + 32 * i];
+    }
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) {
+      pv[i][e] = j + e <= last ? pq.v[e] : 0.0f;
+      pg[i][e] = j + e <= last ? pv[i][e] * gq.v[e] : 0.0f;
+      dot += pg[i][e];
+    }
   }
   dot = spmd_warp_sum(dot);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int j = lane + 32 * i;
-    if (j < end) g[j] = (pg[i] - pv[i] * dot) * kScale;
+    if (kWidth * (lane + 32 * i) >= end) continue;
+    spmd_scores r;
+#pragma unroll
+    for (int e = 0; e < kWidth; ++e) r.v[e] = (pg[i][e] - pv[i][e] * dot) * kScale;
+    g[lane + 32 * i] = r;
   }
 }
 )";
@@ -100,6 +122,12 @@ int64_t attentionCausalBlockRows(int64_t queries, int64_t keys, bool causal) {
     if (queries % blocks == 0 && queries / blocks >= 128) return queries / blocks;
   }
   return 0;
+}
+
+// 16 bytes where every row's start and written end fall on them (keys and
+// the causal blocks' rows multiples of 4), else 4.
+int64_t attentionSoftmaxWidth(int64_t queries, int64_t keys, bool causal) {
+  return keys % 4 == 0 && attentionCausalBlockRows(queries, keys, causal) % 4 == 0 ? 4 : 1;
 }
 
 // As the kernels' spmd_last_key and spmd_write_end count them.
@@ -126,7 +154,10 @@ std::string attentionSoftmaxSource(int64_t queries, int64_t keys, double scale, 
          ", scale " + scaleText + (causal ? ", causal" : "") + "\n";
   src += "constexpr int kKeys = " + std::to_string(keys) + ";\n";
   src += "constexpr long long kQueries = " + std::to_string(queries) + ";\n";
-  src += "constexpr int kPerLane = " + std::to_string((keys + 31) / 32) + ";  // a row's elements per lane\n";
+  const int64_t width = attentionSoftmaxWidth(queries, keys, causal);
+  src += "constexpr int kWidth = " + std::to_string(width) + ";  // scores a load or store moves\n";
+  src += "struct alignas(" + std::to_string(4 * width) + ") spmd_scores { float v[kWidth]; };\n";
+  src += "constexpr int kPerLane = " + std::to_string((keys / width + 31) / 32) + ";  // loads (and stores) a lane makes a row\n";
   src += "constexpr int kRowsPerBlock = " + std::to_string(kAttentionSoftmaxRowsPerBlock) + ";\n";
   src += "constexpr int kThreads = " + std::to_string(32 * kAttentionSoftmaxRowsPerBlock) + ";\n";
   src += std::string("constexpr bool kCausal = ") + (causal ? "true" : "false") + ";\n";

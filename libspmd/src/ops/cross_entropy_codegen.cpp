@@ -13,7 +13,8 @@ namespace {
 // The device functions the kernels share: a row's loss and gradient, a
 // running (maximum, sum of exp(x - maximum)) per thread, and its block-wide
 // combination (warps by shuffles, then the first warp over the warps'
-// results, shared memory for kThreads / 32 of them).
+// results, shared memory for kThreads / 32 of them). spmd_exp, spmd_unpack
+// and spmd_pack come with the logits' type.
 constexpr const char* kHelpers = R"(
 // A row's loss, -log_softmax at the target; and the logits' gradient,
 // log_softmax_backward's formula over nll_loss_backward's value `a` at the
@@ -22,34 +23,57 @@ constexpr const char* kHelpers = R"(
 __device__ __forceinline__ float spmd_loss(spmd_logit x, float lse) { return -spmd_as_logit(spmd_load(x) - lse); }
 
 __device__ __forceinline__ spmd_logit spmd_grad(spmd_logit x, float lse, float a, bool target) {
-  return spmd_store((target ? a : 0.0f) - expf(spmd_as_logit(spmd_load(x) - lse)) * a);
+  return spmd_store((target ? a : 0.0f) - spmd_exp(spmd_as_logit(spmd_load(x) - lse)) * a);
+}
+
+// The same for a vector of kVec logits; `target` is the target's place in
+// it (outside [0, kVec) where it is elsewhere).
+__device__ __forceinline__ spmd_logits spmd_grad_vec(const spmd_logits& q, float lse, float a, int target) {
+  float v[kVec];
+  spmd_unpack(q, v);
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v[e] -= lse;
+  spmd_unpack(spmd_pack(v), v);  // log_softmax's result in the logits' type
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v[e] = (e == target ? a : 0.0f) - spmd_exp(v[e]) * a;
+  return spmd_pack(v);
+}
+
+// The maximum of two floats, NaN if either is (one instruction from sm_80).
+__device__ __forceinline__ float spmd_max_nan(float a, float b) {
+#if __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return b > a || b != b ? b : a;
+#endif
 }
 
 // One logit into a running (maximum, sum of exp(x - maximum)).
 __device__ __forceinline__ void spmd_accumulate(float& m, float& s, float v) {
   if (v > m) {
-    s = s * expf(m - v) + 1.0f;
+    s = s * spmd_exp(m - v) + 1.0f;
     m = v;
   } else if (m != __int_as_float(0xff800000)) {  // -inf - -inf would be NaN
-    s += expf(v - m);
+    s += spmd_exp(v - m);
   }
 }
 
 // A vector of logits into a running (maximum, sum): its maximum first, so
 // the sum is rescaled once and each logit costs one exp (bf16 rows hold
-// twice the logits a byte of fp32 ones: the exps bound that kernel).
+// twice the logits a byte of fp32 ones: the instructions a logit bound
+// that kernel more than its bytes do).
 __device__ __forceinline__ void spmd_accumulate_vec(float& m, float& s, const spmd_logits& q) {
   float v[kVec];
+  spmd_unpack(q, v);
   float top = m;
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) {
-    v[e] = spmd_load(q.v[e]);
-    top = v[e] > top || v[e] != v[e] ? v[e] : top;  // a NaN becomes the maximum: the sum turns NaN
-  }
+  for (int e = 0; e < kVec; ++e) top = spmd_max_nan(top, v[e]);  // a NaN becomes the maximum: the sum turns NaN
   if (top == __int_as_float(0xff800000)) return;  // all -inf so far
-  s *= expf(m - top);
+  s *= spmd_exp(m - top);
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) s += expf(v[e] - top);
+  for (int e = 0; e < kVec; ++e) s += spmd_exp(v[e] - top);
   m = top;
 }
 
@@ -130,13 +154,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) spmd_cross_entropy_backwa
   if (kVector) {
     const spmd_logits* xv = reinterpret_cast<const spmd_logits*>(x);
     spmd_logits* gv = reinterpret_cast<spmd_logits*>(gx);
-    for (int j = threadIdx.x; j < kClasses / kVec; j += kThreads) {
-      const spmd_logits q = xv[j];
-      spmd_logits r;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) r.v[e] = spmd_grad(q.v[e], l, a, kVec * j + e == t);
-      gv[j] = r;
-    }
+    const int column = valid ? (int)t : -1;  // where a is NaN or 0, which class is the target does not matter
+    for (int j = threadIdx.x; j < kClasses / kVec; j += kThreads) gv[j] = spmd_grad_vec(xv[j], l, a, column - kVec * j);
   } else {
     for (int j = threadIdx.x; j < kClasses; j += kThreads) gx[j] = spmd_grad(x[j], l, a, j == t);
   }
@@ -190,12 +209,9 @@ extern "C" __global__ void __launch_bounds__(kFusedThreads, 2) spmd_cross_entrop
   if (kVector) {
     const spmd_logits* xv = reinterpret_cast<const spmd_logits*>(x);
     spmd_logits* gv = reinterpret_cast<spmd_logits*>(gx);
+    const int column = valid ? (int)t : -1;  // where a is NaN or 0, which class is the target does not matter
     for (int j = threadIdx.x; j < kClasses / kVec; j += kFusedThreads) {
-      const spmd_logits q = j < kCached / kVec ? spmd_row[j] : xv[j];
-      spmd_logits r;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) r.v[e] = spmd_grad(q.v[e], l, a, kVec * j + e == t);
-      gv[j] = r;
+      gv[j] = spmd_grad_vec(j < kCached / kVec ? spmd_row[j] : xv[j], l, a, column - kVec * j);
     }
   } else {
     const spmd_logit* cache = reinterpret_cast<const spmd_logit*>(spmd_row);
@@ -254,6 +270,50 @@ std::string logitType(c10::ScalarType logits) {
   }
 }
 
+// 16 bytes of logits (kVec of them), how the kernels unpack them to floats
+// and round floats back into them, and the exp they use.
+std::string vectorType(c10::ScalarType logits) {
+  const std::string loops =
+      "__device__ __forceinline__ void spmd_unpack(const spmd_logits& q, float* v) {\n#pragma unroll\n"
+      "  for (int k = 0; k < kVec / 2; ++k) {\n";
+  const std::string pack =
+      "__device__ __forceinline__ spmd_logits spmd_pack(const float* v) {\n  spmd_logits q;\n#pragma unroll\n"
+      "  for (int k = 0; k < kVec / 2; ++k) ";
+  // The approximate exp's error (a few fp32 ulps; the argument is scaled
+  // after the kernels subtract, so it is not much amplified) is far below
+  // half an ulp of a 16-bit result, which rounds as with expf but at ties.
+  const std::string approxExp =
+      "__device__ __forceinline__ float spmd_exp(float x) {\n"
+      "  float r;\n  asm(\"ex2.approx.f32 %0, %1;\" : \"=f\"(r) : \"f\"(x * 1.44269504088896341f));\n  return r;\n}\n";
+  switch (logits) {
+    case c10::ScalarType::Float:
+      return "struct alignas(16) spmd_logits { float v[kVec]; };\n"
+             "__device__ __forceinline__ void spmd_unpack(const spmd_logits& q, float* v) {\n#pragma unroll\n"
+             "  for (int e = 0; e < kVec; ++e) v[e] = q.v[e];\n}\n"
+             "__device__ __forceinline__ spmd_logits spmd_pack(const float* v) {\n  spmd_logits q;\n#pragma unroll\n"
+             "  for (int e = 0; e < kVec; ++e) q.v[e] = v[e];\n  return q;\n}\n"
+             "// fp32 results keep expf's accuracy\n"
+             "__device__ __forceinline__ float spmd_exp(float x) { return expf(x); }\n";
+    case c10::ScalarType::BFloat16:
+      return "struct alignas(16) spmd_logits { unsigned int w[kVec / 2]; };  // two a word, the first in the low half\n" +
+             loops +
+             "    v[2 * k] = __uint_as_float(q.w[k] << 16);\n"
+             "    v[2 * k + 1] = __uint_as_float(q.w[k] & 0xffff0000u);\n  }\n}\n" +
+             pack + "q.w[k] = spmd_f32x2_to_bf16x2(v[2 * k], v[2 * k + 1]);\n  return q;\n}\n" + approxExp;
+    case c10::ScalarType::Half:
+      return "struct alignas(16) spmd_logits { unsigned int w[kVec / 2]; };  // two a word, the first in the low half\n" +
+             loops +
+             "    v[2 * k] = spmd_f16_to_f32((unsigned short)(q.w[k] & 0xffffu));\n"
+             "    v[2 * k + 1] = spmd_f16_to_f32((unsigned short)(q.w[k] >> 16));\n  }\n}\n" +
+             pack +
+             "q.w[k] = spmd_f32_to_f16(v[2 * k]) | ((unsigned int)spmd_f32_to_f16(v[2 * k + 1]) << 16);\n"
+             "  return q;\n}\n" +
+             approxExp;
+    default:
+      throw std::invalid_argument(std::string("cross entropy: ") + c10::toString(logits) + " logits");
+  }
+}
+
 // The constants every kernel of the source reads.
 std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits) {
   if (classes < 1 || classes > (int64_t{1} << 30)) {
@@ -274,7 +334,7 @@ std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex, c
   src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes, logits) ? "true" : "false") + ";\n";
   src += logitType(logits);
   src += "constexpr int kVec = " + std::to_string(vec) + ";\n";
-  return src + "struct alignas(16) spmd_logits { spmd_logit v[kVec]; };\n";
+  return src + vectorType(logits);
 }
 
 }  // namespace

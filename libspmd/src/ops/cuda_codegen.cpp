@@ -472,12 +472,24 @@ struct RowKernelText {
 std::string bfloat16Helpers() {
   return "__device__ __forceinline__ float spmd_bf16_to_f32(unsigned short h) {\n"
          "  return __uint_as_float(((unsigned int)h) << 16);\n}\n"
-         "// Round to nearest even; NaN stays a (quiet) NaN, as c10::BFloat16 rounds.\n"
+         "// Round to nearest even. From sm_80 one instruction, as ATen's CUDA kernels round there\n"
+         "// (a NaN becomes 0x7fff); before it c10::BFloat16's integer rounding (a NaN becomes 0x7fc0).\n"
          "__device__ __forceinline__ unsigned short spmd_f32_to_bf16(float f) {\n"
+         "#if __CUDA_ARCH__ >= 800\n"
+         "  unsigned short h;\n  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n"
+         "#else\n"
          "  unsigned int u = __float_as_uint(f);\n"
          "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
          "  u += 0x7fffu + ((u >> 16) & 1u);\n"
-         "  return (unsigned short)(u >> 16);\n}\n";
+         "  return (unsigned short)(u >> 16);\n"
+         "#endif\n}\n"
+         "// Two floats rounded so, `lo` in the low half: one instruction for both from sm_80.\n"
+         "__device__ __forceinline__ unsigned int spmd_f32x2_to_bf16x2(float lo, float hi) {\n"
+         "#if __CUDA_ARCH__ >= 800\n"
+         "  unsigned int r;\n  asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo));\n  return r;\n"
+         "#else\n"
+         "  return spmd_f32_to_bf16(lo) | ((unsigned int)spmd_f32_to_bf16(hi) << 16);\n"
+         "#endif\n}\n";
 }
 
 std::string float16Helpers() {

@@ -203,6 +203,11 @@ void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vec
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.is_contiguous() && scores.dim() >= 2,
               "spmd::fused_attention: the gemm kernel's scores must be contiguous fp32 on the GPU");
   const int64_t keys = scores.size(-1), rows = scores.numel() / std::max<int64_t>(keys, 1);
+  const int64_t width = attentionSoftmaxWidth(scores.size(-2), keys, causal);
+  for (void* p : pointers) {
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(p) % (4 * width) == 0, "spmd::fused_attention: the gemm kernel's scores "
+                "must start ", 4 * width, "-byte aligned");
+  }
   const std::string source = generatedSource(
       "spmd::fused_attention", [&] { return attentionSoftmaxSource(scores.size(-2), keys, scale, causal); });
   launchGenerated("spmd::fused_attention", source, name, scores.device(),

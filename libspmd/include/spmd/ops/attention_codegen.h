@@ -33,6 +33,11 @@ constexpr int64_t kAttentionSoftmaxMaxKeys = 2048;
 // square, or too short): every query against every key.
 int64_t attentionCausalBlockRows(int64_t queries, int64_t keys, bool causal);
 
+// The scores the kernels load or store at a time: 4 (16 bytes) where keys
+// and the causal blocks' rows are multiples of 4 (then the scores must
+// start 16-byte aligned), else 1.
+int64_t attentionSoftmaxWidth(int64_t queries, int64_t keys, bool causal);
+
 // The elements of one [queries, keys] score matrix the kernels touch: a
 // causal row reads its keys up to its query, and every row writes up to
 // its block's end (all keys when not blocked). The backward reads twice as
