@@ -310,6 +310,8 @@ def memory_target(res, model, ranks, precision="fp32"):
     spmd, ddp = res.run(model, "spmd", ranks, precision), res.run(model, "ddp", ranks, precision)
     a, b = spmd and spmd.get("peak_bytes"), ddp and ddp.get("peak_bytes")
     numbers = "spmd-run %s MiB, DDP eager %s MiB" % (mib(a), mib(b))
+    if a and b and a != b and mib(a) == mib(b):  # the rounding hides which is larger
+        numbers += " (spmd-run %d bytes %s)" % (abs(a - b), "more" if a > b else "less")
     what = model if precision == "fp32" else "%s %s" % (model, precision)
     return Target("%s peak memory at %s no more than DDP eager's" % (what, gpus(ranks))).line(
         None if not a or not b else a <= b, numbers)
