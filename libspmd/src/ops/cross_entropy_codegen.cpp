@@ -295,7 +295,14 @@ std::string vectorType(c10::ScalarType logits) {
              "// fp32 results keep expf's accuracy\n"
              "__device__ __forceinline__ float spmd_exp(float x) { return expf(x); }\n";
     case c10::ScalarType::BFloat16:
-      return "struct alignas(16) spmd_logits { unsigned int w[kVec / 2]; };  // two a word, the first in the low half\n" +
+      return "struct alignas(16) spmd_logits { unsigned int w[kVec / 2]; };  // two a word, the first in the low half\n"
+             "// Two floats rounded to bf16, `lo` in the low half: one instruction for both from sm_80.\n"
+             "__device__ __forceinline__ unsigned int spmd_f32x2_to_bf16x2(float lo, float hi) {\n"
+             "#if __CUDA_ARCH__ >= 800\n"
+             "  unsigned int r;\n  asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo));\n  return r;\n"
+             "#else\n"
+             "  return spmd_f32_to_bf16(lo) | ((unsigned int)spmd_f32_to_bf16(hi) << 16);\n"
+             "#endif\n}\n" +
              loops +
              "    v[2 * k] = __uint_as_float(q.w[k] << 16);\n"
              "    v[2 * k + 1] = __uint_as_float(q.w[k] & 0xffff0000u);\n  }\n}\n" +

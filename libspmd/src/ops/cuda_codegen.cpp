@@ -482,13 +482,6 @@ std::string bfloat16Helpers() {
          "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
          "  u += 0x7fffu + ((u >> 16) & 1u);\n"
          "  return (unsigned short)(u >> 16);\n"
-         "#endif\n}\n"
-         "// Two floats rounded so, `lo` in the low half: one instruction for both from sm_80.\n"
-         "__device__ __forceinline__ unsigned int spmd_f32x2_to_bf16x2(float lo, float hi) {\n"
-         "#if __CUDA_ARCH__ >= 800\n"
-         "  unsigned int r;\n  asm(\"cvt.rn.bf16x2.f32 %0, %1, %2;\" : \"=r\"(r) : \"f\"(hi), \"f\"(lo));\n  return r;\n"
-         "#else\n"
-         "  return spmd_f32_to_bf16(lo) | ((unsigned int)spmd_f32_to_bf16(hi) << 16);\n"
          "#endif\n}\n";
 }
 
