@@ -153,11 +153,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     const std::vector<at::Tensor> outs = fused(c.inputs, c.program);  // compiles it once
     const int64_t moved = bytesOf(c.inputs) + bytesOf(outs);
-    const double ms = medianMs([&] { fused(c.inputs, c.program); });
-    const double atenMs = medianMs(c.aten);
-    const double gbs = moved / ms / 1e6;
-    std::printf("| %s | %lld | %lld | %.3f | %.0f | %.0f%% | %.3f |\n", c.name, static_cast<long long>(outs[0].numel()),
-                static_cast<long long>(moved), ms, gbs, 100 * gbs / copyGbs, atenMs);
+    row(c.name, outs[0].numel(), moved, medianMs([&] { fused(c.inputs, c.program); }), medianMs(c.aten));
   }
   crossEntropyRows(row);
   attentionSoftmaxRows(row);
