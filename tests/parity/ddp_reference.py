@@ -263,12 +263,13 @@ def leave_without_teardown():
 
     Seen in CI (LibTorch 1.13, lm_adamw_autocast_bf16_reduce_f16): a rank
     hung after worker returned, its main thread in mp.spawn's _wrap, that is
-    in freeing worker's locals, and another thread with no Python frame. The
-    DDP object holds the last reference to the Gloo process group, so the
-    group's destructor runs there, holding the GIL, and joins Gloo's
-    threads; a Gloo thread that needs the GIL then (the comm hook's futures
-    hold Python callbacks) waits for ever. Nothing is left to do after the
-    barrier, so the rank exits here and skips that teardown.
+    in freeing worker's locals, and another thread with no Python frame. It
+    did not recur in 40 runs here. The likely cause: the DDP object holds
+    the last reference to the Gloo process group, so the group's destructor
+    runs there, holding the GIL, and joins Gloo's threads; a Gloo thread
+    that needs the GIL then (the comm hook's futures hold Python callbacks)
+    waits for ever. Nothing is left to do after the barrier, so the rank
+    exits here and skips that teardown.
     """
     sys.stdout.flush()
     sys.stderr.flush()
