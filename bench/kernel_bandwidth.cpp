@@ -141,6 +141,8 @@ int main(int argc, char** argv) {
        "t0:bf16 = add(in0, in1); t1:bf16 = gelu_tanh(t0); return t1", [&] { at::gelu(xb + bias, "tanh"); }},
       {"GELU backward, bf16", {yb, xb}, "t0:bf16 = gelu_grad(in0, in1); return t0",
        [&] { at::gelu_backward(yb, xb, "none"); }},
+      {"tanh GELU backward, bf16", {yb, xb}, "t0:bf16 = gelu_tanh_grad(in0, in1); return t0",
+       [&] { at::gelu_backward(yb, xb, "tanh"); }},
       {"scale and shift, f32", {a}, "t0:f32 = mul(in0, 0.5); t1:f32 = add(t0, 1.0); return t1",
        [&] { at::add(at::mul(a, 0.5), 1.0); }},
       {"cast f32 to bf16", {a}, "t0:bf16 = cast(in0); return t0", [&] { a.to(at::kBFloat16); }},

@@ -255,6 +255,34 @@ TEST_CASE("the generated source broadcasts by static index arithmetic", "[fused]
   CHECK_THROWS_AS(pointwiseKernelSource(p, {{at::kFloat, {4}}}), std::invalid_argument);
 }
 
+TEST_CASE("a bias is read a vector at a time where its rows are whole vectors", "[fused]") {
+  const PointwiseProgram p = parsePointwiseProgram("t0:bf16 = add(in0, in1); return t0");
+  const std::string whole = pointwiseKernelSource(p, {{at::kBFloat16, {4, 32}}, {at::kBFloat16, {32}}});
+  CHECK(whole.find("l1 = reinterpret_cast<const spmd_u16x8*>(in1)[((n * 8u) % 32u) / 8u];") != std::string::npos);
+  CHECK(whole.substr(whole.find("spmd_fused_vec")).find("in1[(i % 32u)]") == std::string::npos);
+  // Rows of 12: a vector of 8 would cross a row's end.
+  const std::string partial = pointwiseKernelSource(p, {{at::kBFloat16, {4, 12}}, {at::kBFloat16, {12}}});
+  CHECK(partial.find("spmd_fused_vec") != std::string::npos);
+  CHECK(partial.find("reinterpret_cast<const spmd_u16x8*>(in1)") == std::string::npos);
+  // A column broadcast varies along no vector.
+  const std::string column = pointwiseKernelSource(p, {{at::kBFloat16, {4, 32}}, {at::kBFloat16, {4, 1}}});
+  CHECK(column.find("in1[(i / 32u)]") != std::string::npos);
+}
+
+TEST_CASE("the tanh GELU of a 16-bit step is computed without tanhf", "[fused]") {
+  const std::vector<KernelTensor> in = {{at::kBFloat16, {4, 32}}, {at::kBFloat16, {4, 32}}};
+  const std::string sixteen = pointwiseKernelSource(
+      parsePointwiseProgram("t0:bf16 = gelu_tanh(in0); t1:bf16 = gelu_tanh_grad(in1, in0); return t0, t1"), in);
+  CHECK(sixteen.find("tanhf") == std::string::npos);
+  CHECK(sixteen.find("const float t0 = spmd_bf16_to_f32(spmd_f32_to_bf16(spmd_gelu_tanh16(a0)));") !=
+        std::string::npos);
+  CHECK(sixteen.find("spmd_gelu_tanh16_grad(a1, a0)") != std::string::npos);
+  // An f32 step keeps ATen's formula.
+  const std::string f32 = pointwiseKernelSource(parsePointwiseProgram("t0:f32 = gelu_tanh(in0); return t0"), {in[0]});
+  CHECK(f32.find("tanhf(inner)") != std::string::npos);
+  CHECK(f32.find("spmd_gelu_tanh16") == std::string::npos);
+}
+
 // f16 only on CUDA: LibTorch 1.13's CPU kernels lack it for GELU and others.
 TEST_CASE("fused groups equal their ATen ops on the CPU", "[fused]") {
   for (const FusionCase& c : kCases) {

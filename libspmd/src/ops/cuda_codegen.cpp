@@ -45,9 +45,10 @@ std::string storeExpr(c10::ScalarType t, const std::string& value) {
 // The offset of element `i` of the iteration space `out` in a contiguous
 // input of shape `in`: runs of dimensions the input has in full act as one
 // dimension; the broadcast ones contribute nothing.
-std::string indexExpr(std::vector<int64_t> in, const std::vector<int64_t>& out, const std::string& suffix) {
+std::string indexExpr(std::vector<int64_t> in, const std::vector<int64_t>& out, const std::string& suffix,
+                      const std::string& element = "i") {
   in.insert(in.begin(), out.size() - in.size(), 1);
-  if (in == out) return "i";
+  if (in == out) return element;
   if (product(in, 0, in.size()) == 1) return "0";
   std::vector<std::string> terms;
   size_t d = 0;
@@ -60,7 +61,7 @@ std::string indexExpr(std::vector<int64_t> in, const std::vector<int64_t>& out, 
     while (e + 1 < out.size() && in[e + 1] == out[e + 1]) ++e;
     const int64_t run = product(out, d, e + 1), inner = product(out, e + 1, out.size());
     const int64_t stride = product(in, e + 1, in.size());
-    std::string t = "i";
+    std::string t = element;
     if (inner != 1) t = "(" + t + " / " + std::to_string(inner) + suffix + ")";
     if (d != 0) t = "(" + t + " % " + std::to_string(run) + suffix + ")";
     if (stride != 1) t += " * " + std::to_string(stride) + suffix;
@@ -69,6 +70,16 @@ std::string indexExpr(std::vector<int64_t> in, const std::vector<int64_t>& out, 
   }
   std::string expr;
   for (size_t k = 0; k < terms.size(); ++k) expr += (k ? " + " : "") + terms[k];
+  return expr;
+}
+
+// `expr` in parentheses, unless it is one parenthesized group already.
+std::string enclosed(const std::string& expr) {
+  int depth = 0;
+  for (size_t c = 0; c < expr.size(); ++c) {
+    depth += expr[c] == '(' ? 1 : expr[c] == ')' ? -1 : 0;
+    if (depth == 0 && c + 1 < expr.size()) return "(" + expr + ")";
+  }
   return expr;
 }
 
@@ -89,6 +100,13 @@ std::string operandExpr(const PointwiseOperand& o) {
   return floatLiteral(o.constant);
 }
 
+bool isSixteenBit(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
+
+// The tanh GELU's helper for a step rounded to `t`. A 16-bit step computes
+// it as x * sigmoid(2 inner), without tanhf, whose cost bounded the kernel
+// (65% of the copy bandwidth on H200, 85% without it); see prelude().
+std::string geluTanhName(c10::ScalarType t) { return isSixteenBit(t) ? "spmd_gelu_tanh16" : "spmd_gelu_tanh"; }
+
 // Each op's float formula, as ATen's CUDA kernel computes it in float.
 std::string opExpr(const PointwiseStatement& s) {
   std::vector<std::string> a;
@@ -104,8 +122,8 @@ std::string opExpr(const PointwiseStatement& s) {
     case P::ThresholdGrad: return a[1] + " <= " + a[2] + " ? 0.0f : " + a[0];
     case P::Gelu: return "spmd_gelu(" + a[0] + ")";
     case P::GeluGrad: return "spmd_gelu_grad(" + a[0] + ", " + a[1] + ")";
-    case P::GeluTanh: return "spmd_gelu_tanh(" + a[0] + ")";
-    case P::GeluTanhGrad: return "spmd_gelu_tanh_grad(" + a[0] + ", " + a[1] + ")";
+    case P::GeluTanh: return geluTanhName(s.dtype) + "(" + a[0] + ")";
+    case P::GeluTanhGrad: return geluTanhName(s.dtype) + "_grad(" + a[0] + ", " + a[1] + ")";
     case P::Tanh: return "tanhf(" + a[0] + ")";
     case P::TanhGrad: return a[0] + " * (1.0f - " + a[1] + " * " + a[1] + ")";
     case P::Sigmoid: return "1.0f / (1.0f + expf(-" + a[0] + "))";
@@ -134,7 +152,8 @@ std::string opExpr(const PointwiseStatement& s) {
 }
 
 // Helpers, emitted only when the kernel uses them (kept in a fixed order).
-std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<PointwiseOp>& ops) {
+std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<std::string>& geluTanh,
+                    const std::set<PointwiseOp>& ops) {
   std::string s;
   if (dtypes.count(c10::ScalarType::BFloat16)) s += bfloat16Helpers();
   if (dtypes.count(c10::ScalarType::Half)) s += float16Helpers();
@@ -152,12 +171,12 @@ std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<Poin
          "  const float pdf = expf(-0.5f * x * x) * " + beta + ";\n"
          "  return g * (cdf + x * pdf);\n}\n";
   }
-  if (ops.count(P::GeluTanh)) {
+  if (geluTanh.count("spmd_gelu_tanh")) {
     s += "__device__ __forceinline__ float spmd_gelu_tanh(float x) {\n"
          "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x * x * x));\n"
          "  return 0.5f * x * (1.0f + tanhf(inner));\n}\n";
   }
-  if (ops.count(P::GeluTanhGrad)) {
+  if (geluTanh.count("spmd_gelu_tanh_grad")) {
     s += "__device__ __forceinline__ float spmd_gelu_tanh_grad(float g, float x) {\n"
          "  const float x_sq = x * x;\n"
          "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x_sq * x));\n"
@@ -165,6 +184,25 @@ std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<Poin
          "  const float left = 0.5f * x, right = 1.0f + th;\n"
          "  const float inner_derivative = " + tanhBeta + " * (1.0f + 3.0f * " + kappa + " * x_sq);\n"
          "  return g * (0.5f * right + left * (1.0f - th * th) * inner_derivative);\n}\n";
+  }
+  // With 1 + tanh(u) = 2 sigmoid(2u), and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u).
+  // Where tanh(u) nears -1 ATen's form cancels and this one does not: it
+  // is closer to the exact value, and within a 16-bit rounding of ATen's
+  // elsewhere. The exponent is clamped where e^-2u would overflow (and
+  // sigmoid(2u) is below 1e-38), so that sigmoid(-2u) = e^-2u sigmoid(2u) stays finite.
+  const std::string sigmoid2u = "  const float e = __expf(fminf(-2.0f * inner, 88.0f));\n"
+                                "  const float s = __fdividef(1.0f, 1.0f + e);\n";
+  if (geluTanh.count("spmd_gelu_tanh16")) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh16(float x) {\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x * x * x));\n" + sigmoid2u +
+         "  return x * s;\n}\n";
+  }
+  if (geluTanh.count("spmd_gelu_tanh16_grad")) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh16_grad(float g, float x) {\n"
+         "  const float x_sq = x * x;\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x_sq * x));\n" + sigmoid2u +
+         "  const float inner_derivative = " + tanhBeta + " * (1.0f + 3.0f * " + kappa + " * x_sq);\n"
+         "  return g * (s + 2.0f * x * s * (e * s) * inner_derivative);\n}\n";
   }
   if (ops.count(P::RowMax)) {
     s += "// The larger, or NaN where either is (ATen's max propagates NaN).\n"
@@ -201,6 +239,16 @@ struct KernelText {
   std::string suffix;
 
   bool full(size_t k) const { return indexExpr(inputs[k].shape, shape, suffix) == "i"; }
+
+  // A broadcast input whose last dimension is the iteration space's, a
+  // whole number of vectors long (a bias): a vector's elements are
+  // consecutive in it too, so it is read a vector at a time. Its vector
+  // type must be one of width `w`'s.
+  bool runs(size_t k, int w) const {
+    const std::vector<int64_t>& in = inputs[k].shape;
+    if (full(k) || in.empty() || in.back() != shape.back() || shape.back() % w != 0) return false;
+    return w == 4 || inputs[k].dtype != c10::ScalarType::Float;
+  }
   c10::ScalarType resultType(size_t r) const { return program.statements[program.results[r]].dtype; }
 
   std::string signature(const std::string& name) const {
@@ -271,18 +319,22 @@ struct KernelText {
                            : "struct alignas(16) spmd_f32x4 { float v[4]; };\n"
                              "struct alignas(8) spmd_u16x4 { unsigned short v[4]; };\n";
     s += signature(std::string(kFusedKernelName) + "_vec") + loop(index, "n", numel / w);
+    const std::string first = "(n * " + width + suffix + ")";  // a vector's first element
     for (size_t k = 0; k < inputs.size(); ++k) {
-      if (!full(k)) continue;
+      if (!full(k) && !runs(k, w)) continue;
       const std::string t = vectorType(inputs[k].dtype, w);
+      const std::string at = full(k) ? "n" : enclosed(indexExpr(inputs[k].shape, shape, suffix, first)) + " / " + width + suffix;
       s += "    const " + t + " l" + std::to_string(k) + " = reinterpret_cast<const " + t + "*>(in" +
-           std::to_string(k) + ")[n];\n";
+           std::to_string(k) + ")[" + at + "];\n";
     }
     for (size_t r = 0; r < program.results.size(); ++r) s += "    " + vectorType(resultType(r), w) + " s" + std::to_string(r) + ";\n";
     s += "#pragma unroll\n    for (" + index + " j = 0; j < " + width + suffix + "; ++j) {\n";
     s += "      const " + index + " i = n * " + width + suffix + " + j;\n";
     s += body(
         "      ",
-        [&](size_t k) { return full(k) ? loadExpr(inputs[k].dtype, "l" + std::to_string(k) + ".v[j]") : elementAt(k); },
+        [&](size_t k) {
+          return full(k) || runs(k, w) ? loadExpr(inputs[k].dtype, "l" + std::to_string(k) + ".v[j]") : elementAt(k);
+        },
         [&](size_t r, const std::string& v) { return "s" + std::to_string(r) + ".v[j] = " + v; });
     s += "    }\n";
     for (size_t r = 0; r < program.results.size(); ++r) {
@@ -534,6 +586,7 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
 
   std::set<c10::ScalarType> dtypes;
   std::set<PointwiseOp> ops;
+  std::set<std::string> geluTanh;  // the tanh GELU helpers the statements call
   for (const auto& in : inputs) {
     if (!isPointwiseDtype(in.dtype)) throw std::invalid_argument("an input of dtype " + dtypeName(in.dtype));
     dtypes.insert(in.dtype);
@@ -541,12 +594,14 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
   for (const auto& s : program.statements) {
     dtypes.insert(s.dtype);
     ops.insert(s.op);
+    if (s.op == PointwiseOp::GeluTanh) geluTanh.insert(geluTanhName(s.dtype));
+    if (s.op == PointwiseOp::GeluTanhGrad) geluTanh.insert(geluTanhName(s.dtype) + "_grad");
   }
 
   std::string src = "// Generated by spmd-lower (codegen version " + std::to_string(kCodegenVersion) + ").\n";
   src += "// " + printPointwiseProgram(program) + "\n";
   src += "// iteration space " + shapeText(shape) + ", " + std::to_string(numel) + " elements\n";
-  src += prelude(dtypes, ops);
+  src += prelude(dtypes, geluTanh, ops);
   if (hasRowReductions(program)) {
     if (shape.empty()) throw std::invalid_argument("a row program over a 0-dim iteration space");
     return src + RowKernelText(program, inputs, shape, index, suffix).kernel();
