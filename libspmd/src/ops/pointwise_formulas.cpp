@@ -1,0 +1,176 @@
+#include "pointwise_formulas.h"
+
+#include "spmd/ops/cuda_codegen.h"
+
+#include <cmath>
+#include <set>
+#include <stdexcept>
+
+namespace spmd {
+
+std::string floatLiteral(double value) {
+  const std::string c = constantText(value);
+  if (c == "inf") return "__int_as_float(0x7f800000)";
+  if (c == "-inf") return "__int_as_float(0xff800000)";
+  if (c == "nan") return "__int_as_float(0x7fc00000)";
+  return c[0] == '-' ? "(" + c + "f)" : c + "f";
+}
+
+std::string operandExpr(const PointwiseOperand& o) {
+  switch (o.kind) {
+    case PointwiseOperand::Kind::Input: return "a" + std::to_string(o.index);
+    case PointwiseOperand::Kind::Temp: return "t" + std::to_string(o.index);
+    case PointwiseOperand::Kind::Constant: break;
+  }
+  return floatLiteral(o.constant);
+}
+
+namespace {
+bool isSixteenBit(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
+}  // namespace
+
+// A 16-bit step computes the tanh GELU as x * sigmoid(2 inner), without
+// tanhf, whose cost bounded the kernel: on H200 the bf16 bias + GELU went
+// from 65% to 71% of the copy bandwidth in spmd-kernel-bench (84% to 94% in a
+// standalone kernel); see prelude(). f32 steps keep ATen's tanhf form.
+std::string geluTanhName(c10::ScalarType t) { return isSixteenBit(t) ? "spmd_gelu_tanh16" : "spmd_gelu_tanh"; }
+
+std::string opExpr(const PointwiseStatement& s) {
+  std::vector<std::string> a;
+  for (const auto& o : s.operands) a.push_back(operandExpr(o));
+  using P = PointwiseOp;
+  switch (s.op) {
+    case P::Add: return a[0] + " + " + a[1];
+    case P::Sub: return a[0] + " - " + a[1];
+    case P::Mul: return a[0] + " * " + a[1];
+    case P::Div: return a[0] + " / " + a[1];
+    case P::Neg: return "-" + a[0];
+    case P::Relu: return a[0] + " <= 0.0f ? 0.0f : " + a[0];
+    case P::ThresholdGrad: return a[1] + " <= " + a[2] + " ? 0.0f : " + a[0];
+    case P::Gelu: return "spmd_gelu(" + a[0] + ")";
+    case P::GeluGrad: return "spmd_gelu_grad(" + a[0] + ", " + a[1] + ")";
+    case P::GeluTanh: return geluTanhName(s.dtype) + "(" + a[0] + ")";
+    case P::GeluTanhGrad: return geluTanhName(s.dtype) + "_grad(" + a[0] + ", " + a[1] + ")";
+    case P::Tanh: return "tanhf(" + a[0] + ")";
+    case P::TanhGrad: return a[0] + " * (1.0f - " + a[1] + " * " + a[1] + ")";
+    case P::Sigmoid: return "1.0f / (1.0f + expf(-" + a[0] + "))";
+    case P::SigmoidGrad: return a[0] + " * (1.0f - " + a[1] + ") * " + a[1];
+    case P::Silu: return a[0] + " / (1.0f + expf(-" + a[0] + "))";
+    case P::SiluGrad: return "spmd_silu_grad(" + a[0] + ", " + a[1] + ")";
+    case P::Exp: return "expf(" + a[0] + ")";
+    case P::Log: return "logf(" + a[0] + ")";
+    case P::Sqrt: return "sqrtf(" + a[0] + ")";
+    case P::Rsqrt: return "rsqrtf(" + a[0] + ")";
+    case P::Pow: break;
+    case P::Cast: return a[0];
+    case P::RowSum:
+    case P::RowMax: throw std::logic_error("a row reduction outside a row kernel");
+  }
+  // ATen's pow with a scalar exponent special-cases these exponents.
+  if (s.operands[1].kind != PointwiseOperand::Kind::Constant) return "powf(" + a[0] + ", " + a[1] + ")";
+  const double e = s.operands[1].constant;
+  if (e == 2) return a[0] + " * " + a[0];
+  if (e == 3) return a[0] + " * " + a[0] + " * " + a[0];
+  if (e == 0.5) return "sqrtf(" + a[0] + ")";
+  if (e == -0.5) return "rsqrtf(" + a[0] + ")";
+  if (e == -1) return "1.0f / " + a[0];
+  if (e == -2) return "1.0f / (" + a[0] + " * " + a[0] + ")";
+  return "powf(" + a[0] + ", " + a[1] + ")";
+}
+
+std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<std::string>& geluTanh,
+                    const std::set<PointwiseOp>& ops) {
+  std::string s;
+  if (dtypes.count(c10::ScalarType::BFloat16)) s += bfloat16Helpers();
+  if (dtypes.count(c10::ScalarType::Half)) s += float16Helpers();
+  using P = PointwiseOp;
+  // ATen's constants, rounded to float as its opmath computes with them.
+  const std::string alpha = floatLiteral(M_SQRT1_2), beta = floatLiteral(M_2_SQRTPI * M_SQRT1_2 * 0.5);
+  const std::string tanhBeta = floatLiteral(M_SQRT2 * M_2_SQRTPI * 0.5), kappa = floatLiteral(0.044715);
+  if (ops.count(P::Gelu)) {
+    s += "__device__ __forceinline__ float spmd_gelu(float x) {\n"
+         "  return x * 0.5f * (1.0f + erff(x * " + alpha + "));\n}\n";
+  }
+  if (ops.count(P::GeluGrad)) {
+    s += "__device__ __forceinline__ float spmd_gelu_grad(float g, float x) {\n"
+         "  const float cdf = 0.5f * (1.0f + erff(x * " + alpha + "));\n"
+         "  const float pdf = expf(-0.5f * x * x) * " + beta + ";\n"
+         "  return g * (cdf + x * pdf);\n}\n";
+  }
+  if (geluTanh.count("spmd_gelu_tanh")) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh(float x) {\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x * x * x));\n"
+         "  return 0.5f * x * (1.0f + tanhf(inner));\n}\n";
+  }
+  if (geluTanh.count("spmd_gelu_tanh_grad")) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh_grad(float g, float x) {\n"
+         "  const float x_sq = x * x;\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x_sq * x));\n"
+         "  const float th = tanhf(inner);\n"
+         "  const float left = 0.5f * x, right = 1.0f + th;\n"
+         "  const float inner_derivative = " + tanhBeta + " * (1.0f + 3.0f * " + kappa + " * x_sq);\n"
+         "  return g * (0.5f * right + left * (1.0f - th * th) * inner_derivative);\n}\n";
+  }
+  // With 1 + tanh(u) = 2 sigmoid(2u), and 1 - tanh(u)^2 = 4 sigmoid(2u) sigmoid(-2u).
+  // Where tanh(u) nears -1 ATen's form cancels and this one does not: it
+  // is closer to the exact value, and within a 16-bit rounding of ATen's
+  // elsewhere. The exponent is clamped where e^-2u would overflow (and
+  // sigmoid(2u) is below 1e-38), so that sigmoid(-2u) = e^-2u sigmoid(2u) stays finite.
+  const std::string sigmoid2u = "  const float e = __expf(fminf(-2.0f * inner, 88.0f));\n"
+                                "  const float s = __fdividef(1.0f, 1.0f + e);\n";
+  if (geluTanh.count("spmd_gelu_tanh16")) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh16(float x) {\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x * x * x));\n" + sigmoid2u +
+         "  return x * s;\n}\n";
+  }
+  if (geluTanh.count("spmd_gelu_tanh16_grad")) {
+    s += "__device__ __forceinline__ float spmd_gelu_tanh16_grad(float g, float x) {\n"
+         "  const float x_sq = x * x;\n"
+         "  const float inner = " + tanhBeta + " * (x + " + kappa + " * (x_sq * x));\n" + sigmoid2u +
+         "  const float inner_derivative = " + tanhBeta + " * (1.0f + 3.0f * " + kappa + " * x_sq);\n"
+         "  return g * (s + 2.0f * x * s * (e * s) * inner_derivative);\n}\n";
+  }
+  if (ops.count(P::RowMax)) {
+    s += "// The larger, or NaN where either is (ATen's max propagates NaN).\n"
+         "__device__ __forceinline__ float spmd_max_nan(float a, float b) { return a > b || a != a ? a : b; }\n"
+         "__device__ __forceinline__ float spmd_warp_max(float v) {\n"
+         "  for (int o = 16; o > 0; o >>= 1) v = spmd_max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));\n"
+         "  return v;\n}\n";
+  }
+  if (ops.count(P::RowSum)) {
+    s += "__device__ __forceinline__ float spmd_warp_sum(float v) {\n"
+         "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
+         "  return v;\n}\n";
+  }
+  if (ops.count(P::SiluGrad)) {
+    s += "__device__ __forceinline__ float spmd_silu_grad(float g, float x) {\n"
+         "  const float s = 1.0f / (1.0f + expf(-x));\n"
+         "  return g * s * (1.0f + x * (1.0f - s));\n}\n";
+  }
+  return s;
+}
+
+std::string bfloat16Helpers() {
+  return "__device__ __forceinline__ float spmd_bf16_to_f32(unsigned short h) {\n"
+         "  return __uint_as_float(((unsigned int)h) << 16);\n}\n"
+         "// Round to nearest even. From sm_80 one instruction, as ATen's CUDA kernels round there\n"
+         "// (a NaN becomes 0x7fff); before it c10::BFloat16's integer rounding (a NaN becomes 0x7fc0).\n"
+         "__device__ __forceinline__ unsigned short spmd_f32_to_bf16(float f) {\n"
+         "#if __CUDA_ARCH__ >= 800\n"
+         "  unsigned short h;\n  asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n"
+         "#else\n"
+         "  unsigned int u = __float_as_uint(f);\n"
+         "  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;\n"
+         "  u += 0x7fffu + ((u >> 16) & 1u);\n"
+         "  return (unsigned short)(u >> 16);\n"
+         "#endif\n}\n";
+}
+
+std::string float16Helpers() {
+  return "__device__ __forceinline__ float spmd_f16_to_f32(unsigned short h) {\n"
+         "  float f;\n  asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h));\n  return f;\n}\n"
+         "__device__ __forceinline__ unsigned short spmd_f32_to_f16(float f) {\n"
+         "  unsigned short h;\n  asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n  return h;\n}\n";
+}
+
+}  // namespace spmd
