@@ -537,6 +537,69 @@ TEST_CASE("a launch uses an installed kernel image instead of compiling", "[fuse
 #ifdef SPMD_WITH_CUDA
 namespace {
 
+// The tanh GELU and its gradient in float64 without cancellation anywhere:
+// 0.5 x (1 + tanh u) = x s and its derivative s + 2 x s (1 - s) u', with
+// s = sigmoid(2u) and 1 - s = e^-2u s.
+std::vector<at::Tensor> exactGeluTanh(const at::Tensor& x, const at::Tensor& g) {
+  const double c = std::sqrt(2.0 / M_PI), kappa = 0.044715;
+  const at::Tensor u = c * (x + kappa * x.pow(3)), du = c * (1 + 3 * kappa * x * x);
+  const at::Tensor e = at::exp(-2 * u), s = 1 / (1 + e);
+  return {x * s, g * (s + 2 * x * s * (e * s) * du), g * (s + (2 * x * s * (e * s) * du).abs())};
+}
+
+// Elements of `ours` farther from `ref` than `units` of the dtype's rounding
+// relative to `ref`, plus float's error on terms of size `terms`, plus
+// `floor` (values below it may underflow), among those where `where` holds.
+int64_t farFrom(const at::Tensor& ours, const at::Tensor& ref, const at::Tensor& terms, const at::Tensor& where,
+                double units, double unit, double floor) {
+  const at::Tensor allowed = units * unit * ref.abs() + 1e-6 * terms.abs() + floor;
+  return ((ours.to(at::kDouble) - ref).abs().gt(allowed) & where).sum().item<int64_t>();
+}
+
+}  // namespace
+
+// The 16-bit steps' form, x * sigmoid(2u), against the exact value over
+// [-20, 20], the negative tail included (where ATen's 1 + tanh(u) cancels),
+// and against ATen's CUDA kernels where ATen's form does not cancel.
+TEST_CASE("the 16-bit tanh GELU is within a rounding of the exact value", "[fused][cuda]") {
+  if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  ensureFusedKernelOpsRegistered();
+  ensureFusedKernelsCudaRegistered();
+  const auto fused = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("spmd::fused", "")
+                         .typed<std::vector<at::Tensor>(at::TensorList, c10::string_view)>();
+  for (c10::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    INFO(c10::toString(dtype));
+    const std::string d = dtype == at::kBFloat16 ? "bf16" : "f16";
+    const at::TensorOptions cuda = at::TensorOptions().device(at::kCUDA).dtype(dtype);
+    at::manual_seed(11);
+    const at::Tensor x = at::linspace(-20, 20, 1 << 18, at::kDouble).to(cuda);
+    const at::Tensor g = (at::rand({1 << 18}, at::kDouble) * 4 - 2).to(cuda);
+    const std::vector<at::Tensor> ours =
+        fused.call({x, g}, "t0:" + d + " = gelu_tanh(in0); t1:" + d + " = gelu_tanh_grad(in1, in0); return t0, t1");
+    const at::Tensor xd = x.cpu().to(at::kDouble), gd = g.cpu().to(at::kDouble);
+    const std::vector<at::Tensor> exact = exactGeluTanh(xd, gd);
+    const at::Tensor aten = at::gelu(x, "tanh").cpu(), atenGrad = at::gelu_backward(g, x, "tanh").cpu();
+    // bf16 keeps float's range: below x = -9.7 the clamped exponent gives 0 for values under 1e-34.
+    const double floor = dtype == at::kBFloat16 ? 1e-30 : std::ldexp(1.0, -24);
+    const at::Tensor all = at::ones_like(xd, at::kBool), atenExact = xd.ge(-3.5);
+    CHECK(farFrom(ours[0].cpu(), exact[0], exact[0], all, 1, ulp(dtype), floor) == 0);
+    CHECK(farFrom(ours[1].cpu(), exact[1], exact[2], all, 1, ulp(dtype), floor) == 0);
+    CHECK(farFrom(ours[0].cpu(), aten.to(at::kDouble), exact[0], atenExact, 2, ulp(dtype), floor) == 0);
+    CHECK(farFrom(ours[1].cpu(), atenGrad.to(at::kDouble), exact[2], atenExact, 2, ulp(dtype), floor) == 0);
+    // Where ATen's own result is more than a unit off the exact value (printed, not checked).
+    const at::Tensor atenOff = (aten.to(at::kDouble) - exact[0]).abs().gt(ulp(dtype) * exact[0].abs() + floor);
+    const at::Tensor offAt = xd.masked_select(atenOff);
+    std::printf("[gelu-tanh] %-9s ATen's forward more than a unit off the exact value at %lld of %d inputs, the largest x %.4g\n",
+                c10::toString(dtype), static_cast<long long>(offAt.numel()), 1 << 18,
+                offAt.numel() ? offAt.max().item<double>() : NAN);
+  }
+}
+#endif
+
+#ifdef SPMD_WITH_CUDA
+namespace {
+
 // Attention as a model writes it (causal: keys after the query masked out,
 // top-left aligned), with autograd's gradients: the reference for the gemm kernel.
 std::vector<at::Tensor> mathAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
