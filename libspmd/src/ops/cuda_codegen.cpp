@@ -26,7 +26,10 @@ std::string shapeText(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-const char* storageType(c10::ScalarType t) { return t == c10::ScalarType::Float ? "float" : "unsigned short"; }
+const char* storageType(c10::ScalarType t) {
+  if (t == c10::ScalarType::Long) return "long long";  // a bernoulli's seed
+  return t == c10::ScalarType::Float ? "float" : "unsigned short";
+}
 
 std::string loadExpr(c10::ScalarType t, const std::string& element) {
   switch (t) {
@@ -99,7 +102,8 @@ struct KernelText {
   const std::vector<int64_t>& shape;
   std::string suffix;
 
-  bool full(size_t k) const { return indexExpr(inputs[k].shape, shape, suffix) == "i"; }
+  bool full(size_t k) const { return !isSeed(k) && indexExpr(inputs[k].shape, shape, suffix) == "i"; }
+  bool isSeed(size_t k) const { return inputs[k].dtype == c10::ScalarType::Long; }
 
   // A broadcast input whose last dimension is the iteration space's, a
   // whole number of vectors long (a bias): a vector's elements are
@@ -111,6 +115,9 @@ struct KernelText {
     return w == 4 || inputs[k].dtype != c10::ScalarType::Float;
   }
   c10::ScalarType resultType(size_t r) const { return program.statements[program.results[r]].dtype; }
+  bool isResult(int statement) const {
+    return std::find(program.results.begin(), program.results.end(), statement) != program.results.end();
+  }
 
   std::string signature(const std::string& name) const {
     std::string s = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kFusedBlockSize) + ") " + name + "(";
@@ -125,18 +132,36 @@ struct KernelText {
     return s + ") {\n";
   }
 
-  // The statements for element i, each input read by `load(k)`, each result
+  // The statements for element i, each input read by `load(k)`, each seed
+  // input's random word for the element given by `word(k)`, each result
   // written by `store(r, value)`.
   std::string body(const std::string& pad, const std::function<std::string(size_t)>& load,
+                   const std::function<std::string(size_t)>& word,
                    const std::function<std::string(size_t, const std::string&)>& store) const {
     std::string b;
-    for (size_t k = 0; k < inputs.size(); ++k) b += pad + "const float a" + std::to_string(k) + " = " + load(k) + ";\n";
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const std::string n = std::to_string(k);
+      b += pad + (isSeed(k) ? "const unsigned int w" + n + " = " + word(k) : "const float a" + n + " = " + load(k)) + ";\n";
+    }
+    std::set<int> stored;  // results whose 16-bit value hK the statement keeps
     for (size_t i = 0; i < program.statements.size(); ++i) {
       const PointwiseStatement& st = program.statements[i];
-      b += pad + "const float t" + std::to_string(i) + " = " + rounded(st.dtype, opExpr(st)) + ";\n";
+      const std::string n = std::to_string(i);
+      if (isResult(static_cast<int>(i)) && st.dtype != c10::ScalarType::Float && st.op != PointwiseOp::Bernoulli) {
+        // Rounded once: the result stores the bits its readers read.
+        b += pad + "const unsigned short h" + n + " = " + storeExpr(st.dtype, opExpr(st)) + ";\n";
+        b += pad + "const float t" + n + " = " + loadExpr(st.dtype, "h" + n) + ";\n";
+        stored.insert(static_cast<int>(i));
+      } else {
+        // A bernoulli's value is rounded already (bernoulliExpr).
+        const std::string value = st.op == PointwiseOp::Bernoulli ? opExpr(st) : rounded(st.dtype, opExpr(st));
+        b += pad + "const float t" + n + " = " + value + ";\n";
+      }
     }
     for (size_t r = 0; r < program.results.size(); ++r) {
-      b += pad + store(r, storeExpr(resultType(r), "t" + std::to_string(program.results[r]))) + ";\n";
+      const int k = program.results[r];
+      const std::string value = stored.count(k) ? "h" + std::to_string(k) : storeExpr(resultType(r), "t" + std::to_string(k));
+      b += pad + store(r, value) + ";\n";
     }
     return b;
   }
@@ -155,6 +180,9 @@ struct KernelText {
     std::string s = signature(kFusedKernelName) + loop(index, "i", numel);
     s += body(
         "    ", [&](size_t k) { return elementAt(k); },
+        [&](size_t k) {
+          return "spmd_philox(in" + std::to_string(k) + "[0], i / 4" + suffix + ").v[i % 4" + suffix + "]";
+        },
         [&](size_t r, const std::string& v) { return "out" + std::to_string(r) + "[i] = " + v; });
     return s + "  }\n}\n";
   }
@@ -188,6 +216,16 @@ struct KernelText {
       s += "    const " + t + " l" + std::to_string(k) + " = reinterpret_cast<const " + t + "*>(in" +
            std::to_string(k) + ")[" + at + "];\n";
     }
+    // A seed's words for the vector's elements, four a Philox call.
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      if (!isSeed(k)) continue;
+      const std::string r = "r" + std::to_string(k);
+      s += "    spmd_u32x4 " + r + "[" + std::to_string(w / 4) + "];\n";
+      for (int q = 0; q < w / 4; ++q) {
+        s += "    " + r + "[" + std::to_string(q) + "] = spmd_philox(in" + std::to_string(k) + "[0], n * " +
+             std::to_string(w / 4) + suffix + " + " + std::to_string(q) + suffix + ");\n";
+      }
+    }
     for (size_t r = 0; r < program.results.size(); ++r) s += "    " + vectorType(resultType(r), w) + " s" + std::to_string(r) + ";\n";
     s += "#pragma unroll\n    for (" + index + " j = 0; j < " + width + suffix + "; ++j) {\n";
     s += "      const " + index + " i = n * " + width + suffix + " + j;\n";
@@ -196,6 +234,7 @@ struct KernelText {
         [&](size_t k) {
           return full(k) || runs(k, w) ? loadExpr(inputs[k].dtype, "l" + std::to_string(k) + ".v[j]") : elementAt(k);
         },
+        [&](size_t k) { return "r" + std::to_string(k) + "[j / 4" + suffix + "].v[j % 4" + suffix + "]"; },
         [&](size_t r, const std::string& v) { return "s" + std::to_string(r) + ".v[j] = " + v; });
     s += "    }\n";
     for (size_t r = 0; r < program.results.size(); ++r) {
@@ -380,6 +419,29 @@ struct RowKernelText {
   }
 };
 
+// Every input is of a dtype the program computes in, but a bernoulli's
+// seed: a 0-dim int64 tensor that nothing else reads. Row programs draw no
+// masks.
+void checkSeedInputs(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs) {
+  const std::vector<int> seeds = seedInputs(program);
+  if (!seeds.empty() && hasRowReductions(program)) throw std::invalid_argument("a row program with a bernoulli");
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    const bool seed = std::find(seeds.begin(), seeds.end(), static_cast<int>(k)) != seeds.end();
+    if (seed && (inputs[k].dtype != c10::ScalarType::Long || !inputs[k].shape.empty())) {
+      throw std::invalid_argument("bernoulli's seed in" + std::to_string(k) + " is not a 0-dim i64 tensor");
+    }
+    if (!seed && !isPointwiseDtype(inputs[k].dtype)) throw std::invalid_argument("an input of dtype " + dtypeName(inputs[k].dtype));
+  }
+  for (const PointwiseStatement& st : program.statements) {
+    for (size_t o = st.op == PointwiseOp::Bernoulli ? 1 : 0; o < st.operands.size(); ++o) {
+      const PointwiseOperand& x = st.operands[o];
+      if (x.kind == PointwiseOperand::Kind::Input && std::find(seeds.begin(), seeds.end(), x.index) != seeds.end()) {
+        throw std::invalid_argument("the seed in" + std::to_string(x.index) + " read as a number");
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> broadcastShapes(const std::vector<KernelTensor>& inputs) {
@@ -425,9 +487,9 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
   std::set<c10::ScalarType> dtypes;
   std::set<PointwiseOp> ops;
   std::set<std::string> geluTanh;  // the tanh GELU helpers the statements call
+  checkSeedInputs(program, inputs);
   for (const auto& in : inputs) {
-    if (!isPointwiseDtype(in.dtype)) throw std::invalid_argument("an input of dtype " + dtypeName(in.dtype));
-    dtypes.insert(in.dtype);
+    if (in.dtype != c10::ScalarType::Long) dtypes.insert(in.dtype);
   }
   for (const auto& s : program.statements) {
     dtypes.insert(s.dtype);

@@ -8,7 +8,10 @@
 #include "spmd/ops/spmd_ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/PhiloxRNGEngine.h>
 #include <torch/library.h>
+
+#include <algorithm>
 
 #include <stdexcept>
 
@@ -58,6 +61,21 @@ std::vector<at::Tensor> fusedMeta(at::TensorList inputs, c10::string_view text) 
   return out;
 }
 
+// A bernoulli statement's mask over `shape`, 1 where kept (ops/pointwise_program.h):
+// LibTorch's own Philox engine gives each run of four elements its words.
+at::Tensor keepMask(const at::Tensor& seed, at::IntArrayRef shape, float p) {
+  TORCH_CHECK(seed.scalar_type() == at::kLong && seed.dim() == 0, "spmd::fused: a bernoulli seed must be a 0-dim int64 tensor");
+  at::Tensor mask = at::empty(shape, at::kFloat);
+  float* out = mask.data_ptr<float>();
+  const int64_t n = mask.numel();
+  const auto key = static_cast<uint64_t>(seed.item<int64_t>());
+  for (int64_t first = 0; first < n; first += 4) {
+    at::Philox4_32 words(key, 0, static_cast<uint64_t>(first / 4));
+    for (int64_t i = first; i < std::min(n, first + 4); ++i) out[i] = keepsElement(words(), p) ? 1.0f : 0.0f;
+  }
+  return mask;
+}
+
 // `shape`: the iteration space, over whose last dimension the row
 // reductions run (an operand may broadcast to it).
 at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& a, at::IntArrayRef shape) {
@@ -90,6 +108,7 @@ at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& 
     case P::Cast: return a[0];
     case P::RowSum: return at::sum(a[0].expand(shape), {-1}, /*keepdim=*/true);
     case P::RowMax: return at::amax(a[0].expand(shape), {-1}, /*keepdim=*/true);
+    case P::Bernoulli: return keepMask(a[0], shape, a[1].item<float>()) * a[2];
   }
   TORCH_CHECK(false, "spmd::fused: an operation without a CPU kernel");
 }
@@ -102,8 +121,9 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
   for (const PointwiseStatement& s : program.statements) {
     std::vector<at::Tensor> operands;
     for (const PointwiseOperand& o : s.operands) {
+      const bool seed = s.op == PointwiseOp::Bernoulli && operands.empty();  // read as its integer
       switch (o.kind) {
-        case PointwiseOperand::Kind::Input: operands.push_back(inputs[o.index].to(at::kFloat)); break;
+        case PointwiseOperand::Kind::Input: operands.push_back(seed ? inputs[o.index] : inputs[o.index].to(at::kFloat)); break;
         case PointwiseOperand::Kind::Temp: operands.push_back(temps[o.index]); break;
         case PointwiseOperand::Kind::Constant:
           operands.push_back(at::scalar_tensor(static_cast<float>(o.constant), f32));

@@ -70,6 +70,7 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"spmd::broadcast", kCollective},
       {"spmd::bucket_start", kCollective},
       {"spmd::bucket_wait", kCollective},
+      {"spmd::dropout_seed", kRandom},
   };
   return table;
 }

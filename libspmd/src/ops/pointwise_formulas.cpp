@@ -2,6 +2,9 @@
 
 #include "spmd/ops/cuda_codegen.h"
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -35,6 +38,27 @@ bool isSixteenBit(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || 
 // standalone kernel); see prelude(). f32 steps keep ATen's tanhf form.
 std::string geluTanhName(c10::ScalarType t) { return isSixteenBit(t) ? "spmd_gelu_tanh16" : "spmd_gelu_tanh"; }
 
+namespace {
+
+float roundedTo(c10::ScalarType t, double value) {
+  const auto f = static_cast<float>(value);
+  if (t == c10::ScalarType::BFloat16) return static_cast<float>(c10::BFloat16(f));
+  if (t == c10::ScalarType::Half) return static_cast<float>(c10::Half(f));
+  return f;
+}
+
+// The kept value (rounded here, so that the statement needs no rounding) or
+// 0, by one compare of the element's random word wK with keepBound.
+std::string bernoulliExpr(const PointwiseStatement& s) {
+  const uint64_t bound = keepBound(static_cast<float>(s.operands[1].constant));
+  const std::string value = floatLiteral(roundedTo(s.dtype, s.operands[2].constant));
+  if (bound == 0) return "0.0f";
+  if (bound == uint64_t{1} << 32) return value;
+  return "w" + std::to_string(s.operands[0].index) + " < " + std::to_string(bound) + "u ? " + value + " : 0.0f";
+}
+
+}  // namespace
+
 std::string opExpr(const PointwiseStatement& s) {
   std::vector<std::string> a;
   for (const auto& o : s.operands) a.push_back(operandExpr(o));
@@ -63,6 +87,7 @@ std::string opExpr(const PointwiseStatement& s) {
     case P::Rsqrt: return "rsqrtf(" + a[0] + ")";
     case P::Pow: break;
     case P::Cast: return a[0];
+    case P::Bernoulli: return bernoulliExpr(s);
     case P::RowSum:
     case P::RowMax: throw std::logic_error("a row reduction outside a row kernel");
   }
@@ -142,12 +167,33 @@ std::string prelude(const std::set<c10::ScalarType>& dtypes, const std::set<std:
          "  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);\n"
          "  return v;\n}\n";
   }
+  if (ops.count(P::Bernoulli)) s += philoxHelpers();
   if (ops.count(P::SiluGrad)) {
     s += "__device__ __forceinline__ float spmd_silu_grad(float g, float x) {\n"
          "  const float s = 1.0f / (1.0f + expf(-x));\n"
          "  return g * s * (1.0f + x * (1.0f - s));\n}\n";
   }
   return s;
+}
+
+// Dropout's random words: Philox4x32-10 (Salmon et al., SC'11) with key
+// `seed` and counter (c, 0), computed as at::philox_engine computes it, so
+// that the CPU reference (fused_kernel_ops.cpp) draws the same masks. A
+// bernoulli compares its word with keepBound (bernoulliExpr).
+std::string philoxHelpers() {
+  return "struct spmd_u32x4 { unsigned int v[4]; };\n"
+         "__device__ __forceinline__ spmd_u32x4 spmd_philox(unsigned long long seed, unsigned long long c) {\n"
+         "  unsigned int c0 = (unsigned int)c, c1 = (unsigned int)(c >> 32), c2 = 0u, c3 = 0u;\n"
+         "  unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)(seed >> 32);\n"
+         "#pragma unroll\n"
+         "  for (int round = 0; round < 10; ++round) {\n"
+         "    const unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;\n"
+         "    const unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;\n"
+         "    c0 = hi1 ^ c1 ^ k0;\n    c1 = lo1;\n    c2 = hi0 ^ c3 ^ k1;\n    c3 = lo0;\n"
+         "    k0 += 0x9E3779B9u;\n    k1 += 0xBB67AE85u;\n"
+         "  }\n"
+         "  spmd_u32x4 words = {{c0, c1, c2, c3}};\n"
+         "  return words;\n}\n";
 }
 
 std::string bfloat16Helpers() {

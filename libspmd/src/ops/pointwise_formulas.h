@@ -24,6 +24,9 @@ std::string geluTanhName(c10::ScalarType t);
 // Each op's float formula, as ATen's CUDA kernel computes it in float.
 std::string opExpr(const PointwiseStatement& s);
 
+// spmd_philox: a bernoulli statement's random words (ops/pointwise_program.h).
+std::string philoxHelpers();
+
 // The device helpers a kernel needs: the 16-bit conversions of `dtypes`, the
 // tanh GELU functions named in `geluTanh` (geluTanhName) and the helpers of
 // `ops`, in a fixed order.

@@ -2,6 +2,10 @@
 
 #include "spmd/ops/dtype.h"
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +30,7 @@ const std::vector<PointwiseOpInfo>& pointwiseOps() {
       {P::Sqrt, "sqrt", 1},        {P::Rsqrt, "rsqrt", 1},
       {P::Pow, "pow", 2},          {P::Cast, "cast", 1},
       {P::RowSum, "row_sum", 1},   {P::RowMax, "row_max", 1},
+      {P::Bernoulli, "bernoulli", 3},
   };
   return ops;
 }
@@ -35,6 +40,31 @@ const PointwiseOpInfo& pointwiseOpInfo(PointwiseOp op) {
     if (info.op == op) return info;
   }
   throw std::logic_error("pointwise op without an entry in pointwiseOps()");
+}
+
+std::vector<int> seedInputs(const PointwiseProgram& program) {
+  std::vector<int> seeds;
+  for (const PointwiseStatement& s : program.statements) {
+    if (s.op != PointwiseOp::Bernoulli) continue;
+    const int k = s.operands[0].index;
+    if (std::find(seeds.begin(), seeds.end(), k) == seeds.end()) seeds.push_back(k);
+  }
+  std::sort(seeds.begin(), seeds.end());
+  return seeds;
+}
+
+double dropoutScale(c10::ScalarType mask, double divisor) {
+  const float q = 1.0f / static_cast<float>(divisor);
+  if (mask == c10::ScalarType::BFloat16) return static_cast<float>(c10::BFloat16(q));
+  if (mask == c10::ScalarType::Half) return static_cast<float>(c10::Half(q));
+  return q;
+}
+
+// (word >> 8) < p 2^24, with word >> 8 an integer: (word >> 8) < ceil(p 2^24).
+uint64_t keepBound(float p) {
+  const double bound = std::ceil(static_cast<double>(p) * 16777216.0);
+  if (!(bound > 0)) return 0;  // p <= 0 (or NaN): nothing kept
+  return bound >= 16777216.0 ? uint64_t{1} << 32 : static_cast<uint64_t>(bound) << 8;
 }
 
 bool isRowReduction(PointwiseOp op) { return op == PointwiseOp::RowSum || op == PointwiseOp::RowMax; }
@@ -202,6 +232,11 @@ class ProgramParser {
     expect(')');
     if (static_cast<int>(s.operands.size()) != info->arity) {
       fail(opAt, std::string(info->name) + " takes " + std::to_string(info->arity) + " operand(s)");
+    }
+    if (s.op == PointwiseOp::Bernoulli && (s.operands[0].kind != PointwiseOperand::Kind::Input ||
+                                           s.operands[1].kind != PointwiseOperand::Kind::Constant ||
+                                           s.operands[2].kind != PointwiseOperand::Kind::Constant)) {
+      fail(opAt, "bernoulli takes a seed input (inK), a probability and a value (numbers)");
     }
     return s;
   }

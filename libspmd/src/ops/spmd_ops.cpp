@@ -51,6 +51,7 @@ void ensureSpmdOpsRegistered() {
   ensureCrossEntropyOpsRegistered();
   ensureLayerNormOpsRegistered();
   ensureColumnSumOpsRegistered();
+  ensureDropoutOpsRegistered();
 }
 
 }  // namespace spmd

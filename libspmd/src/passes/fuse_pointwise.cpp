@@ -11,13 +11,15 @@
 // producers when it has the group's output shape, role and iteration, and no
 // node outside the group reads the group's values before it (the fused node
 // takes the place of its last member). Single ops stay as they are, but for
-// one: a cast from bf16 or f16 up to f32 of at least kLoneCastElements
+// fuse-dropout's spmd::dropout_mul (whose mask only a generated kernel
+// draws) and a cast from bf16 or f16 up to f32 of at least kLoneCastElements
 // elements over a densely laid-out input (autocast's weight gradients, cast
 // back to the parameters' f32). ATen runs that cast with its unrolled,
 // element-at-a-time copy kernel (about 430 GB/s for gpt's gradients on an
 // H200), the generated kernel with 16-byte accesses (about 860 GB/s there).
 // Not done here: reductions (softmax, LayerNorm, sums), ops on f64 or integer
-// tensors, random ops, and views between members.
+// tensors, random ops other than fuse-dropout's masks, and views between
+// members.
 #include "pointwise_groups.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/passes/pass.h"
@@ -97,7 +99,8 @@ class PointwiseFuser {
     for (const Node* n : snapshot(g_.nodes())) consider(*n);
     int fused = 0;
     for (Group& group : groups_) {
-      if (group.members.size() < 2 && !isWorthyLoneCast(g_, group.members.front())) continue;
+      const Candidate& first = group.members.front();
+      if (group.members.size() < 2 && !isWorthyLoneCast(g_, first) && !drawsMask(first.steps)) continue;
       replaceWithFusedNode(g_, group.members, group.nodes);
       ++fused;
       fusedOps_ += static_cast<int>(group.members.size());

@@ -234,7 +234,7 @@ class RowFuser {
   void consider(const Node& n) {
     if (!hasPointwiseDtypes(g_, n)) return;
     std::optional<RowCandidate> c = translateRowNode(g_, n);
-    if (!c) return;
+    if (!c || drawsMask(c->candidate.steps)) return;  // row kernels draw no masks: fuse-pointwise takes it
     foldScalarTensors(g_, c->candidate.steps);
     const std::vector<int> producers = producerGroups(n);
     int chosen = -1;

@@ -48,6 +48,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createCatViewsPass},
       {"slice-grads", "a sum of slice gradients that split a dimension (cat's backward into a slice's) as one cat; a whole-dimension slice gradient as its input; spmd-lower runs it",
        createSliceGradsPass},
+      {"fuse-dropout", "dropout's mask drawn inside the generated kernels that use it (spmd::dropout_seed, spmd::dropout_mul), never stored; spmd-lower runs it for --device cuda",
+       createFuseDropoutPass},
       {"fuse-rows", "reductions over the last dimension (softmax, RMSNorm, sums) with the element-wise ops around them as one spmd::fused row kernel each; spmd-lower runs it for --device cuda",
        createFuseRowsPass},
       {"fuse-pointwise", "chains of element-wise ops as one spmd::fused node each (a generated kernel); spmd-lower runs it for --device cuda",

@@ -31,10 +31,10 @@ bool isPlainCopy(const Node& n) {
   return stridedLayout && keepsFormat && (n.args[5].kind == Arg::Kind::None || !n.args[5].b);
 }
 
-// The node as statements, or nullopt for ops this pass does not fuse. The
-// last step's result is the node's output.
 }  // namespace
 
+// The node as statements, or nullopt for ops this pass does not fuse. The
+// last step's result is the node's output.
 std::optional<std::vector<Step>> translatePointwise(const Node& n) {
   using P = PointwiseOp;
   const std::string op = n.qualifiedName();
@@ -87,6 +87,12 @@ std::optional<std::vector<Step>> translatePointwise(const Node& n) {
     if (a[2].s == "tanh") return std::vector<Step>{{P::GeluTanhGrad, {v(0), v(1)}}};
   }
   if (op == "aten::_to_copy" && tensors(1) && isPlainCopy(n)) return std::vector<Step>{{P::Cast, {v(0)}}};
+  if (op == "spmd::dropout_mul" && tensors(2) && a.size() == 5 && isScalar(a[2]) && a[3].kind == Arg::Kind::DType &&
+      isScalar(a[4])) {
+    const auto mask = static_cast<c10::ScalarType>(a[3].i);
+    return std::vector<Step>{{P::Bernoulli, {v(1), c(2), constantSource(dropoutScale(mask, scalarOf(a[4])))}, mask},
+                             {P::Mul, {v(0), localSource(0)}}};
+  }
   // to.dtype(self, dtype, non_blocking, copy, memory_format): a copy or self
   // itself, the same values either way in a graph without writes.
   if (op == "aten::to.dtype" && tensors(1) && a.size() == 5 && a[1].kind == Arg::Kind::DType &&
@@ -121,10 +127,18 @@ void foldScalarTensors(const Graph& g, std::vector<Step>& steps) {
   }
 }
 
+bool drawsMask(const std::vector<Step>& steps) {
+  return std::any_of(steps.begin(), steps.end(), [](const Step& s) { return s.op == PointwiseOp::Bernoulli; });
+}
+
 bool hasPointwiseDtypes(const Graph& g, const Node& n) {
   if (n.outputs.size() != 1 || n.outputs[0] == kNoValue || !isPointwiseDtype(g.value(n.outputs[0]).dtype)) return false;
   bool ok = true;
-  forEachTensorArg(n, [&](ValueId v) { ok = ok && isPointwiseDtype(g.value(v).dtype); });
+  const bool dropout = n.op == "spmd::dropout_mul" && n.args.size() > 1 && n.args[1].kind == Arg::Kind::Value;
+  forEachTensorArg(n, [&](ValueId v) {
+    const bool seed = dropout && v == n.args[1].value && g.value(v).dtype == c10::ScalarType::Long;
+    ok = ok && (seed || isPointwiseDtype(g.value(v).dtype));
+  });
   return ok;
 }
 
@@ -169,7 +183,9 @@ void replaceWithFusedNode(Graph& g, const std::vector<Candidate>& members, const
       PointwiseStatement s;
       s.op = m.steps[k].op;
       // Only the op's result is rounded to its dtype; its inner steps stay float.
-      s.dtype = k + 1 == m.steps.size() ? g.value(out).dtype : c10::ScalarType::Float;
+      const c10::ScalarType inner = m.steps[k].rounding;
+      s.dtype = k + 1 == m.steps.size() ? g.value(out).dtype
+                : inner == c10::ScalarType::Undefined ? c10::ScalarType::Float : inner;
       for (const Source& src : m.steps[k].operands) s.operands.push_back(operandOf(src, firstLocal));
       program.statements.push_back(s);
     }

@@ -28,6 +28,9 @@ inline Source constantSource(double c) { return {Source::Kind::Constant, -1, 0, 
 struct Step {
   PointwiseOp op;
   std::vector<Source> operands;
+  // What an inner step rounds to (Undefined: it stays float); the last
+  // step rounds to the node's dtype.
+  c10::ScalarType rounding = c10::ScalarType::Undefined;
 };
 
 // A node and its statements; the last step's result is the node's output.
@@ -42,6 +45,8 @@ inline bool isScalar(const Arg& a) { return a.kind == Arg::Kind::Int || a.kind =
 // The element-wise node as statements, or nullopt for ops fuse-pointwise
 // does not fuse.
 std::optional<std::vector<Step>> translatePointwise(const Node& n);
+// Whether the statements draw a dropout mask (spmd::dropout_mul).
+bool drawsMask(const std::vector<Step>& steps);
 
 // Replaces each operand that is an aten::scalar_tensor of a number (a 0-dim
 // CPU tensor, as the importer writes a Python float: RMSNorm's eps, a
@@ -50,7 +55,7 @@ std::optional<std::vector<Step>> translatePointwise(const Node& n);
 void foldScalarTensors(const Graph& g, std::vector<Step>& steps);
 
 // Whether `n` has one result and it, and every tensor `n` reads, has a
-// dtype that pointwise programs compute in.
+// dtype that pointwise programs compute in (spmd::dropout_mul's seed aside).
 bool hasPointwiseDtypes(const Graph& g, const Node& n);
 
 // Whether two nodes run in the same part of the step (role and iteration):

@@ -161,7 +161,7 @@ void addLowerFlags(CLI::App& app, LowerOptions& options) {
   app.add_flag_callback("--no-fuse", [&options] { options.fuse = false; },
                         "keep the optimizer's per-parameter ops (no _foreach calls)");
   app.add_flag_callback("--no-generated-kernels", [&options] { options.generateKernels = false; },
-                        "CUDA: keep ATen's kernels (no generated kernels: fuse-rows, fuse-pointwise, fuse-cross-entropy, fuse-layer-norm, fuse-column-sum; fp32 attention: efficient, not gemm)");
+                        "CUDA: keep ATen's kernels (no generated kernels: fuse-dropout, fuse-rows, fuse-pointwise, fuse-cross-entropy, fuse-layer-norm, fuse-column-sum; fp32 attention: efficient, not gemm)");
   app.add_option("--attention-kernel", options.attentionKernel,
                  "CUDA attention kernel: auto (bf16/fp16: cudnn up to head size 128, flash up to 256; fp32: gemm up "
                  "to 2048 keys; else efficient), efficient, flash, cudnn, gemm (fp32: batched GEMMs and a generated "

@@ -65,6 +65,7 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   if (cuda) names.push_back("capturable-adam");
   if (cuda && o.cudagraphs) names.push_back("embedding-grad");
   if (o.fuse) names.push_back("fuse-optimizer");
+  if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-dropout");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-rows");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-pointwise");
   if (cuda && o.cudagraphs) names.push_back("check-capture");

@@ -25,6 +25,16 @@
 // shape with the last dimension 1 (tK must be at row level); any other
 // result has the iteration space's shape (a row-level one repeated along the
 // row). The reductions accumulate in float and round once, as ATen's do.
+//
+// `bernoulli(inS, p, v)` is dropout's scaled mask (spmd-lower's
+// fuse-dropout): v with probability p, else 0 (v rounded to the statement's
+// dtype), drawn again wherever a program needs the mask rather than stored.
+// inS is a 0-dim int64 input, the seed (spmd::dropout_seed); element i of
+// the iteration space (row-major) draws word i % 4 of Philox4x32-10 with key
+// `seed` and counter (i / 4, 0), as at::philox_engine(seed, 0, i / 4) gives
+// them, and keeps where keepsElement(word, p). The same seed gives the same
+// mask in every program over the same iteration space. Row programs take no
+// bernoulli.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -42,6 +52,7 @@ enum class PointwiseOp {
   Add, Sub, Mul, Div, Neg, Relu, ThresholdGrad, Gelu, GeluGrad, GeluTanh, GeluTanhGrad,
   Tanh, TanhGrad, Sigmoid, SigmoidGrad, Silu, SiluGrad, Exp, Log, Sqrt, Rsqrt, Pow, Cast,
   RowSum, RowMax,  // over the last dimension (see above)
+  Bernoulli,       // dropout's mask from a seed input (see above)
 };
 
 struct PointwiseOpInfo {
@@ -72,6 +83,20 @@ struct PointwiseProgram {
   std::vector<bool> perRow;  // per result: written row(tK)
 };
 
+// Whether a Bernoulli statement keeps an element whose random word is
+// `word`: its top 24 bits as a fraction of 2^24 (exact in float) below p.
+inline bool keepsElement(uint32_t word, float p) { return static_cast<float>(word >> 8) * 0x1p-24f < p; }
+// The smallest word keepsElement(word, p) does not keep, 2^32 where it keeps
+// every word: keepsElement(w, p) is w < keepBound(p), one integer compare.
+uint64_t keepBound(float p);
+
+// The value dropout keeps an element at, a bernoulli's v: 1 / divisor in float
+// (as ATen's CUDA div by a number computes it) rounded to the mask's dtype.
+double dropoutScale(c10::ScalarType mask, double divisor);
+
+// The inputs that bernoulli statements read as their seed.
+std::vector<int> seedInputs(const PointwiseProgram& program);
+
 bool isRowReduction(PointwiseOp op);
 bool hasRowReductions(const PointwiseProgram& program);
 // Whether an input of shape `input` is the same along each row of the
@@ -93,8 +118,9 @@ std::vector<int64_t> resultShape(const PointwiseProgram& program, size_t r, cons
 bool isPointwiseDtype(c10::ScalarType t);
 
 // Throws std::invalid_argument naming the character offset and what was
-// expected. Checks that operands refer to earlier statements and that the
-// program returns at least one statement.
+// expected. Checks that operands refer to earlier statements, that a
+// bernoulli's operands are an input and two constants, and that the program
+// returns at least one statement.
 PointwiseProgram parsePointwiseProgram(std::string_view text);
 std::string printPointwiseProgram(const PointwiseProgram& program);
 // A constant as the text form and generated code spell it: the shortest

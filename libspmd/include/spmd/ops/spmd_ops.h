@@ -32,6 +32,9 @@
 //                           fuse-column-sum; ops/column_sum_ops.cpp).
 //   spmd::fused             a group of pointwise ops as one generated kernel
 //                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
+//   spmd::dropout_seed      a seed for a dropout mask, and
+//   spmd::dropout_mul       a product with the mask it draws (spmd-lower's
+//                           fuse-dropout; ops/dropout_ops.cpp).
 // On one rank the collectives are the identity.
 #pragma once
 
@@ -44,5 +47,6 @@ void ensureFusedOptimizerOpsRegistered();  // ops/fused_optimizer_ops.cpp
 void ensureCrossEntropyOpsRegistered();    // ops/cross_entropy_ops.cpp
 void ensureLayerNormOpsRegistered();       // ops/layer_norm_ops.cpp
 void ensureColumnSumOpsRegistered();       // ops/column_sum_ops.cpp
+void ensureDropoutOpsRegistered();         // ops/dropout_ops.cpp
 
 }  // namespace spmd

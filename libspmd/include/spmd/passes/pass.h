@@ -72,6 +72,7 @@ std::unique_ptr<Pass> createCheckCapturePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCapturableAdamPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFusePointwisePass(const PipelineOptions& options);
+std::unique_ptr<Pass> createFuseDropoutPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseRowsPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createSliceGradsPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseCrossEntropyPass(const PipelineOptions& options);

@@ -1,0 +1,191 @@
+// fuse-dropout (spmd-lower runs it for --device cuda, with generated kernels,
+// before fuse-rows and fuse-pointwise): dropout's mask is drawn inside the
+// generated kernels that use it instead of being stored. Dropout with p > 0
+// records LibTorch's decomposition, and its backward reads the same mask:
+//
+//   %e: bf16[N,C] = aten::empty_like(%x, ...)
+//   %mask: bf16[N,C] = aten::bernoulli.p(%e, 0.9, None)
+//   %noise: bf16[N,C] = aten::div.Scalar(%mask, 0.9)
+//   %y: bf16[N,C] = aten::mul.Tensor(%x, %noise)            (forward)
+//   %gx: bf16[N,C] = aten::mul.Tensor(%gy, %noise)          (backward)
+//
+// becomes
+//
+//   %mask_seed: i64[] = spmd::dropout_seed(%x)
+//   %y: bf16[N,C] = spmd::dropout_mul(%x, %mask_seed, 0.9, torch.bfloat16, 0.9)
+//   %gx: bf16[N,C] = spmd::dropout_mul(%gy, %mask_seed, 0.9, torch.bfloat16, 0.9)
+//
+// spmd::dropout_seed draws one 64-bit seed from the default generator (a
+// random op: spmd-run seeds it per step, a CUDA graph replays it with new
+// values); each spmd::dropout_mul recomputes the mask from it
+// (ops/pointwise_program.h, `bernoulli`) and fuse-pointwise puts it into the
+// kernel of the ops around it. The kept value, 1 / divisor, rounds to the
+// mask's dtype as ATen's division of the mask rounds it, so each product
+// equals the unfused one for the same mask. No buffer of the mask's size is written or kept from
+// the forward to the backward; the masks are not the ones ATen's bernoulli
+// would draw (README, "Dropout").
+//
+// Taken: a mask only a div.Scalar reads, whose quotient only element-wise
+// products of its own shape read (other value of the same shape). Other
+// masks keep ATen's bernoulli, with a note: feature dropout (a mask that
+// broadcasts), masks the step returns or reads otherwise.
+#include "spmd/ir/builder.h"
+#include "spmd/ops/pointwise_program.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace spmd {
+namespace {
+
+bool isScalarArg(const Arg& a) { return a.kind == Arg::Kind::Int || a.kind == Arg::Kind::Float; }
+double scalarArg(const Arg& a) { return a.kind == Arg::Kind::Int ? static_cast<double>(a.i) : a.f; }
+
+// One dropout as the pass found it: the mask's node, its division, and the
+// products that read the quotient (with the other operand of each).
+struct Dropout {
+  const Node* bernoulli = nullptr;
+  const Node* divide = nullptr;
+  std::vector<const Node*> products;
+  std::vector<ValueId> factors;
+  double keep = 0, divisor = 0;
+};
+
+class DropoutMatcher {
+ public:
+  explicit DropoutMatcher(const Graph& g) : g_(g) {}
+
+  // The dropout whose mask `n` (a bernoulli.p) draws, or nullopt and why not.
+  std::optional<Dropout> match(const Node& n, std::string& why) const {
+    if (n.outputs.size() != 1) {
+      why = "a node of more than one result";
+      return std::nullopt;
+    }
+    const auto& a = n.args;
+    if (a.size() < 2 || a[0].kind != Arg::Kind::Value || !isScalarArg(a[1]) ||
+        (a.size() > 2 && a[2].kind != Arg::Kind::None)) {
+      why = "a generator argument";
+      return std::nullopt;
+    }
+    const ValueId mask = n.outputs[0];
+    if (!isPointwiseDtype(g_.value(mask).dtype)) {
+      why = "a mask of dtype other than f32, bf16 or f16";
+      return std::nullopt;
+    }
+    Dropout d;
+    d.bernoulli = &n;
+    d.keep = scalarArg(a[1]);
+    const std::vector<const Node*> readers = g_.users(mask);
+    if (readers.size() != 1 || g_.readBeyondNodes(mask) || readers[0]->qualifiedName() != "aten::div.Scalar" ||
+        readers[0]->args.size() != 2 || readers[0]->args[0].kind != Arg::Kind::Value || !isScalarArg(readers[0]->args[1])) {
+      why = "the mask is read other than by one division by a number";
+      return std::nullopt;
+    }
+    d.divide = readers[0];
+    d.divisor = scalarArg(d.divide->args[1]);
+    if (!takeProducts(d, why)) return std::nullopt;
+    return d;
+  }
+
+ private:
+  // Every reader of the quotient multiplies it by a value of its shape.
+  bool takeProducts(Dropout& d, std::string& why) const {
+    const ValueId noise = d.divide->outputs[0];
+    const Value& q = g_.value(noise);
+    if (g_.readBeyondNodes(noise) || g_.users(noise).empty()) {
+      why = "the scaled mask is a result of the step";
+      return false;
+    }
+    for (const Node* user : g_.users(noise)) {
+      const auto& a = user->args;
+      const bool product = user->qualifiedName() == "aten::mul.Tensor" && a.size() == 2 &&
+                           a[0].kind == Arg::Kind::Value && a[1].kind == Arg::Kind::Value &&
+                           (a[0].value == noise) != (a[1].value == noise);
+      const ValueId other = product ? (a[0].value == noise ? a[1].value : a[0].value) : kNoValue;
+      if (!product || g_.value(other).shape != q.shape || !isPointwiseDtype(g_.value(other).dtype) ||
+          g_.value(user->outputs[0]).dtype != c10::promoteTypes(g_.value(other).dtype, q.dtype)) {
+        why = "the scaled mask is read other than by a product with a value of its shape";
+        return false;
+      }
+      d.products.push_back(user);
+      d.factors.push_back(other);
+    }
+    return true;
+  }
+
+  const Graph& g_;
+};
+
+// What the seed's node reads for its device: the tensor the mask was drawn
+// like (empty_like's input where the mask's shape tensor is one).
+ValueId deviceSource(const Graph& g, const Node& bernoulli) {
+  const ValueId like = bernoulli.args[0].value;
+  const Node* p = g.producer(like);
+  if (p && p->qualifiedName() == "aten::empty_like" && !p->args.empty() && p->args[0].kind == Arg::Kind::Value) {
+    return p->args[0].value;
+  }
+  return like;
+}
+
+void rewrite(Graph& g, const Dropout& d) {
+  const ValueId mask = d.bernoulli->outputs[0];
+  const c10::ScalarType maskDtype = g.value(mask).dtype;
+  const ValueId like = d.bernoulli->args[0].value;
+  GraphBuilder b(g);
+  b.setMeta(d.bernoulli->meta);
+  b.setInsertionPoint(*d.bernoulli);
+  const ValueId seed = b.call("spmd::dropout_seed", {Arg::tensor(deviceSource(g, *d.bernoulli))},
+                              g.value(mask).name + "_seed");
+  for (size_t k = 0; k < d.products.size(); ++k) {
+    b.setMeta(d.products[k]->meta);
+    b.replace(*d.products[k], "spmd::dropout_mul",
+              {Arg::tensor(d.factors[k]), Arg::tensor(seed), Arg::ofFloat(d.keep), dtypeArg(maskDtype),
+               Arg::ofFloat(d.divisor)});
+  }
+  g.erase(*d.divide);
+  g.erase(*d.bernoulli);
+  const Node* shapeSource = g.producer(like);
+  if (shapeSource && shapeSource->qualifiedName() == "aten::empty_like" && g.users(like).empty() &&
+      !g.readBeyondNodes(like)) {
+    g.erase(*shapeSource);
+  }
+}
+
+class FuseDropoutPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+    const DropoutMatcher matcher(g);
+    std::vector<const Node*> masks;
+    for (const Node& n : g.nodes()) {
+      if (n.qualifiedName() == "aten::bernoulli.p") masks.push_back(&n);
+    }
+    // Each is matched in the graph as the rewrites before it left it: a
+    // rewrite erases and replaces nodes after its mask, never another mask.
+    int taken = 0;
+    for (const Node* n : masks) {
+      std::string why;
+      if (auto d = matcher.match(*n, why)) {
+        rewrite(g, *d);
+        ++taken;
+      } else {
+        diagnostics.note(n->qualifiedName() + (n->meta.source.empty() ? "" : " at " + n->meta.source),
+                         "fuse-dropout: not fused: " + why);
+      }
+    }
+    if (taken > 0) {
+      diagnostics.note("fuse-dropout: " + std::to_string(taken) + " dropout mask(s) drawn inside generated kernels, none stored");
+    }
+    return taken > 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createFuseDropoutPass(const PipelineOptions&) { return std::make_unique<FuseDropoutPass>(); }
+
+}  // namespace spmd
