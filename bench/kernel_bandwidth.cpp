@@ -156,16 +156,17 @@ int main(int argc, char** argv) {
       {"scale and shift, f32", {a}, "t0:f32 = mul(in0, 0.5); t1:f32 = add(t0, 1.0); return t1",
        [&] { at::add(at::mul(a, 0.5), 1.0); }},
       {"cast f32 to bf16", {a}, "t0:bf16 = cast(in0); return t0", [&] { a.to(at::kBFloat16); }},
-      // fuse-dropout's programs: the mask drawn in the kernel, stored nowhere
-      // (ATen's fused dropout writes a bool mask for its backward to read).
+      // fuse-dropout's programs (the kept value 1 / 0.9 rounded to the dtype):
+      // the mask drawn in the kernel, stored nowhere (ATen's fused dropout
+      // writes a bool mask for its backward to read).
       {"dropout p=0.1 + residual add, bf16 (the mask drawn)", {seed, xb, yb},
-       "t0:bf16 = bernoulli(in0, 0.9); t1:bf16 = div(t0, 0.9); t2:bf16 = mul(in1, t1); t3:bf16 = add(in2, t2); return t3",
+       "t0:bf16 = bernoulli(in0, 0.9, 1.109375); t1:bf16 = mul(in1, t0); t2:bf16 = add(in2, t1); return t2",
        [&] { at::add(at::dropout(xb, 0.1, true), yb); }},
       {"dropout backward p=0.1, bf16 (the mask drawn again)", {seed, yb},
-       "t0:bf16 = bernoulli(in0, 0.9); t1:bf16 = div(t0, 0.9); t2:bf16 = mul(in1, t1); return t2",
+       "t0:bf16 = bernoulli(in0, 0.9, 1.109375); t1:bf16 = mul(in1, t0); return t1",
        [&] { at::native_dropout_backward(yb, keptMask, 1 / 0.9); }},
       {"dropout p=0.1, f32 (the mask drawn)", {seed, a},
-       "t0:f32 = bernoulli(in0, 0.9); t1:f32 = div(t0, 0.9); t2:f32 = mul(in1, t1); return t2",
+       "t0:f32 = bernoulli(in0, 0.9, 1.1111112); t1:f32 = mul(in1, t0); return t1",
        [&] { at::dropout(a, 0.1, true); }},
   };
   const auto row = [&](const char* name, int64_t elements, int64_t moved, double ms, double atenMs) {
