@@ -4,9 +4,9 @@
 //     a 0-dim int64 seed on like's device, drawn from its default generator
 //     (like's values are not read); a random op.
 //   spmd::dropout_mul(Tensor self, Tensor seed, float keep, ScalarType mask_dtype, float divisor) -> Tensor
-//     self * (mask / divisor), where mask is 1 with probability keep, drawn
-//     from the seed over self's shape (ops/pointwise_program.h, `bernoulli`),
-//     and mask and quotient are rounded to mask_dtype.
+//     self * m, where m is 1 / divisor (in float, rounded to mask_dtype) with
+//     probability keep and else 0, drawn from the seed over self's shape
+//     (ops/pointwise_program.h, `bernoulli`).
 //
 // dropout_mul runs as spmd::fused with that program, so it is the same
 // kernel on every device: ATen's ops on the CPU, a generated kernel on CUDA

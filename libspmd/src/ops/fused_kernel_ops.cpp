@@ -12,7 +12,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-
 #include <stdexcept>
 
 namespace spmd {

@@ -21,9 +21,9 @@
 // (ops/pointwise_program.h, `bernoulli`) and fuse-pointwise puts it into the
 // kernel of the ops around it. The kept value, 1 / divisor, rounds to the
 // mask's dtype as ATen's division of the mask rounds it, so each product
-// equals the unfused one for the same mask. No buffer of the mask's size is written or kept from
-// the forward to the backward; the masks are not the ones ATen's bernoulli
-// would draw (README, "Dropout").
+// equals the unfused one for the same mask. No buffer of the mask's size is
+// written or kept from the forward to the backward; the masks are not the
+// ones ATen's bernoulli would draw (README, "Dropout").
 //
 // Taken: a mask only a div.Scalar reads, whose quotient only element-wise
 // products of its own shape read (other value of the same shape). Other
@@ -98,7 +98,7 @@ class DropoutMatcher {
     const ValueId noise = d.divide->outputs[0];
     const Value& q = g_.value(noise);
     if (g_.readBeyondNodes(noise) || g_.users(noise).empty()) {
-      why = "the scaled mask is a result of the step";
+      why = "the scaled mask is a result of the step, or unread";
       return false;
     }
     for (const Node* user : g_.users(noise)) {

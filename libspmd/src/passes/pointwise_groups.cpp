@@ -87,6 +87,8 @@ std::optional<std::vector<Step>> translatePointwise(const Node& n) {
     if (a[2].s == "tanh") return std::vector<Step>{{P::GeluTanhGrad, {v(0), v(1)}}};
   }
   if (op == "aten::_to_copy" && tensors(1) && isPlainCopy(n)) return std::vector<Step>{{P::Cast, {v(0)}}};
+  // dropout_mul(self, seed, keep, mask_dtype, divisor): self times the mask
+  // the seed draws, kept at 1 / divisor in mask_dtype (the mask is rounded there).
   if (op == "spmd::dropout_mul" && tensors(2) && a.size() == 5 && isScalar(a[2]) && a[3].kind == Arg::Kind::DType &&
       isScalar(a[4])) {
     const auto mask = static_cast<c10::ScalarType>(a[3].i);
