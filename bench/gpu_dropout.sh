@@ -16,30 +16,17 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out}
 B=${B:-build-gpu}
 mkdir -p "$OUT"
-# torch.jit.script reads the class's source: the model is a file, not stdin.
-cat > "$OUT/dropmlp_model.py" <<'PY'
-import sys, torch, torch.nn as nn
+python3 - "$OUT" <<'PY'
+import sys, torch
+sys.path.insert(0, "samples")
+from models import DropoutMLP
 out = sys.argv[1]
-
-class DropoutMLP(nn.Module):
-    def __init__(self, dim: int = 1024, layers: int = 4):
-        super().__init__()
-        blocks = []
-        for _ in range(layers):
-            blocks.extend([nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(0.1)])
-        self.mod = nn.Sequential(*blocks)
-        self.head = nn.Linear(dim, 1)
-
-    def forward(self, x, y):
-        return ((self.head(self.mod(x)) - y) ** 2).mean()
-
 torch.manual_seed(0)
-torch.jit.script(DropoutMLP().train()).save(f"{out}/dropmlp.pt")
+torch.jit.script(DropoutMLP(dim=1024, layers=4, p=0.1).train()).save(f"{out}/dropmlp.pt")
 g = torch.Generator().manual_seed(5)
 torch.save({"x": torch.randn(20, 256, 1024, generator=g), "y": torch.randn(20, 256, 1, generator=g)},
            f"{out}/dropmlp.data.pt")
 PY
-python3 "$OUT/dropmlp_model.py" "$OUT"
 step="$OUT/dropmlp.step"
 $B/spmd-expand "$OUT/dropmlp.pt" --input "x:f32[256,1024]" --input "y:f32[256,1]" --optimizer adamw --lr 1e-3 \
   --autocast cuda:bf16 | $B/spmd-split > "$step"

@@ -98,6 +98,22 @@ class TinyCNN(nn.Module):
         return F.mse_loss(self.fc(torch.flatten(x, 1)), y)
 
 
+class DropoutMLP(nn.Module):
+    """`layers` x (Linear + ReLU + Dropout(p)) and a Linear head; loss = MSE against y
+    (spmd-lower's fuse-dropout: tests/cli/check_dropout_step.py, bench/gpu_dropout.sh)."""
+
+    def __init__(self, dim: int = 64, layers: int = 3, p: float = 0.2):
+        super().__init__()
+        blocks = []
+        for _ in range(layers):
+            blocks.extend([nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(p)])
+        self.mod = nn.Sequential(*blocks)
+        self.head = nn.Linear(dim, 1)
+
+    def forward(self, x, y):
+        return ((self.head(self.mod(x)) - y) ** 2).mean()
+
+
 # name -> (constructor, input specs in spmd's --input syntax)
 SAMPLES = {
     "mlp": (lambda: MLP(), ["x:f32[100,100]"]),

@@ -21,23 +21,12 @@ import sys
 import tempfile
 
 import torch
-import torch.nn as nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "samples"))
+from models import DropoutMLP  # noqa: E402
 
 BIN = sys.argv[1]
 TMP = tempfile.mkdtemp()
-
-
-class DropoutMLP(nn.Module):
-    def __init__(self, dim: int = 64, layers: int = 3):
-        super().__init__()
-        blocks = []
-        for _ in range(layers):
-            blocks.extend([nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(0.2)])
-        self.mod = nn.Sequential(*blocks)
-        self.head = nn.Linear(dim, 1)
-
-    def forward(self, x, y):
-        return ((self.head(self.mod(x)) - y) ** 2).mean()
 
 
 def tool(name):
@@ -59,7 +48,7 @@ def train(graph, name, seed):
 def main():
     torch.manual_seed(0)
     model = os.path.join(TMP, "dropout_mlp.pt")
-    torch.jit.script(DropoutMLP().train()).save(model)
+    torch.jit.script(DropoutMLP(dim=64, layers=3, p=0.2).train()).save(model)
     g = torch.Generator().manual_seed(1)  # 2 ranks of 32 rows
     torch.save({"x": torch.randn(8, 64, 64, generator=g), "y": torch.randn(8, 64, 1, generator=g)},
                os.path.join(TMP, "data.pt"))

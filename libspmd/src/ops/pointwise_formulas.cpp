@@ -2,9 +2,6 @@
 
 #include "spmd/ops/cuda_codegen.h"
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-
 #include <cmath>
 #include <set>
 #include <stdexcept>
@@ -39,13 +36,6 @@ bool isSixteenBit(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || 
 std::string geluTanhName(c10::ScalarType t) { return isSixteenBit(t) ? "spmd_gelu_tanh16" : "spmd_gelu_tanh"; }
 
 namespace {
-
-float roundedTo(c10::ScalarType t, double value) {
-  const auto f = static_cast<float>(value);
-  if (t == c10::ScalarType::BFloat16) return static_cast<float>(c10::BFloat16(f));
-  if (t == c10::ScalarType::Half) return static_cast<float>(c10::Half(f));
-  return f;
-}
 
 // The kept value (rounded here, so that the statement needs no rounding) or
 // 0, by one compare of the element's random word wK with keepBound.

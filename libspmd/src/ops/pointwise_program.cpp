@@ -53,12 +53,14 @@ std::vector<int> seedInputs(const PointwiseProgram& program) {
   return seeds;
 }
 
-double dropoutScale(c10::ScalarType mask, double divisor) {
-  const float q = 1.0f / static_cast<float>(divisor);
-  if (mask == c10::ScalarType::BFloat16) return static_cast<float>(c10::BFloat16(q));
-  if (mask == c10::ScalarType::Half) return static_cast<float>(c10::Half(q));
-  return q;
+float roundedTo(c10::ScalarType t, double value) {
+  const auto f = static_cast<float>(value);
+  if (t == c10::ScalarType::BFloat16) return static_cast<float>(c10::BFloat16(f));
+  if (t == c10::ScalarType::Half) return static_cast<float>(c10::Half(f));
+  return f;
 }
+
+double dropoutScale(c10::ScalarType mask, double divisor) { return roundedTo(mask, 1.0f / static_cast<float>(divisor)); }
 
 // (word >> 8) < p 2^24, with word >> 8 an integer: (word >> 8) < ceil(p 2^24).
 uint64_t keepBound(float p) {

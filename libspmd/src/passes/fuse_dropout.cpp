@@ -29,6 +29,7 @@
 // products of its own shape read (other value of the same shape). Other
 // masks keep ATen's bernoulli, with a note: feature dropout (a mask that
 // broadcasts), masks the step returns or reads otherwise.
+#include "pointwise_groups.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/passes/pass.h"
@@ -42,9 +43,6 @@
 
 namespace spmd {
 namespace {
-
-bool isScalarArg(const Arg& a) { return a.kind == Arg::Kind::Int || a.kind == Arg::Kind::Float; }
-double scalarArg(const Arg& a) { return a.kind == Arg::Kind::Int ? static_cast<double>(a.i) : a.f; }
 
 // One dropout as the pass found it: the mask's node, its division, and the
 // products that read the quotient (with the other operand of each).
@@ -67,7 +65,7 @@ class DropoutMatcher {
       return std::nullopt;
     }
     const auto& a = n.args;
-    if (a.size() < 2 || a[0].kind != Arg::Kind::Value || !isScalarArg(a[1]) ||
+    if (a.size() < 2 || a[0].kind != Arg::Kind::Value || !isScalar(a[1]) ||
         (a.size() > 2 && a[2].kind != Arg::Kind::None)) {
       why = "a generator argument";
       return std::nullopt;
@@ -79,15 +77,15 @@ class DropoutMatcher {
     }
     Dropout d;
     d.bernoulli = &n;
-    d.keep = scalarArg(a[1]);
+    d.keep = scalarOf(a[1]);
     const std::vector<const Node*> readers = g_.users(mask);
     if (readers.size() != 1 || g_.readBeyondNodes(mask) || readers[0]->qualifiedName() != "aten::div.Scalar" ||
-        readers[0]->args.size() != 2 || readers[0]->args[0].kind != Arg::Kind::Value || !isScalarArg(readers[0]->args[1])) {
+        readers[0]->args.size() != 2 || readers[0]->args[0].kind != Arg::Kind::Value || !isScalar(readers[0]->args[1])) {
       why = "the mask is read other than by one division by a number";
       return std::nullopt;
     }
     d.divide = readers[0];
-    d.divisor = scalarArg(d.divide->args[1]);
+    d.divisor = scalarOf(d.divide->args[1]);
     if (!takeProducts(d, why)) return std::nullopt;
     return d;
   }

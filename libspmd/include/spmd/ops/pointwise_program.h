@@ -90,6 +90,10 @@ inline bool keepsElement(uint32_t word, float p) { return static_cast<float>(wor
 // every word: keepsElement(w, p) is w < keepBound(p), one integer compare.
 uint64_t keepBound(float p);
 
+// `value` in float, rounded to `t` (f32, bf16 or f16) as a statement of
+// dtype t rounds its result.
+float roundedTo(c10::ScalarType t, double value);
+
 // The value dropout keeps an element at, a bernoulli's v: 1 / divisor in float
 // (as ATen's CUDA div by a number computes it) rounded to the mask's dtype.
 double dropoutScale(c10::ScalarType mask, double divisor);
