@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <map>
 #include <type_traits>
@@ -253,6 +254,12 @@ std::unique_ptr<Collectives> createGroup(const RankInfo& info, const std::string
 
 std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
                                               std::chrono::milliseconds timeout) {
+  // Gloo writes to its peers' sockets with writev, which raises SIGPIPE once a
+  // peer is gone (Python, PyTorch's usual host, ignores it). Ignored here, the
+  // write fails with EPIPE and the collective's error says a peer was lost,
+  // where the signal would kill this rank and have it reported as a failure
+  // of its own.
+  std::signal(SIGPIPE, SIG_IGN);
   auto store = connect(info, timeout);
   try {
     return createGroup(info, device, store, timeout);
