@@ -1,29 +1,41 @@
 # spmd: `make test` on a fresh machine installs what it needs, builds, and runs
 # every test; `make demo` installs and builds the same way and runs the whole
 # pipeline (expand | split | unroll | lower | run) on a sample on CPU.
+#
+# spmd needs LibTorch 2.6 or later. On a Debian whose apt offers it (trixie
+# and newer) the packages are installed natively; on an older Debian (bookworm)
+# `make deps` makes a Debian trixie root once with mmdebstrap
+# (tools/platform.sh; SPMD_ROOTFS, default /var/lib/spmd/trixie) and every
+# other target re-runs itself inside that root, with this folder mounted at
+# the same path, so the build folder is the same either way.
 BUILD   ?= build
 PYTHON  ?= /usr/bin/python3
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
+TESTS   ?=
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev zlib1g-dev libcli11-dev \
-           nlohmann-json3-dev catch2 graphviz python3-jsonschema procps llvm-15-tools \
-           python3-torchvision
+           nlohmann-json3-dev libcatch2-dev graphviz python3-jsonschema procps llvm-19-tools \
+           python3-torchvision strace
 INSPECT := $(BUILD)/spmd-inspect
 EXPAND  := $(BUILD)/spmd-expand
+PLATFORM := $(shell tools/platform.sh mode)
 
 .PHONY: all deps configure build test demo golden samples clean
 
+# Idempotent: installs only the Debian packages that are missing (natively,
+# or into the trixie root, which it makes first when there is none).
+deps:
+	@$(SUDO) tools/platform.sh deps $(DEPS)
+
+ifeq ($(PLATFORM),root)
+# Every target but deps runs inside the trixie root (after deps).
+all build configure test demo golden samples: deps
+	@$(SUDO) tools/platform.sh run $(MAKE) --no-print-directory $@ BUILD='$(BUILD)' PYTHON='$(PYTHON)' \
+	  JOBS='$(JOBS)' CMAKE_FLAGS='$(CMAKE_FLAGS)' TESTS='$(TESTS)'
+else
 all: build
 
-# Idempotent: installs only the Debian packages that are missing.
-deps:
-	@missing="$$(for p in $(DEPS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:" $$missing; \
-	  $(SUDO) apt-get update && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
-	fi
 
 # Configures when the build folder has no build files yet. A cache left by a
 # configure that failed (no build.ninja or Makefile beside it) is removed
@@ -38,8 +50,9 @@ configure:
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# TESTS: a CTest regular expression to run only some tests.
 test: deps build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(if $(TESTS),-R '$(TESTS)')
 
 demo: deps build
 	@echo "== spmd-inspect: the seeds' MLP imported from TorchScript"
@@ -72,6 +85,8 @@ golden: build
 # Regenerates the sample models (needs python3-torch).
 samples:
 	$(PYTHON) samples/generate.py
+
+endif
 
 clean:
 	rm -rf $(BUILD)

@@ -1,7 +1,8 @@
 """Model definitions for spmd's samples and for the tests' unseen modules.
 
-Every model's forward returns its scalar loss, as spmd-expand expects. Run with
-Debian's /usr/bin/python3 (python3-torch 1.13) or any later PyTorch.
+Every model's forward returns its scalar loss, as spmd-expand expects. Written
+as PyTorch 2 code (F.scaled_dot_product_attention, tied embeddings); run with
+Debian trixie's /usr/bin/python3 (python3-torch 2.6) or any later PyTorch.
 """
 import math
 
@@ -25,11 +26,28 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
+    """Causal self-attention as nanoGPT writes it: one projection to q, k, v and
+    F.scaled_dot_product_attention."""
+
     def __init__(self, dim: int, heads: int):
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class HandWrittenAttention(Attention):
+    """The same attention written out (matmul, scale, additive causal mask,
+    softmax, matmul), as code before PyTorch 2 did."""
 
     def forward(self, x):
         b, t, c = x.shape
@@ -45,10 +63,10 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, approximate: str = "none"):
+    def __init__(self, dim: int, heads: int, approximate: str = "none", hand_written: bool = False):
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, heads)
+        self.attn = (HandWrittenAttention if hand_written else Attention)(dim, heads)
         self.ln2 = nn.LayerNorm(dim)
         self.fc = nn.Linear(dim, 4 * dim)
         self.approximate = approximate
@@ -60,16 +78,30 @@ class Block(nn.Module):
 
 
 class TinyLM(nn.Module):
-    """A GPT-style LM: token and position embeddings, pre-LN blocks, cross-entropy."""
+    """A GPT-style LM as nanoGPT and GPT-2 write it: token and position
+    embeddings, pre-LN blocks with scaled dot-product attention, the head tied
+    to the token embedding, cross-entropy. hand_written=True writes the
+    attention out instead of calling F.scaled_dot_product_attention."""
 
     def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 2, layers: int = 2,
-                 seq: int = 16, approximate: str = "none"):
+                 seq: int = 16, approximate: str = "none", hand_written: bool = False):
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
         self.pos = nn.Embedding(seq, dim)
-        self.blocks = nn.ModuleList([Block(dim, heads, approximate) for _ in range(layers)])
+        self.blocks = nn.ModuleList([Block(dim, heads, approximate, hand_written) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.tok.weight
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module):
+        # nanoGPT's: N(0, 0.02) weights, zero biases (the tied embedding too,
+        # so the first logits are small and the loss starts near log(vocab)).
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def forward(self, tokens, targets):
         t = tokens.size(1)

@@ -429,16 +429,6 @@ def main():
     report("--metrics to a missing directory", proc.returncode == 1 and "step 1" not in proc.stdout and
            one_line_error(proc.stderr, "--metrics /nonexistent-dir/m.jsonl: cannot open for appending"), proc.stderr)
 
-    # Gradients sent as bf16 on Gloo, which cannot sum them in LibTorch 1.13: every rank
-    # stops at its first all-reduce with an error that says what to change.
-    if torch.__version__.split(".")[0] == "1":
-        bf16 = build_artifact("bf16.spmd", expand_flags=("--reduce-dtype", "bf16"))
-        proc = subprocess.run([tool("spmd-run"), bf16, "--nproc", "2", "--steps", "1", "--timeout", "20"],
-                              capture_output=True, text=True, timeout=60)
-        report("--reduce-dtype bf16 on Gloo", proc.returncode == 1 and
-               "Gloo cannot sum bf16 tensors; expand with --reduce-dtype f16 (or none), or run on CUDA" in proc.stderr,
-               proc.stderr)
-
     # Truncated and altered artifacts.
     with open(step, "rb") as f:
         data = f.read()

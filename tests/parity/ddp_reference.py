@@ -261,7 +261,7 @@ def worker(rank, a, store_path, state, data):
 def leave_without_teardown():
     """Ends a rank whose files are written, without freeing DDP and its process group.
 
-    Seen in CI (LibTorch 1.13, lm_adamw_autocast_bf16_reduce_f16): a rank
+    Seen in CI (lm_adamw_autocast_bf16_reduce_f16): a rank
     hung after worker returned, its main thread in mp.spawn's _wrap, that is
     in freeing worker's locals, and another thread with no Python frame. It
     did not recur in 40 runs here. The likely cause: the DDP object holds

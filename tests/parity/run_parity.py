@@ -83,14 +83,15 @@ CASES = [
          False),
     # Mixed precision: the forward under torch.autocast("cpu", bfloat16) in
     # DDP, spmd-expand --autocast cpu:bf16; gradients all-reduced in fp32, or
-    # in fp16 as DDP's fp16_compress_hook does (Gloo on LibTorch 1.13 cannot
-    # sum bf16, so --reduce-dtype bf16 is checked on NCCL, bench/gpu_parity.sh).
+    # in fp16 or bf16 as DDP's fp16_compress_hook and bf16_compress_hook do.
     Case("mlp_adam_autocast_bf16", "mlp", ADAM + " --autocast cpu:bf16", 2, 5, "", 1, False),
     Case("lm_adamw_autocast_bf16", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5 --autocast cpu:bf16", 2, 5, "", 1,
          False),
     Case("cnn_sgd_autocast_bf16", "cnn", SGD_MOMENTUM + " --autocast cpu:bf16", 2, 5, "", 1, False),
     Case("lm_adamw_autocast_bf16_reduce_f16", "lm",
          "--optimizer adamw --lr 1e-2 --eps 1e-5 --autocast cpu:bf16 --reduce-dtype f16", 2, 5, "", 1, False),
+    Case("mlp_adam_autocast_bf16_reduce_bf16", "mlp", ADAM + " --autocast cpu:bf16 --reduce-dtype bf16", 2, 5, "", 1,
+         False),
     # Training-step features (issue #16): schedules, clipping, accumulation,
     # alone and together, unrolled and not, with buckets and with autocast.
     Case("mlp_adamw_cosine", "mlp",

@@ -23,7 +23,7 @@ tools = {
 for name, path in tools.items():
     # A missing tool fails the whole suite rather than skipping it.
     if not path or not os.path.isfile(path) or not os.access(path, os.X_OK):
-        lit_config.fatal(f"{name} not found (got {path!r}); install llvm-15-tools and build spmd-opt and spmd-inspect")
+        lit_config.fatal(f"{name} not found (got {path!r}); install llvm-19-tools and build spmd-opt and spmd-inspect")
     # The tool's name as a word of a RUN line, not inside a path or a longer name.
     config.substitutions.append((r"(?<![\w./-])" + re.escape(name) + r"(?![\w./-])", path))
 config.substitutions.append(("%torch_python", getattr(config, "torch_python", "/usr/bin/python3")))

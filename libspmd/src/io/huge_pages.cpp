@@ -29,11 +29,8 @@ class HugePageAllocator final : public c10::Allocator {
  public:
   explicit HugePageAllocator(c10::Allocator* small) : small_(small) {}
 
-  // LibTorch 1.13 declares allocate() const, 2.x not: each overrides in one.
-  c10::DataPtr allocate(size_t n) const { return allocateBytes(n); }
-  c10::DataPtr allocate(size_t n) { return allocateBytes(n); }
-  // Pure virtual in LibTorch 2.x only.
-  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
+  c10::DataPtr allocate(size_t n) override { return allocateBytes(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
 
  private:
   c10::DataPtr allocateBytes(size_t n) const {

@@ -82,8 +82,8 @@ Prepared prepare(jit::Module module, const std::vector<InputSpec>& specs) {
 // a moment; its weights are not even read. Throws where an op has no meta
 // kernel or the trace reads a value (a tensor constant, .item()).
 Graph traceOnMeta(Prepared& p, const std::string& fileName) {
-  // On LibTorch 1.13, ops without meta kernels run on zero CPU tensors for
-  // the length of the trace.
+  // Shape functions for the ops whose meta function is Python's, for the
+  // length of the trace.
   MetaFallbackScope metaFallback;
   std::vector<at::Tensor> metaInputs;
   for (const auto& spec : p.ordered) metaInputs.push_back(at::zeros(spec.shape, at::TensorOptions().dtype(spec.dtype).device(at::kMeta)));
@@ -128,8 +128,6 @@ Graph importTorchScript(std::string_view bytes, const std::string& fileName,
                         const std::vector<InputSpec>& specs, TraceOn traceOn) {
   ensureSpmdOpsRegistered();
   std::string metaFailure;
-  // (LibTorch 1.13 lacks meta kernels for many ops, relu among them: there
-  // most modules take the CPU path.)
   if (traceOn != TraceOn::Cpu) {
     std::optional<jit::Module> module = loadModule(bytes, WeightValues::Skip);
     if (!module) module = loadModule(bytes, WeightValues::Read);

@@ -1,10 +1,10 @@
 #include "spmd/ops/autocast_probe.h"
 
-#include "spmd/ops/compat.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/ops/meta.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 namespace spmd {
@@ -104,18 +104,18 @@ class ProbeScope {
       : key_(autocastKey(policy.device)),
         wasExcluded_(c10::impl::tls_is_dispatch_key_excluded(key_)),
         device_(policy.device),
-        oldDtype_(compat::autocastDtype(policy.device)),
+        oldDtype_(at::autocast::get_autocast_dtype(policy.device)),
         oldCache_(at::autocast::is_autocast_cache_enabled()),
         previous_(activeProbe) {
     c10::impl::tls_set_dispatch_key_excluded(key_, false);
-    compat::setAutocastDtype(device_, policy.dtype);
+    at::autocast::set_autocast_dtype(device_, policy.dtype);
     at::autocast::set_autocast_cache_enabled(false);
     activeProbe = &probe;
   }
   ~ProbeScope() {
     activeProbe = previous_;
     at::autocast::set_autocast_cache_enabled(oldCache_);
-    compat::setAutocastDtype(device_, oldDtype_);
+    at::autocast::set_autocast_dtype(device_, oldDtype_);
     c10::impl::tls_set_dispatch_key_excluded(key_, wasExcluded_);
   }
   ProbeScope(const ProbeScope&) = delete;

@@ -36,7 +36,7 @@ void recordAndRun(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch
     try {
       op.redispatchBoxed(rest, stack);
     } catch (const c10::Error& e) {
-      // No meta kernel for this op (relu on 2.x, hardtanh on 1.13) or one
+      // No meta kernel for this op (relu, for one) or one
       // that reads data: the shapes come from zero-filled CPU tensors.
       if (!noKernelFor(e)) throw;
       stack->resize(base);  // a kernel that failed part way may have taken its arguments

@@ -6,11 +6,9 @@
 #include "meta_standins.h"
 
 #include <ATen/ATen.h>
-#include <ATen/native/ConvUtils.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
-#include <torch/version.h>
 
 #include <memory>
 #include <mutex>
@@ -142,25 +140,16 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 
 }  // namespace spmd
 
-// LibTorch 1.13 has no meta kernel for many ops (relu, native_batch_norm,
-// embedding_dense_backward, ...); 2.x has C++ meta kernels for most, but not
-// for those whose meta function PyTorch writes in Python (layer norm and its
-// backward, embedding and its gradient: measured on 2.11). While a
-// MetaFallbackScope lives, ops without one run on zero-filled CPU tensors
-// and return meta tensors of the results' shapes, so that tracing and shape
-// checks on the meta device work for every op; the costly ones get shape
-// functions of ours. In-place and out= results return the meta argument
-// they write, as the tracer expects.
+// LibTorch 2.x has C++ meta kernels for most ops, but not for those whose
+// meta function PyTorch writes in Python (layer norm and its backward,
+// embedding and its gradient, the _foreach ops: measured on 2.6 and 2.11).
+// While a MetaFallbackScope lives, those get shape functions of ours, with
+// the shapes and dtypes their CPU kernels give, so that tracing and shape
+// checks on the meta device need no CPU tensors for them; any other op
+// without a meta kernel takes inferOnMeta's retry on zero-filled CPU tensors.
 namespace spmd {
 namespace {
 
-[[maybe_unused]] void metaOnCpuFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  runMetaOnCpu(op, stack);
-}
-
-// Shape functions for the 1.13 ops without meta kernels that are costly on
-// zero CPU tensors (layer norm over activations, the embedding gradient),
-// with the shapes and dtypes their CPU kernels give.
 void layerNormMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 5);  // input, normalized_shape, weight, bias, eps
   const at::Tensor input = args[0].toTensor();
@@ -188,27 +177,6 @@ void layerNormBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack)
   stack->emplace_back(gradInput);
   stack->emplace_back(gradWeight);
   stack->emplace_back(gradBias);
-}
-
-// 1.13's convolution on meta tensors picks the "overrideable" backend and
-// throws; on zero CPU tensors it would compute the whole convolution.
-[[maybe_unused]] void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
-  auto args = torch::jit::last(*stack, 9);
-  const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
-  const auto stride = args[3].toIntVector(), padding = args[4].toIntVector(), dilation = args[5].toIntVector();
-  const auto outputPadding = args[7].toIntVector();
-  const bool transposed = args[6].toBool();
-  const int64_t groups = args[8].toInt();
-  const std::vector<int64_t> shape =
-      transposed ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, outputPadding, stride, dilation,
-                                               groups)
-                 : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
-  torch::jit::drop(*stack, 9);
-  // Under LibTorch's tracer (the TorchScript import) the result is the
-  // traced convolution's, not an aten::empty of its own.
-  c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);
-  stack->emplace_back(at::empty(shape, input.options().memory_format(input.suggest_memory_format())));
 }
 
 void embeddingBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
@@ -276,7 +244,6 @@ bool lacksMetaKernel(const char* name) {
 // The registrations a live scope holds: destroying a Library deregisters
 // what it registered.
 struct MetaRegistrations {
-  torch::Library fallback{torch::Library::IMPL, "_", c10::DispatchKey::Meta, __FILE__, __LINE__};
   torch::Library shapes{torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__};
 
   template <void (*shapeFunction)(const c10::OperatorHandle&, torch::jit::Stack*)>
@@ -290,12 +257,6 @@ struct MetaRegistrations {
   }
 
   MetaRegistrations() {
-#if TORCH_VERSION_MAJOR < 2
-    // 2.x has a Meta fallback of its own (it refuses the op), and a second
-    // may not be registered: there an op without a meta kernel reaches
-    // inferOnMeta's CPU retry, or this file's shape functions.
-    fallback.fallback(torch::CppFunction::makeFromBoxedFunction<&metaOnCpuFallback>());
-#endif
     for (const char* name : {"_foreach_add.Scalar", "_foreach_mul.Scalar", "_foreach_add.List", "_foreach_sub.List",
                              "_foreach_mul.List", "_foreach_div.List", "_foreach_maximum.List",
                              "_foreach_addcmul.Scalar", "_foreach_addcdiv.Scalar", "_foreach_sqrt", "_foreach_neg"}) {
@@ -306,13 +267,6 @@ struct MetaRegistrations {
     shapesFor<&embeddingBackwardMeta>("embedding_dense_backward");
     shapesFor<&indexSelectMeta>("index_select");
     shapesFor<&embeddingMeta>("embedding");
-#if TORCH_VERSION_MAJOR < 2
-    // 1.13's convolution and its backward have composite kernels that throw
-    // on the meta device (they pick the "overrideable" backend): a shape
-    // function, and the fallback (a batch of 2), instead.
-    shapes.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolutionMeta>());
-    shapes.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&metaOnCpuFallback>());
-#endif
   }
 };
 

@@ -348,7 +348,7 @@ struct Differentiator::State {
   // Every value's meta tensor with the strides the graph gives it, so that
   // the recorded calls (a reshape that views or copies) are those that run.
   std::unordered_map<ValueId, at::Tensor> meta;
-  MetaFallbackScope metaFallback;  // one registration for all recordings (1.13)
+  MetaFallbackScope metaFallback;  // one registration for all recordings
 
   at::Tensor metaOf(ValueId v) {
     auto it = meta.find(v);

@@ -15,12 +15,9 @@
 // auto picks (gemm to cudnn/flash for bf16, flash and cudnn to efficient for
 // fp32); math leaves the attention unfused. Taken: 4-D q, k, v of one
 // dtype, head size a multiple of 8, no mask or the causal one (is_causal).
-// What is not taken keeps its math kernels, with a note saying why. Needs a
-// LibTorch that has the kernels (2.0 on); with 1.13 the pass notes that and
-// changes nothing.
+// What is not taken keeps its math kernels, with a note saying why.
 #include "spmd/ir/builder.h"
 #include "spmd/ops/attention_codegen.h"
-#include "spmd/ops/dispatch.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -84,7 +81,7 @@ std::string kernelFor(const Graph& g, const Node& a, const std::string& wanted, 
     // attentions' forward and backward in spmd-run --profile: gemm 18.4 to
     // 19.7 ms a step over three runs, efficient 21.9.
     if (!lowPrecision) return generated && gemmTakes(g, a) ? "gemm" : "efficient";
-    if (q.shape.back() <= 128 && findOperator("aten::_scaled_dot_product_cudnn_attention", "")) return "cudnn";
+    if (q.shape.back() <= 128) return "cudnn";
     return q.shape.back() <= 256 ? "flash" : "efficient";
   }
   if (wanted == "gemm" && !gemmTakes(g, a)) return "efficient";
@@ -155,11 +152,6 @@ class FuseAttentionPass final : public Pass {
       if (n.op == "spmd::attention") attentions.push_back(&n);
     }
     if (attentions.empty() || kernel_ == "math") return false;
-    if (!findOperator("aten::_scaled_dot_product_efficient_attention", "")) {
-      diagnostics.note("fuse-attention: this LibTorch has no fused attention kernels; " +
-                       std::to_string(attentions.size()) + " attention(s) keep their math kernels");
-      return false;
-    }
     std::map<std::string, int> fused;
     for (const Node* a : attentions) {
       if (const std::optional<std::string> why = whyNotFused(g, *a)) {

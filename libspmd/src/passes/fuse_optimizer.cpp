@@ -18,7 +18,6 @@
 #include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
 #include "spmd/ir/boxing.h"
-#include "spmd/ops/dispatch.h"
 #include "spmd/ops/op_traits.h"
 #include "spmd/support/diagnostic.h"
 
@@ -41,8 +40,6 @@ struct ForeachForm {
   bool scalarFirst = false;  // pow.Scalar: one constant, then the tensor
 };
 
-bool hasOperator(const std::string& op, const std::string& overload) { return findOperator(op, overload).has_value(); }
-
 // The _foreach form of an element-wise op, for the argument layouts the
 // optimizer pass emits; nullopt when there is none or the arguments differ.
 std::optional<ForeachForm> foreachFormOf(const Node& n) {
@@ -59,10 +56,8 @@ std::optional<ForeachForm> foreachFormOf(const Node& n) {
   if (name == "aten::addcdiv") return ForeachForm{"aten::_foreach_addcdiv", "Scalar", 3, 1};
   if (name == "aten::sqrt") return ForeachForm{"aten::_foreach_sqrt", "", 1, 0};
   if (name == "aten::neg") return ForeachForm{"aten::_foreach_neg", "", 1, 0};
-  static const bool haveLerp = hasOperator("aten::_foreach_lerp", "Scalar");
-  if (name == "aten::lerp.Scalar" && haveLerp) return ForeachForm{"aten::_foreach_lerp", "Scalar", 2, 1};
-  static const bool havePowScalarAndTensor = hasOperator("aten::_foreach_pow", "ScalarAndTensor");
-  if (name == "aten::pow.Scalar" && havePowScalarAndTensor && n.args.size() == 2 && n.args[0].kind != Arg::Kind::Value &&
+  if (name == "aten::lerp.Scalar") return ForeachForm{"aten::_foreach_lerp", "Scalar", 2, 1};
+  if (name == "aten::pow.Scalar" && n.args.size() == 2 && n.args[0].kind != Arg::Kind::Value &&
       n.args[1].kind == Arg::Kind::Value && n.outputs.size() == 1 && n.outputs[0] != kNoValue) {
     return ForeachForm{"aten::_foreach_pow", "ScalarAndTensor", 1, 1, true};
   }

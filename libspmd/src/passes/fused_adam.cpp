@@ -7,12 +7,9 @@
 // update's own constants (beta1 from exp_avg * beta1, lr from the step size,
 // ...), which the optimizer pass wrote; a parameter whose update has another
 // shape (amsgrad, an exported step's optimizer) keeps its per-parameter ops,
-// and a note says so. Values agree with the foreach form to rounding. Needs a
-// LibTorch with the fused kernels (2.x); with 1.13 the pass notes that and
-// changes nothing. The learning rate is a constant of the call, or, for a
+// and a note says so. Values agree with the foreach form to rounding. The learning rate is a constant of the call, or, for a
 // scheduled rate (the graph input lr), the tensor of spmd::fused_adam.tensor_lr.
 #include "spmd/ir/builder.h"
-#include "spmd/ops/dispatch.h"
 #include "spmd/ir/optimizer_state.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -252,19 +249,14 @@ class FusedAdamPass final : public Pass {
       }
     }
     if (updates.empty()) return false;
-    if (!findOperator("aten::_fused_adam_", "") || !findOperator("aten::_fused_adamw_", "")) {
-      diagnostics.note("fused-adam: this LibTorch has no fused Adam kernels; Adam keeps its per-parameter ops");
-      return false;
-    }
     // Groups: the same point of the step (the update's bucket and iteration tag) and hyperparameters.
     std::map<std::tuple<int, int, std::tuple<bool, double, double, double, double, double, ValueId>>, std::vector<Update>> groups;
     for (const Update& u : updates) {
       groups[{u.last->meta.bucket, static_cast<int>(u.last->meta.iteration), u.hyper.key()}].push_back(u);
     }
     size_t fused = 0;
-    const bool tensorLr = findOperator("aten::_fused_adam_", "tensor_lr") && findOperator("aten::_fused_adamw_", "tensor_lr");
     for (auto& [key, group] : groups) {
-      if (!readersFollow(g, group, lastProducer(g, group)) || (group.front().hyper.lrInput != kNoValue && !tensorLr)) {
+      if (!readersFollow(g, group, lastProducer(g, group))) {
         for (const Update& u : group) left.push_back(g.value(u.param).name);
         continue;
       }

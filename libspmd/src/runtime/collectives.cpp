@@ -4,6 +4,7 @@
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 // pip's LibTorch ships no Gloo headers (Debian's does): Gloo only where they are.
 #if __has_include(<gloo/algorithm.h>)
@@ -14,7 +15,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-// Debian's LibTorch logs through glog; pip's does not.
+// Some LibTorch builds log through glog (Debian's 1.13 did); others through
+// c10's own logging.
 #if defined(C10_USE_GLOG) && __has_include(<glog/logging.h>)
 #include <glog/logging.h>
 #define SPMD_HAVE_GLOG 1
@@ -29,6 +31,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <type_traits>
 
@@ -64,14 +67,6 @@ class GroupCollectives : public Collectives {
   std::vector<at::Tensor> run(const Node& node, const std::vector<at::Tensor>& tensors, bool mayReuseInput) override {
     try {
       return runNode(node, tensors, mayReuseInput);
-    } catch (const c10::Error& e) {
-      // Gloo of LibTorch 1.13 has no bf16 sum: a user's choice, not a failure.
-      const bool bf16 = !tensors.empty() && tensors[0].scalar_type() == c10::ScalarType::BFloat16;
-      if (bf16 && std::string(e.what()).find("Invalid scalar type") != std::string::npos) {
-        throw Diagnostic(node.qualifiedName(), "this LibTorch's Gloo cannot sum bf16 tensors; expand with "
-                                               "--reduce-dtype f16 (or none), or run on CUDA");
-      }
-      rethrowAsCollectiveError();
     } catch (...) {
       rethrowAsCollectiveError();
     }
@@ -162,10 +157,16 @@ class QuietConnectLogs {
 #ifdef SPMD_HAVE_GLOG
   QuietConnectLogs() : saved_(FLAGS_minloglevel) { FLAGS_minloglevel = google::GLOG_FATAL; }
   ~QuietConnectLogs() { FLAGS_minloglevel = saved_; }
+#else
+  // c10's own logging (LibTorch built without glog: Debian's 2.6, pip's).
+  QuietConnectLogs() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = c10::GLOG_FATAL; }
+  ~QuietConnectLogs() { FLAGS_caffe2_log_level = saved_; }
+#endif
+  QuietConnectLogs(const QuietConnectLogs&) = delete;
+  QuietConnectLogs& operator=(const QuietConnectLogs&) = delete;
 
  private:
   int saved_;
-#endif
 };
 
 std::string joinedKey(int rank) { return "spmd/joined/" + std::to_string(rank); }
@@ -195,6 +196,27 @@ void waitForPeers(c10d::Store& store, const RankInfo& info, std::chrono::millise
   }
 }
 
+// LibTorch's store asks for its libuv server by default (from 2.4), which a
+// LibTorch built without libuv (Debian's) refuses at construction, before it
+// opens a socket. The classic server speaks the same protocol to clients, so
+// such a build gets that one. USE_LIBUV=0 asks for the classic one, as it does
+// of PyTorch's own store.
+bool libuvRefused(const std::exception& e) { return std::string(e.what()).find("libuv") != std::string::npos; }
+
+c10::intrusive_ptr<c10d::Store> openStore(const std::string& host, c10d::TCPStoreOptions opts) {
+  const char* useLibuv = std::getenv("USE_LIBUV");
+  opts.useLibUV = !(useLibuv && std::string(useLibuv) == "0");
+  if (opts.useLibUV) {
+    try {
+      return c10::make_intrusive<c10d::TCPStore>(host, opts);
+    } catch (const std::exception& e) {
+      if (!libuvRefused(e)) throw;
+      opts.useLibUV = false;
+    }
+  }
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
 c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout) {
   if (info.rank == 0) requirePortFree(info);
   c10d::TCPStoreOptions opts;
@@ -207,7 +229,7 @@ c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milli
   c10::intrusive_ptr<c10d::Store> store;
   try {
     QuietConnectLogs quiet;
-    store = c10::make_intrusive<c10d::TCPStore>(info.masterAddr, opts);
+    store = openStore(info.masterAddr, opts);
   } catch (const std::exception& e) {
     if (info.rank == 0) throw Diagnostic(where, "cannot serve the group's store: " + firstLine(e.what()));
     throw JoinError(where, "rank 0's store did not answer within " + secondsText(timeout) + ": " + firstLine(e.what()));

@@ -1,7 +1,6 @@
 #include "step_trace.h"
 
 #include "spmd/io/load.h"
-#include "spmd/ops/compat.h"
 #include "spmd/support/diagnostic.h"
 
 #include <nlohmann/json.hpp>
@@ -24,16 +23,17 @@ std::set<ActivityType> activitiesOn(const RunDevice& device) {
   return activities;
 }
 
+double startUs(const kineto::KinetoEvent& event) { return static_cast<double>(event.startNs()) / 1e3; }
+
 // One Chrome trace "complete" event. CPU events (ATen ops, CUDA runtime
 // calls) go on their thread; device events (kernels, copies) on their stream.
 nlohmann::ordered_json traceEvent(const kineto::KinetoEvent& event, double originUs) {
   const bool onCpu = event.deviceType() == c10::DeviceType::CPU;
-  const compat::EventSpanUs span = compat::eventSpanUs(event);
   return {{"name", event.name()},
           {"cat", onCpu ? "cpu" : "gpu"},
           {"ph", "X"},
-          {"ts", span.start - originUs},
-          {"dur", span.duration},
+          {"ts", startUs(event) - originUs},
+          {"dur", static_cast<double>(event.durationNs()) / 1e3},
           {"pid", onCpu ? std::string("cpu") : c10::DeviceTypeName(event.deviceType(), true) + ":" +
                                                    std::to_string(static_cast<int>(event.deviceIndex()))},
           {"tid", onCpu ? static_cast<int64_t>(event.startThreadId()) : event.deviceResourceId()}};
@@ -45,9 +45,9 @@ std::string chromeTrace(const std::vector<kineto::KinetoEvent>& events, int step
   std::vector<const kineto::KinetoEvent*> sorted;
   for (const auto& event : events) sorted.push_back(&event);
   std::stable_sort(sorted.begin(), sorted.end(), [](const auto* a, const auto* b) {
-    return compat::eventSpanUs(*a).start < compat::eventSpanUs(*b).start;
+    return a->startNs() < b->startNs();
   });
-  const double origin = sorted.empty() ? 0.0 : compat::eventSpanUs(*sorted.front()).start;
+  const double origin = sorted.empty() ? 0.0 : startUs(*sorted.front());
   // One event a line: a trace stays readable and diffable as text.
   nlohmann::ordered_json header = {{"steps", steps}, {"device", device}};
   std::string text = "{\"spmd\": " + header.dump() + ", \"displayTimeUnit\": \"ms\", \"traceEvents\": [";

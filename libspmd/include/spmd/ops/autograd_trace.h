@@ -11,10 +11,10 @@
 //
 // The recording key is DispatchKey::Fake, which sits below Functionalize and
 // the autograd keys and above the backends, and has no kernels or fallback
-// in LibTorch 1.13 or 2.x; it is added to the thread's included dispatch
-// keys, which autograd's engine carries into the backward it runs. On 1.13,
-// where Meta lacks kernels for some ops, a MetaFallbackScope (ops/meta.h)
-// lives as long as the trace.
+// in LibTorch; it is added to the thread's included dispatch keys, which
+// autograd's engine carries into the backward it runs. A MetaFallbackScope
+// (ops/meta.h) lives as long as the trace, for the ops whose meta function
+// is Python's.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -9,11 +9,10 @@
 
 namespace spmd {
 
-// While one lives, ops that have no meta kernel in the linked LibTorch (1.13
-// lacks many, 2.x those whose meta function is Python's) work on meta
-// tensors all the same: they run on zero-filled CPU tensors and return
-// meta tensors of the results' shapes (a few costly ones, convolution, layer norm and the
-// embedding gradient among them, get shape functions instead). The first
+// While one lives, the ops whose meta function PyTorch writes in Python, so
+// that LibTorch has no meta kernel for them (layer norm, the embedding and
+// its gradient, the _foreach ops), work on meta tensors all the same through
+// shape functions of ours. The first
 // live scope registers that fallback with the dispatcher, the last one to
 // end deregisters it; scopes nested inside a live one only count. Hold one
 // around any code that runs ops on meta tensors itself (inferOnMeta takes
@@ -40,8 +39,8 @@ at::Tensor metaTensor(c10::ScalarType dtype, const std::vector<int64_t>& shape);
 // Runs `op` on `stack` (its tensors on the meta device) and returns what it
 // produced, as meta tensors with the op's own strides (undefined where the op
 // leaves a result undefined). Where this LibTorch has no meta kernel for the
-// op (1.13 lacks some, e.g. convolution_backward), it runs again inside a
-// MetaFallbackScope of its own, and failing that on zero-filled CPU tensors.
+// op, it runs again inside a MetaFallbackScope of its own, and failing that
+// on zero-filled CPU tensors.
 // Throws what the op throws when all fail.
 std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
 

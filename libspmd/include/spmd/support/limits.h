@@ -18,7 +18,7 @@ constexpr int64_t kMaxTensorElements = int64_t{1} << 48;
 constexpr size_t kMaxTensorRank = 64;
 
 // Zero-filled CPU memory that shape inference may take for one op that has
-// no meta kernel in the linked LibTorch (1.13 lacks many). Ops whose shape
+// no meta kernel in the linked LibTorch (relu, among others). Ops whose shape
 // rule allows it run on stand-ins of a small batch instead (ops/meta.cpp);
 // the rest are refused above this, with the op named, rather than allocating
 // memory proportional to the step's tensors. The TorchScript import's
