@@ -37,6 +37,9 @@ def model_for(sample, device):
 
 def worker(rank, args, port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # The store of a torch built without libuv (Debian's) refuses the libuv
+    # server PyTorch asks for by default; for a few local ranks either will do.
+    os.environ.setdefault("USE_LIBUV", "0")
     torch.cuda.set_device(rank)
     # TF32 for timing (as every system in the benchmark); full fp32 for parity.
     torch.backends.cuda.matmul.allow_tf32 = not args.data

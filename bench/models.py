@@ -4,7 +4,8 @@
 
 For each model (mlp, mlp4096, gpt, llama, resnet50; all by default) writes OUTDIR/NAME.pt
 (scripted with torch.jit.script, or traced with example inputs where scripting
-fails; weights seeded with torch.manual_seed(0), as samples/generate.py makes the
+fails; gpt (tests/zoo's nanoGPT) and llama (tests/zoo's LLaMA) are traced on one
+sample; weights seeded with torch.manual_seed(0), as samples/generate.py makes the
 samples), NAME.inputs (the --input flags), NAME.optim (spmd-expand's optimizer
 flags: Adam for mlp, mlp4096 and gpt, SGD with momentum for resnet50) and, for each
 N in --data-ranks, NAME.dataN.pt: one batch for N ranks in spmd-run's data contract
@@ -38,17 +39,24 @@ def _samples():
     return module
 
 
+_ZOO = None
+
+
 def _zoo():
-    """tests/zoo/zoo.py: models written as other projects write them (llama)."""
-    found = importlib.util.spec_from_file_location("zoo", os.path.join(ROOT, "tests", "zoo", "zoo.py"))
-    module = importlib.util.module_from_spec(found)
-    sys.modules["zoo"] = module
-    found.loader.exec_module(module)
-    return module
+    """tests/zoo/zoo.py (loaded once): models written as other projects write them (gpt: nanoGPT,
+    llama). Its torchvision import is optional; these two need only torch."""
+    global _ZOO
+    if _ZOO is None:
+        found = importlib.util.spec_from_file_location("zoo", os.path.join(ROOT, "tests", "zoo", "zoo.py"))
+        module = importlib.util.module_from_spec(found)
+        sys.modules["zoo"] = module
+        found.loader.exec_module(module)
+        _ZOO = module
+    return _ZOO
 
 
 _SAMPLES = _samples()
-MLP, TinyLM, Attention = _SAMPLES.MLP, _SAMPLES.TinyLM, _SAMPLES.Attention
+MLP, Attention = _SAMPLES.MLP, _SAMPLES.Attention
 
 # One forward argument: dtype is a torch dtype; high bounds integer values (exclusive).
 Input = namedtuple("Input", "name dtype shape high")
@@ -76,17 +84,23 @@ def mlp_bench(name, layers, dim, lr, about):
 
 
 def gpt_bench(name, vocab, dim, heads, layers, seq, batch, about):
-    tokens = [Input(n, torch.int64, [batch, seq], vocab) for n in ("tokens", "targets")]
-    return Bench(name, about, lambda: TinyLM(vocab=vocab, dim=dim, heads=heads, layers=layers, seq=seq), tokens, 1e-3)
+    """tests/zoo's nanoGPT (Karpathy's model.py: learned positions, LayerNorm with bias, causal
+    F.scaled_dot_product_attention, GELU MLP, lm_head tied to wte, nanoGPT's init) with block_size
+    seq, on batch x seq tokens; forward returns nanoGPT's loss. Adam lr 1e-3; traced."""
+    tokens = [Input(n, torch.int64, [batch, seq], vocab) for n in ("idx", "targets")]
+    def make():
+        return _zoo().NanoGPTLoss(block_size=seq, vocab_size=vocab, n_layer=layers, n_head=heads, n_embd=dim)
+    return Bench(name, about, make, tokens, 1e-3, traced=True)
 
 
 def llama_bench(name, vocab, dim, heads, kv_heads, layers, hidden, seq, batch, about):
-    """tests/zoo's LlamaLM (Hugging Face's LLaMA structure: RMSNorm, rotary, grouped-query heads, eager
-    softmax attention in fp32, SwiGLU), Adam lr 1e-3."""
+    """tests/zoo's llama (Meta's and torchtitan's structure for PyTorch 2: nn.RMSNorm, rotary,
+    grouped-query F.scaled_dot_product_attention(is_causal=True, enable_gqa=True), SwiGLU of width
+    hidden, untied head), Adam lr 1e-3; traced."""
     tokens = [Input(n, torch.int64, [batch, seq], vocab) for n in ("input_ids", "labels")]
     def make():
-        return _zoo().LlamaLM(dim=dim, heads=heads, kv_heads=kv_heads, layers=layers, seq=seq, vocab=vocab,
-                              hidden=hidden)
+        return _zoo().LlamaLoss(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads, vocab_size=vocab,
+                                max_seq_len=seq, hidden=hidden)
     return Bench(name, about, make, tokens, 1e-3, traced=True)
 
 
@@ -105,9 +119,11 @@ def benches(tiny=False):
         return {
             "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP (tiny: unchanged)"),
             "mlp4096": mlp_bench("mlp4096", 16, 64, 1e-3, "MLP 16 x Linear(64,64)+ReLU (tiny)"),
-            "gpt": gpt_bench("gpt", 64, 32, 2, 2, 16, 8, "GPT vocab 64, dim 32, 2 heads, 2 layers, seq 16 (tiny)"),
+            "gpt": gpt_bench("gpt", 64, 32, 2, 2, 16, 8,
+                             "nanoGPT vocab 64, dim 32, 2 heads, 2 layers, seq 16 (tiny)"),
             "llama": llama_bench("llama", 64, 32, 4, 2, 2, 96, 16, 8,
-                                 "LLaMA structure, vocab 64, dim 32, 4 heads (2 kv), 2 layers, seq 16 (tiny)"),
+                                 "LLaMA (nn.RMSNorm, GQA SDPA), vocab 64, dim 32, 4 heads (2 kv), 2 layers, "
+                                 "seq 16 (tiny)"),
             "resnet50": resnet_bench("resnet50", "resnet18", 10, 32, 2,
                                      "torchvision resnet18, 10 classes, 3x32x32 images (tiny), loss = cross-entropy"),
         }
@@ -115,10 +131,11 @@ def benches(tiny=False):
         "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP: 10 x Linear(100,100)+ReLU, loss = sum"),
         "mlp4096": mlp_bench("mlp4096", 16, 4096, 1e-3, "MLP 16 x Linear(4096,4096)+ReLU, loss = sum"),
         "gpt": gpt_bench("gpt", 50304, 768, 12, 12, 1024, 8,
-                         "GPT-2 small shape: vocab 50304, dim 768, 12 heads, 12 layers, seq 1024"),
+                         "nanoGPT (tests/zoo; SDPA, tied embeddings) at GPT-2 small shape: vocab 50304, dim 768, "
+                         "12 heads, 12 layers, seq 1024"),
         "llama": llama_bench("llama", 32000, 768, 12, 4, 12, 2048, 1024, 8,
-                             "LLaMA structure (tests/zoo): vocab 32000, dim 768, 12 heads (4 kv), 12 layers, "
-                             "SwiGLU 2048, seq 1024, eager fp32 softmax attention"),
+                             "LLaMA (tests/zoo; nn.RMSNorm, rotary, SDPA with enable_gqa): vocab 32000, dim 768, "
+                             "12 heads (4 kv), 12 layers, SwiGLU 2048, seq 1024"),
         "resnet50": resnet_bench("resnet50", "resnet50", 1000, 224, 32,
                                  "torchvision resnet50, 1000 classes, 3x224x224 images, loss = cross-entropy"),
     }

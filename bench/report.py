@@ -151,7 +151,7 @@ def model_title(res, name):
         parts.append("%s lr %g" % ({"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}.get(opt, opt), meta["lr"])
                      + (" momentum %g" % meta["momentum"] if meta.get("momentum") else ""))
     if meta.get("torchscript") == "trace":
-        parts.append("TorchScript traced (torch.jit.script failed)")
+        parts.append("TorchScript traced")
     if any_run:
         parts.append("%s timed steps after %s warm-up" % (any_run.get("steps"), any_run.get("warmup")))
     return "### %s — %s" % (name, "; ".join(parts))

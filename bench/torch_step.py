@@ -11,11 +11,14 @@ DistributedDataParallel (also for N=1), with the model's optimizer (Adam, or SGD
 with momentum for resnet50; models.optimizer) and TF32 matmuls on; ddp runs it
 eagerly, compile through torch.compile (default mode). --precision bf16 runs the
 forward under torch.autocast(device, torch.bfloat16) (parameters, gradients and
-optimizer state stay fp32), and by default then also swaps gpt's math attention
-for F.scaled_dot_product_attention(q, k, v, is_causal=True) (--attention sdpa: the
-same modules and parameter names, only Attention.forward differs) and uses the
-fused optimizer (--optimizer-impl fused; foreach where this torch has no fused
-kernel for the device). fp32 keeps math attention and torch.optim's default.
+optimizer state stay fp32), and by default then also swaps the math attention of
+a model built on samples' Attention for F.scaled_dot_product_attention(q, k, v,
+is_causal=True) (--attention sdpa: the same modules and parameter names, only
+Attention.forward differs) and uses the fused optimizer (--optimizer-impl fused;
+foreach where this torch has no fused kernel for the device). fp32 keeps math
+attention and torch.optim's default. gpt (tests/zoo's nanoGPT) and llama call
+F.scaled_dot_product_attention themselves in every precision; --attention leaves
+them as they are ("attention": "sdpa (the model's own)").
 Inputs are drawn once per rank on the device. Each step (zero_grad(set_to_none=True),
 forward, backward, opt.step()) is timed between two device synchronizations, as
 spmd-run times its steps; the first W steps are left out. Rank 0 prints one JSON
@@ -53,7 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                    help="bf16: the forward under torch.autocast(device, torch.bfloat16)")
     p.add_argument("--attention", choices=["math", "sdpa"],
-                   help="gpt's attention: math (samples' Attention) or F.scaled_dot_product_attention "
+                   help="samples' Attention: math or F.scaled_dot_product_attention (gpt and llama always "
+                        "call SDPA themselves) "
                         "(default: sdpa for bf16, math for fp32)")
     p.add_argument("--optimizer-impl", choices=["default", "foreach", "fused"],
                    help="torch.optim's implementation (default: fused for bf16, torch's default for fp32; "
@@ -111,10 +115,12 @@ class SdpaAttention(bench_models.Attention):
 def set_attention(model, want):
     """Makes every samples Attention of model run as want (math or sdpa; sdpa swaps its class for
     SdpaAttention in place); returns what runs: None where model has no attention, math where
-    this torch lacks SDPA."""
+    this torch lacks SDPA, the model's own SDPA for the zoo's attention."""
     blocks = [m for m in model.modules() if type(m) is bench_models.Attention]
     if not blocks:
-        return None
+        # tests/zoo's nanoGPT and llama attention: SDPA as written
+        own = any(type(m).__name__ in ("CausalSelfAttention", "GQAttention") for m in model.modules())
+        return "sdpa (the model's own)" if own else None
     if want == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
         return "math (no F.scaled_dot_product_attention in torch %s)" % torch.__version__
     if want == "sdpa":
@@ -144,6 +150,9 @@ def synchronize(device):
 def setup(rank, args, port):
     """Joins the process group; returns this rank's device."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # The store of a torch built without libuv (Debian's) refuses the libuv
+    # server PyTorch asks for by default; for a few local ranks either will do.
+    os.environ.setdefault("USE_LIBUV", "0")
     if args.device == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)

@@ -1,8 +1,7 @@
 """Model definitions for spmd's samples and for the tests' unseen modules.
 
-Every model's forward returns its scalar loss, as spmd-expand expects. Written
-as PyTorch 2 code (F.scaled_dot_product_attention, tied embeddings); run with
-Debian trixie's /usr/bin/python3 (python3-torch 2.6) or any later PyTorch.
+Every model's forward returns its scalar loss, as spmd-expand expects. PyTorch 2
+code: run with Debian trixie's /usr/bin/python3 (python3-torch 2.6) or later.
 """
 import math
 

@@ -13,7 +13,7 @@ in-place update made explicit, and writes:
 * a ``torch.save`` file with the parameters, buffers and initial optimizer
   state, by name, that the dump references.
 
-Works with the user's own PyTorch (1.13 and 2.x).
+Works with the user's own PyTorch, 2.6 or later.
 """
 from ._export import SpmdExportError, export
 

@@ -40,6 +40,7 @@ def _float(x):
 
 def _tensor_metas(node):
     """[(dtype, shape)] of a node's results, from make_fx's metadata."""
+    if "val" not in node.meta: raise AssertionError(f"XXXVAL {node}")
     meta = node.meta.get("val", node.meta.get("tensor_meta"))
     # TensorMetadata is itself a NamedTuple: a single result has a dtype.
     items = [meta] if meta is None or hasattr(meta, "dtype") else list(meta)
@@ -151,11 +152,19 @@ class _Converter:
         return name
 
     def constant(self, node):
-        """A get_attr of a 0-dim tensor constant (torch 2.x's foreach Adam adds
-        one to its step counts): an aten::scalar_tensor of its dtype and value."""
+        """A get_attr of a 0-dim tensor constant (the foreach Adam/AdamW step
+        adds torch.tensor(1.0) to its step counts on CPU): an
+        aten::scalar_tensor of its dtype and value."""
         value = getattr(self.gm, node.target, None)
+        if isinstance(value, torch.nn.Parameter):
+            # make_fx records a parameter it was not given as an input as a
+            # constant: frozen, and its gradient lost.
+            self.fail(node, f"reads a parameter of shape {list(value.shape)} that is not one of the model's "
+                            "parameters; pass every module the step uses in `model` (a dict of modules for several)")
         if not isinstance(value, torch.Tensor) or value.dim() != 0:
-            self.fail(node, "reads a tensor constant that is not a 0-dim tensor; register it as a buffer")
+            self.fail(node, f"reads a tensor of shape {list(getattr(value, 'shape', []))} that is no parameter, "
+                            "buffer or batch input (a plain tensor attribute, a torch.tensor literal); register it "
+                            "as a buffer of the model")
         dtype = _dtype_name(value.dtype)
         number = value.item()
         literal = ({"bool": bool(number)} if value.dtype == torch.bool else
@@ -207,12 +216,9 @@ class _Converter:
         if returns == 1 and str(node.target._schema.returns[0].type).startswith("List["):
             # A Tensor[] result (split, chunk, unbind): its items, up to the last one read.
             returns = 1 + max((u.args[1] for u in node.users if u.target is operator.getitem), default=-1)
+            metas = metas[:returns]
         if returns != 1 and len(metas) != returns:
-            # make_fx (1.13) types tuple results only on their getitem users.
-            metas = [None] * returns
-            for user in node.users:
-                if user.target is operator.getitem:
-                    metas[user.args[1]] = _tensor_metas(user)[0]
+            raise AssertionError(f"XXX113 {node} {len(metas)} {returns}")
         names = [n if m is not None else None for n, m in zip(self.result_names(node, len(metas)), metas)]
         for n, m in zip(names, metas):
             if n is not None:
@@ -220,12 +226,14 @@ class _Converter:
         return names
 
     def result_names(self, node, count):
-        """Names for a node's results: its getitem users' names, else its own."""
+        """Names for a node's results: its getitem users' names, else its own.
+        A result nothing reads gets none: the op may leave it undefined (an
+        RNN backward's gradient of a zero initial state)."""
         if count == 1:
             return [node.name]
         names = [None] * count
         for user in node.users:
-            if user.target is operator.getitem:
+            if user.target is operator.getitem and user.users:
                 names[user.args[1]] = user.name
         return names
 
@@ -271,6 +279,9 @@ class _Converter:
 
     def in_place(self, node, schema, op, overload):
         target = self.tensor_of(node.args[0])
+        if target.op == "get_attr":  # a constant: the write would be lost
+            self.fail(node, f"writes in place to {target.name}, a tensor that is no parameter, buffer or batch "
+                            "input; register it as a buffer of the model")
         self.reject_observed_alias(node, target)
         name = node.name
         self.types[name] = _tensor_metas(node)[0]

@@ -1,18 +1,15 @@
 """Tracing a train step with make_fx and writing it as an spmd graph dump."""
 import collections
 import contextlib
-import functools
+import importlib
 import json
-import math
-import operator
 import os
 import traceback
-
-import importlib
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.nn.utils import stateless
+from torch.utils import _foreach_utils
 
 from ._convert import convert
 
@@ -64,6 +61,31 @@ def _modules(model):
     if isinstance(model, dict) and all(isinstance(m, torch.nn.Module) for m in model.values()):
         return [(f"{k}.", m) for k, m in model.items()]
     raise SpmdExportError("model must be a torch.nn.Module or a dict of them")
+
+
+def _unique(named):
+    """[(name, tensor)] without a tensor's second and later names (tied
+    weights; a module shared by several models): one input per tensor, named
+    as named_parameters() names it."""
+    seen = set()
+    out = []
+    for name, t in named:
+        if id(t) not in seen:
+            seen.add(id(t))
+            out.append((name, t))
+    return out
+
+
+def _bindings(modules, traced_of):
+    """{prefix: {name: traced tensor}} for every name under which each module
+    reaches a parameter or buffer, tied ones included: a tied name left out
+    would keep the module's own tensor, which make_fx then records as a
+    constant (and whose gradient would go to the user's model)."""
+    out = {}
+    for prefix, module in modules:
+        named = list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False))
+        out[prefix] = {n: traced_of[id(t)] for n, t in named}
+    return out
 
 
 def _optimizers(optimizer):
@@ -132,30 +154,11 @@ def _optimizer_state(opts, named_params):
 
 # ---- tracing --------------------------------------------------------------------
 
-def _adamw_as_adam(original, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=None,
-                   capturable=False, *, amsgrad, beta1, beta2, lr, weight_decay, eps, maximize, **kwargs):
-    """AdamW for PyTorch versions whose single-tensor AdamW has no tensor-step
-    formulation (1.13 reads step.item()): its decoupled weight decay, as
-    adamw.py applies it, then torch.optim's own Adam update in the tensor-step
-    formulation. Foreach groups keep `original` (its capturable path)."""
-    if foreach:
-        return original(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=foreach,
-                        capturable=capturable, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr,
-                        weight_decay=weight_decay, eps=eps, maximize=maximize, **kwargs)
-    for p in params:
-        p.mul_(1 - lr * weight_decay)
-    importlib.import_module("torch.optim.adam").adam(
-        params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, foreach=False, capturable=False,
-        differentiable=True, amsgrad=amsgrad, beta1=beta1, beta2=beta2, lr=lr, weight_decay=0.0, eps=eps,
-        maximize=maximize)
-
-
 def _check_fused(opt, group):
-    """fused=True where this PyTorch has no fused kernel for the parameters'
-    device (1.13: CUDA only) fails in eager too; say so before tracing."""
+    """fused=True for parameters on a device that has no fused kernel fails
+    in eager too; say so before tracing, which runs the foreach path."""
     name = type(opt).__name__
-    supported = getattr(importlib.import_module("torch.optim.optimizer"), "_get_fused_kernels_supported_devices",
-                        lambda: ["cuda"])()
+    supported = _foreach_utils._get_fused_kernels_supported_devices()
     others = sorted({p.device.type for p in group["params"]} - set(supported))
     if others:
         raise SpmdExportError(f"{name}(fused=True) needs its parameters on {' or '.join(supported)}, not "
@@ -167,56 +170,86 @@ def _all_true(_):
     return True
 
 
+# Where torch.optim's foreach Adam/AdamW step asserts its device constraint:
+# adam.py, and adamw.py where AdamW has its own implementation (torch 2.6;
+# newer PyTorch runs AdamW as Adam with decoupled weight decay).
+_ADAM_MODULES = ("torch.optim.adam", "torch.optim.adamw")
+# torch.optim.Optimizer's flag that it has warned that capturable=True runs
+# without a CUDA graph being captured.
+_WARNED = "_warned_capturable_if_run_uncaptured"
+_ABSENT = object()
+
+
 @contextlib.contextmanager
-def _traceable(opts):
-    """Optimizer settings whose update make_fx can trace, without .item():
-    - single-tensor Adam/AdamW: the tensor-step formulation (`differentiable`);
-    - foreach Adam/AdamW: the foreach tensor-step formulation (`capturable`),
-      whose device assert (CUDA tensors, a CUDA-graph constraint, not one of
-      the math) is lifted for the trace by shadowing `all` in adam.py and
-      adamw.py, whose only uses during a step are that assert and a check
-      that steps are tensors, which ours are;
-    - fused: traced as foreach. The fused kernels are one opaque op whose
-      arithmetic spmd would have to restate; the foreach path computes the
-      same update through ATen ops (it rounds as foreach does, not as the
-      fused kernel does).
-    SGD's foreach path reads no tensor values and is traced as it is; its
-    foreach ops are expanded per tensor by the converter."""
-    for opt in opts:  # before anything is changed
-        for group in opt.param_groups:
-            if group.get("fused"):
-                _check_fused(opt, group)
-    saved = []
-    patch_adamw = lift_assert = False
-    for opt in opts:
-        for group in opt.param_groups:
-            saved.append((group, dict(group)))
-            if group.get("fused"):
-                group["fused"], group["foreach"] = False, True
-            if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-                if group.get("foreach"):
-                    group["capturable"] = lift_assert = True
-                elif "differentiable" in group:
-                    group["differentiable"] = True
-                elif isinstance(opt, torch.optim.AdamW):
-                    patch_adamw = True
-    modules = [importlib.import_module("torch.optim.adam"), importlib.import_module("torch.optim.adamw")]
-    adamw_module = modules[1]
-    original_adamw = adamw_module.adamw
-    if patch_adamw:
-        adamw_module.adamw = functools.partial(_adamw_as_adam, original_adamw)
-    shadowed = [(m, m.__dict__.get("all")) for m in modules] if lift_assert else []
+def _device_assert_lifted():
+    """The capturable foreach Adam/AdamW step asserts that parameters and
+    steps are on a CUDA-graph device: a constraint of CUDA graphs, not of the
+    math. Shadowing `all` in those modules lifts it; during a step its only
+    other use is a check that the steps are tensors, which ours are."""
+    modules = [importlib.import_module(m) for m in _ADAM_MODULES]
+    shadowed = [(m, m.__dict__.get("all")) for m in modules]
     for m, _ in shadowed:
         m.all = _all_true
     try:
         yield
     finally:
-        adamw_module.adamw = original_adamw
         for m, previous in shadowed:
             if previous is None:
                 del m.all
             else:
                 m.all = previous
+
+
+def _make_traceable(opt, group):
+    """Switches one param group to an update make_fx traces without .item();
+    returns whether it needs the device assert lifted."""
+    if group.get("fused"):
+        group["fused"], group["foreach"] = False, True
+    if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        return False
+    if group.get("foreach"):
+        group["capturable"] = True
+        return True
+    group["differentiable"] = True
+    return False
+
+
+@contextlib.contextmanager
+def _traceable(opts):
+    """Optimizer settings whose update make_fx can trace, without .item():
+    - single-tensor Adam/AdamW: the tensor-step formulation (`differentiable`);
+    - foreach Adam/AdamW: the foreach tensor-step formulation (`capturable`),
+      with its device assert lifted (_device_assert_lifted);
+    - fused: traced as foreach. The fused kernels are one opaque op whose
+      arithmetic spmd would have to restate; the foreach path computes the
+      same update through ATen ops (it rounds as foreach does, not as the
+      fused kernel does).
+    SGD's foreach path reads no tensor values and is traced as it is; its
+    foreach ops are expanded per tensor by the converter. Everything changed
+    is put back afterwards."""
+    for opt in opts:  # before anything is changed
+        for group in opt.param_groups:
+            if group.get("fused"):
+                _check_fused(opt, group)
+    saved = [(group, dict(group)) for opt in opts for group in opt.param_groups]
+    # A step with every group capturable but no CUDA graph being captured
+    # warns that capturable is slow; ours is only traced. torch's own flag
+    # for "warned already" silences it, and is put back afterwards.
+    warned = [(opt, opt.__dict__.get(_WARNED, _ABSENT)) for opt in opts]
+    try:
+        lift = False
+        for opt in opts:
+            for group in opt.param_groups:
+                lift = _make_traceable(opt, group) or lift
+            setattr(opt, _WARNED, True)
+        with _device_assert_lifted() if lift else contextlib.nullcontext():
+            yield
+    finally:
+        for opt, previous in warned:
+            if previous is _ABSENT:
+                opt.__dict__.pop(_WARNED, None)
+            else:
+                setattr(opt, _WARNED, previous)
         for group, values in saved:
             group.clear()
             group.update(values)
@@ -226,11 +259,8 @@ def _traceable(opts):
 def _installed(modules, opts, named_params, named_buffers, state_entries, params, buffers, states, grads):
     """Puts the traced tensors into the modules and optimizers for the
     duration of the step, and records the gradients optimizer.step() sees."""
-    by_prefix = collections.defaultdict(dict)
-    for (name, _), t in zip(named_params + named_buffers, list(params) + list(buffers)):
-        prefix = next(pf for pf, _ in modules if name.startswith(pf))
-        by_prefix[prefix][name[len(prefix):]] = t
-    traced_of = {id(p): t for (_, p), t in zip(named_params, params)}
+    traced_of = {id(p): t for (_, p), t in zip(named_params + named_buffers, list(params) + list(buffers))}
+    by_prefix = _bindings(modules, traced_of)
     saved = []
     with contextlib.ExitStack() as stack:
         for prefix, module in modules:
@@ -276,8 +306,8 @@ def _installed(modules, opts, named_params, named_buffers, state_entries, params
 def _trace(train_step, model, optimizer, batch):
     modules = _modules(model)
     opts = _optimizers(optimizer)
-    named_params = [(pf + n, p) for pf, m in modules for n, p in m.named_parameters()]
-    named_buffers = [(pf + n, b) for pf, m in modules for n, b in m.named_buffers()]
+    named_params = _unique((pf + n, p) for pf, m in modules for n, p in m.named_parameters())
+    named_buffers = _unique((pf + n, b) for pf, m in modules for n, b in m.named_buffers())
     state_entries = _optimizer_state(opts, named_params)
     batch_names, batch_tensors, rebuild = _batch(batch)
     grads = {}

@@ -61,6 +61,7 @@ def _per_tensor(packet, element_types):
 
 
 def _meta_tensor(node):
+    if "val" not in node.meta: raise AssertionError(f"XXXVAL {node}")
     meta = node.meta.get("val", node.meta.get("tensor_meta"))
     return torch.empty([int(d) for d in meta.shape], dtype=meta.dtype, device="meta")
 

@@ -242,7 +242,8 @@ def main():
         proc = subprocess.run([tool("spmd-run"), step, "--steps", "2", "--timeout", "4"],
                               env=rank_env(rank, 2, free_port()), capture_output=True, text=True, timeout=60)
         took = time.time() - start
-        report(f"peer never joins rank {rank}", proc.returncode == 1 and took < 6.5 and
+        # Under 2 timeouts, with LibTorch's start-up on a loaded machine.
+        report(f"peer never joins rank {rank}", proc.returncode == 1 and took < 7.5 and
                one_line_error(proc.stderr, f"rank {rank}: ") and fragment in proc.stderr,
                f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
 

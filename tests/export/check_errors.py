@@ -5,7 +5,6 @@ torch.optim's foreach ops computes exactly what the foreach ops compute.
   check_errors.py        (python/ on PYTHONPATH, a python3 with torch)
 """
 import copy
-import importlib
 import json
 import os
 import subprocess
@@ -20,6 +19,11 @@ from spmd_export._foreach import expand_foreach
 
 passed = failed = 0
 tmp = tempfile.mkdtemp()
+# `python3 -m spmd_export` in the CLI checks, run from other folders too,
+# finds the package this script imported.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(spmd_export.__file__)))]
+    + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
 def report(name, ok, detail=""):
@@ -98,11 +102,22 @@ def expect_cli(name, fragment, args, code=1):
            and fragment in lines[0], f"exit {proc.returncode}, stderr {proc.stderr!r} (wanted {fragment!r})")
 
 
-def check_foreach_expansion(name, make_opt):
+def small_mlp():
+    return torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+
+
+def tied_mlp():
+    """Two layers sharing one weight, as an LM's head shares its token embedding's."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+    model[2].weight = model[0].weight
+    return model
+
+
+def check_foreach_expansion(name, make_opt, make_model=small_mlp):
     """The traced foreach step, run by torch before and after its foreach ops
     are expanded into per-tensor ops, gives bit-identical results."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    model = make_model()
     gm, inputs, _, tensors = _export._trace(plain_step, model, make_opt(model.parameters()), torch.randn(5, 4))
     expanded = expand_foreach(copy.deepcopy(gm), spmd_export.SpmdExportError)
     targets = lambda g: [str(n.target) for n in g.graph.nodes if n.op == "call_function"]
@@ -123,6 +138,59 @@ def check_foreach_expansion(name, make_opt):
            f"{had} foreach ops traced, left {left}, results equal: {same}")
 
 
+def check_tied_weights():
+    """A weight two modules share is one parameter input, and the traced
+    step's gradient of it is eager autograd's (both uses summed); the trace
+    leaves no gradient on the user's model."""
+    torch.manual_seed(0)
+    model, x = tied_mlp(), torch.randn(5, 4)
+    for name, make_opt in [("SGD momentum", lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)),
+                           ("AdamW foreach", lambda ps: torch.optim.AdamW(ps, lr=0.1, foreach=True)),
+                           ("AdamW", lambda ps: torch.optim.AdamW(ps, lr=0.1, foreach=False))]:
+        what = f"tied weights are one parameter: {name}"
+        try:
+            gm, inputs, grad_params, tensors = _export._trace(plain_step, model, make_opt(model.parameters()), x)
+            spmd_export.export(plain_step, model, make_opt(model.parameters()), x, os.path.join(tmp, "tied.json"))
+        except Exception as e:
+            report(what, False, f"{type(e).__name__}: {e}")
+            continue
+        params = [n for n, kind, _ in inputs if kind == "parameter"]
+        states = [tensors[n].clone() for n, kind, _ in inputs if kind == "state"]
+        with torch.no_grad():
+            traced = gm([tensors[n].clone() for n in params], [], states, [x])[1:]
+        eager = torch.autograd.grad(model(x).sum(), list(model.parameters()))
+        same = len(traced) == len(eager) and all(torch.allclose(a, b) for a, b in zip(traced, eager))
+        report(what, params == grad_params == ["0.weight", "0.bias", "2.bias"] and same and
+               all(p.grad is None for p in model.parameters()), f"parameters {params}, gradients equal: {same}")
+
+
+class Scaled(torch.nn.Linear):
+    """A Linear whose output is scaled by a plain tensor attribute, not a buffer."""
+
+    def __init__(self):
+        super().__init__(4, 3)
+        self.scale = torch.ones(3)
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+
+def check_outside_tensors(x):
+    """Tensors the step reads that are no input (make_fx records them as
+    constants) are named, not frozen into the dump."""
+    model = torch.nn.Linear(4, 3)
+    other = torch.nn.Linear(3, 3)
+
+    def step_with_other(model, optimizer, x):
+        return plain_step(lambda t: other(model(t)), optimizer, x)
+
+    expect_error("a parameter outside the model", "not one of the model's parameters", step_with_other, model,
+                 torch.optim.SGD(model.parameters(), lr=0.1), x)
+    scaled = Scaled()
+    expect_error("a tensor attribute that is not a buffer", "register it as a buffer", plain_step, scaled,
+                 torch.optim.SGD(scaled.parameters(), lr=0.1), x)
+
+
 def main():
     model = torch.nn.Linear(4, 3)
     x = torch.randn(2, 4)
@@ -139,20 +207,20 @@ def main():
     expect_error("foreign parameter", "not the model's", plain_step, torch.nn.Linear(4, 3),
                  torch.optim.SGD(model.parameters(), lr=0.1), x)
 
-    # RMSprop keeps its step count as a Python int on 1.13 (tracing would
-    # freeze it); torch 2.x keeps a tensor, and the step exports.
+    # RMSprop, stepped once, keeps its step count as a tensor: the step exports.
     rms = torch.optim.RMSprop(model.parameters())
     plain_step(model, rms, x)
-    if isinstance(next(iter(rms.state.values()))["step"], (int, float)):
-        expect_error("Python number in optimizer state", "state 'step' of weight is a Python int", plain_step, model,
-                     rms, x)
-    else:
-        try:
-            doc = spmd_export.export(plain_step, model, rms, x, os.path.join(tmp, "rms.json"))
-            report("RMSprop with a tensor step count exports", any(i["kind"] == "state" for i in doc["inputs"]),
-                   str([i["name"] for i in doc["inputs"]]))
-        except Exception as e:
-            report("RMSprop with a tensor step count exports", False, f"{type(e).__name__}: {e}")
+    try:
+        doc = spmd_export.export(plain_step, model, rms, x, os.path.join(tmp, "rms.json"))
+        report("RMSprop with a tensor step count exports", any(i["kind"] == "state" for i in doc["inputs"]),
+               str([i["name"] for i in doc["inputs"]]))
+    except Exception as e:
+        report("RMSprop with a tensor step count exports", False, f"{type(e).__name__}: {e}")
+    # A Python number in the state would be frozen by the trace.
+    frozen = torch.optim.SGD(model.parameters(), lr=0.1)
+    frozen.state[model.weight]["count"] = 3
+    expect_error("Python number in optimizer state", "state 'count' of weight is a Python int", plain_step, model,
+                 frozen, x)
 
     # An optimizer of the user's own, stepped once, exports the state it made.
     heavy = HeavyBall(model.parameters(), lr=0.1)
@@ -173,15 +241,16 @@ def main():
     # Adagrad's step reads its step count with .item(): the optimizer is named as the cause.
     expect_error("unsupported optimizer", "Adagrad.step() reads tensor values in Python", plain_step, model,
                  torch.optim.Adagrad(model.parameters()), x)
-    # 1.13 refuses fused=True for CPU parameters at construction; a group switched
-    # to fused afterwards must still fail with the cause, not in a kernel.
-    fused = torch.optim.Adam(model.parameters())
+    # fused=True where PyTorch has no fused kernel (the meta device): the cause,
+    # before any tracing. (A group switched to fused after construction, which
+    # would have refused it.)
+    meta = torch.nn.Linear(4, 3, device="meta")
+    fused = torch.optim.Adam(meta.parameters())
     fused.param_groups[0]["fused"] = True
-    supported = getattr(importlib.import_module("torch.optim.optimizer"), "_get_fused_kernels_supported_devices",
-                        lambda: ["cuda"])()
-    if "cpu" not in supported:
-        expect_error("fused=True on CPU", "Adam(fused=True) needs its parameters on cuda, not cpu", plain_step, model,
-                     fused, x)
+    expect_error("fused=True without a fused kernel", "Adam(fused=True) needs its parameters on", plain_step, meta,
+                 fused, x)
+    check_tied_weights()
+    check_outside_tensors(x)
 
     for name, make_opt in [
             ("SGD", lambda ps: torch.optim.SGD(ps, lr=0.1, foreach=True)),
@@ -191,6 +260,8 @@ def main():
                 ps, lr=0.1, amsgrad=True, weight_decay=0.1, maximize=True, foreach=True)),
             ("AdamW amsgrad", lambda ps: torch.optim.AdamW(ps, lr=0.1, amsgrad=True, foreach=True))]:
         check_foreach_expansion(name, make_opt)
+    check_foreach_expansion("AdamW weight decay, tied weights",
+                            lambda ps: torch.optim.AdamW(ps, lr=0.1, weight_decay=0.1, foreach=True), tied_mlp)
 
     # The command line: one line on stderr, exit 1; a good target writes both files.
     env = dict(os.environ)
@@ -233,8 +304,9 @@ def main():
                 "    def forward(self, x):\n"
                 "        raise ValueError('no')\n"
                 "def fused():\n"
-                "    m = torch.nn.Linear(4, 3)\n"
-                "    return step, m, torch.optim.Adam(m.parameters(), fused=True), torch.randn(2, 4)\n"
+                "    m = torch.nn.Linear(4, 3, device='meta')\n"
+                "    o = torch.optim.Adam(m.parameters()); o.param_groups[0]['fused'] = True\n"
+                "    return step, m, o, torch.randn(2, 4)\n"
                 "def adagrad():\n"
                 "    m = torch.nn.Linear(4, 3)\n"
                 "    return step, m, torch.optim.Adagrad(m.parameters()), torch.randn(2, 4)\n"
@@ -251,11 +323,10 @@ def main():
     syntax = os.path.join(tmp, "syntax.py")
     with open(syntax, "w") as f:
         f.write("def make(:\n")
-    if "cpu" not in supported:
-        expect_cli("fused=True on CPU", "FusedAdam requires all the params to be CUDA", [bad + ":fused"])
+    expect_cli("fused=True without a fused kernel", "Adam(fused=True) needs its parameters on", [bad + ":fused"])
     expect_cli("unsupported optimizer", "Adagrad.step() reads tensor values in Python", [bad + ":adagrad"])
     expect_cli("forward raises", f"the train step raised ValueError: no (at {bad}:6)", [bad + ":refusing"])
-    expect_cli("target function raises", f"{bad}:broken raised ZeroDivisionError: division by zero (at {bad}:17)",
+    expect_cli("target function raises", f"{bad}:broken raised ZeroDivisionError: division by zero (at {bad}:18)",
                [bad + ":broken"])
     expect_cli("target returns the wrong thing", "must return (train_step, model, optimizer, batch), got 3 values",
                [bad + ":three"])

@@ -17,10 +17,11 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "samples")]
+sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "samples"), os.path.join(ROOT, "tests", "zoo")]
 
 import spmd_export  # noqa: E402
 from models import MLP, TinyCNN, TinyLM  # noqa: E402
+from zoo import NanoGPTLoss  # noqa: E402
 
 STEPS = 5
 
@@ -43,6 +44,26 @@ def lm_batch(g):
 
 def cnn_batch(g):
     return torch.randn(8, 3, 16, 16, generator=g), torch.randn(8, 4, generator=g)
+
+
+def tied_mlp():
+    """Linear, Tanh, Linear sharing one weight, then MLP(1, 32), whose forward
+    sums to the loss."""
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), MLP(1, 32))
+    model[2].weight = model[0].weight
+    return model
+
+
+def nanogpt_adamw(**kwargs):
+    """nanoGPT's configure_optimizers: weight decay 0.1 on the matrices (the
+    tied wte/lm_head among them) and none on biases and norms, betas (0.9,
+    0.95); eps 1e-5, as the LM cases' (see CASES)."""
+    def make(params):
+        params = list(params)
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-5, **kwargs)
+    return make
 
 
 # name -> (model, optimizer, one batch from a generator). The exported update
@@ -77,6 +98,18 @@ CASES = {
                                     lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, weight_decay=1e-2,
                                                                 foreach=True),
                                     mlp_batch(9, 24)),
+    # Weights shared by two modules (the LM's head and token embedding,
+    # nanoGPT's lm_head and wte, tied_mlp's layers) are one parameter input,
+    # whose gradient sums both uses.
+    "tied_mlp_sgd": (tied_mlp, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), mlp_batch(7, 32)),
+    "lm_adamw_wd_no_foreach": (lambda: TinyLM(),
+                               lambda ps: torch.optim.AdamW(ps, lr=1e-2, eps=1e-5, weight_decay=0.1, foreach=False),
+                               lm_batch),
+    # nanoGPT (SDPA, tied wte/lm_head) as its train.py trains it: AdamW with
+    # two param groups, foreach, and fused as it picks on CUDA (traced as
+    # foreach).
+    "nanogpt_adamw_foreach": (lambda: NanoGPTLoss(), nanogpt_adamw(foreach=True), lm_batch),
+    "nanogpt_adamw_fused": (lambda: NanoGPTLoss(), nanogpt_adamw(fused=True), lm_batch),
 }
 
 

@@ -10,6 +10,7 @@
 #include "spmd/runtime/interpreter.h"
 #include "spmd/io/weights.h"
 
+#include <set>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -44,7 +45,11 @@ struct Reference {
 
   Reference(const std::string& path, const OptimizerOptions& o) : module(torch::jit::load(path)) {
     module.train();
+    // A tied parameter once, as Python's named_parameters() names it (the
+    // LM's head is its token embedding): twice, the optimizer would step it twice.
+    std::set<const c10::TensorImpl*> seen;
     for (const auto& p : module.named_parameters()) {
+      if (!seen.insert(p.value.unsafeGetTensorImpl()).second) continue;
       names.push_back(p.name);
       params.push_back(p.value);
     }
@@ -96,6 +101,18 @@ struct Reference {
   }
 };
 
+// While one lives, PyTorch's CPU attention runs its math backend.
+class MathAttentionOnly {
+ public:
+  MathAttentionOnly() : flash_(at::globalContext().userEnabledFlashSDP()) { at::globalContext().setSDPUseFlash(false); }
+  ~MathAttentionOnly() { at::globalContext().setSDPUseFlash(flash_); }
+  MathAttentionOnly(const MathAttentionOnly&) = delete;
+  MathAttentionOnly& operator=(const MathAttentionOnly&) = delete;
+
+ private:
+  bool flash_;
+};
+
 // `bucketCapMb` > 0 also runs spmd-split's passes: on one rank the bucketed
 // all-reduces must not change a thing.
 void trainInLockstep(const std::string& sample, const OptimizerOptions& o, int steps, double bucketCapMb = 0) {
@@ -119,6 +136,11 @@ void trainInLockstep(const std::string& sample, const OptimizerOptions& o, int s
     if (in.kind == InputKind::State) state[v.name] = torch::zeros(v.shape, at::TensorOptions().dtype(v.dtype));
   }
   Interpreter interpreter(graph);
+  // scaled_dot_product_attention by its math backend, which spmd records
+  // and runs on the CPU: PyTorch's fused CPU kernel rounds otherwise, and
+  // Adam turns such differences (the key bias's gradient is rounding noise)
+  // into lr-sized ones.
+  MathAttentionOnly mathAttention;
   Reference ref(path, o);
   for (int step = 0; step < steps; ++step) {
     auto data = batch(specs, step);

@@ -282,7 +282,7 @@ TEST_CASE("the tanh GELU of a 16-bit step is computed without tanhf", "[fused]")
   CHECK(f32.find("spmd_gelu_tanh16") == std::string::npos);
 }
 
-// f16 only on CUDA: LibTorch 1.13's CPU kernels lack it for GELU and others.
+// f16 on CUDA only (tests/unit's GPU cases).
 TEST_CASE("fused groups equal their ATen ops on the CPU", "[fused]") {
   for (const FusionCase& c : kCases) {
     for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
@@ -294,7 +294,7 @@ TEST_CASE("fused groups equal their ATen ops on the CPU", "[fused]") {
         if (dtype == at::kFloat) {
           CHECK(at::equal(ran.fused[k], ran.unfused[k]));
         } else {
-          // Two units, and 2^-6 absolute: some of LibTorch 1.13's CPU bf16
+          // Two units, and 2^-6 absolute: some of LibTorch's CPU bf16
           // kernels round inner steps too (gelu_backward with tanh is up to
           // 0.0156 off computing in float and rounding once, near 1.0).
           testing::requireClose(ran.fused[k], ran.unfused[k], c.name, 2 * ulp(dtype), 1.0 / 64);

@@ -1,10 +1,10 @@
-// MetaFallbackScope: LibTorch 1.13's meta fallback is there only while a
-// scope lives; on 2.x a scope does nothing.
+// MetaFallbackScope: the shape functions and small-batch stand-ins for the
+// ops without a C++ meta kernel (their meta functions are Python's) are there
+// only while a scope lives.
 #include "spmd/ops/dispatch.h"
 #include "spmd/ops/meta.h"
 
 #include <ATen/ATen.h>
-#include <torch/version.h>
 
 #include "catch.h"  // after LibTorch's headers (see catch.h)
 
@@ -12,16 +12,15 @@ using namespace spmd;
 
 namespace {
 
-// aten::relu has no meta kernel on LibTorch 1.13 (only relu_ has one);
-// native_layer_norm gets one of spmd's shape functions.
-at::Tensor reluOnMeta() { return at::relu(metaTensor(at::kFloat, {2, 3})); }
+// aten::relu has no C++ meta kernel in LibTorch 2.x; native_layer_norm gets
+// one of spmd's shape functions, relu the CPU stand-ins of a batch of 2.
+at::Tensor reluOnMeta(int64_t batch = 2) { return at::relu(metaTensor(at::kFloat, {batch, 3})); }
 
 }  // namespace
 
 TEST_CASE("relu runs on meta tensors inside a MetaFallbackScope", "[meta]") {
-#if TORCH_VERSION_MAJOR < 2
-  // LibTorch 1.13 only: no kernel outside a scope, the fallback inside one,
-  // and none again once the last scope has ended.
+  // No kernel outside a scope, ours inside one, and none again once the last
+  // scope has ended.
   CHECK_THROWS_AS(reluOnMeta(), c10::Error);
   {
     MetaFallbackScope outer;
@@ -30,30 +29,21 @@ TEST_CASE("relu runs on meta tensors inside a MetaFallbackScope", "[meta]") {
       MetaFallbackScope inner;
       CHECK(reluOnMeta().is_meta());
     }
-    // The inner scope's end leaves the outer one's fallback in place.
-    const at::Tensor r = reluOnMeta();
+    // The inner scope's end leaves the outer one's registrations in place;
+    // a batch far beyond memory costs a batch of 2.
+    const at::Tensor r = reluOnMeta(int64_t{1} << 40);
     CHECK(r.is_meta());
-    CHECK(r.sizes() == at::IntArrayRef({2, 3}));
+    CHECK(r.sizes() == at::IntArrayRef({int64_t{1} << 40, 3}));
     auto [out, mean, rstd] = at::native_layer_norm(metaTensor(at::kFloat, {4, 5, 6}), {6}, {}, {}, 1e-5);
     CHECK(out.is_meta());
     CHECK(out.sizes() == at::IntArrayRef({4, 5, 6}));
     CHECK(mean.sizes() == at::IntArrayRef({4, 5, 1}));
   }
   CHECK_THROWS_AS(reluOnMeta(), c10::Error);
-#else
-  // LibTorch 2.x: the scope registers nothing. relu has no C++ meta kernel
-  // there either (its meta function is Python's), so it fails on meta with
-  // or without a scope; inferOnMeta's CPU retry (below) covers it. A
-  // structured op has a meta kernel of its own.
-  CHECK_THROWS_AS(reluOnMeta(), c10::Error);
-  {
-    MetaFallbackScope scope;
-    CHECK_THROWS_AS(reluOnMeta(), c10::Error);
-  }
+  // A structured op has a meta kernel of its own.
   const at::Tensor sum = at::add(metaTensor(at::kFloat, {2, 3}), metaTensor(at::kFloat, {3}));
   CHECK(sum.is_meta());
   CHECK(sum.sizes() == at::IntArrayRef({2, 3}));
-#endif
 }
 
 TEST_CASE("inferOnMeta takes a scope of its own", "[meta]") {
@@ -63,14 +53,11 @@ TEST_CASE("inferOnMeta takes a scope of its own", "[meta]") {
   REQUIRE(results.size() == 1);
   CHECK(results[0].is_meta());
   CHECK(results[0].sizes() == at::IntArrayRef({2, 3}));
-#if TORCH_VERSION_MAJOR < 2
-  // LibTorch 1.13 only: its scope ended when it returned.
+  // Its scope ended when it returned.
   CHECK_THROWS_AS(reluOnMeta(), c10::Error);
-#endif
 }
 
-// Convolutions on meta tensors (1.13 gets a shape function; 2.x has meta
-// kernels) give the shapes and memory formats the CPU kernels give, plain,
+// Convolutions on meta tensors (LibTorch's meta kernels) give the shapes and memory formats the CPU kernels give, plain,
 // strided, grouped, transposed and channels-last.
 TEST_CASE("convolution on meta tensors has the CPU's shapes", "[meta]") {
   MetaFallbackScope scope;
@@ -97,4 +84,26 @@ TEST_CASE("convolution on meta tensors has the CPU's shapes", "[meta]") {
     CHECK(meta.sizes() == cpu.sizes());
     CHECK(meta.strides() == cpu.strides());
   }
+}
+
+// Layer norm's shape functions give the CPU kernels' layouts, also for a
+// transposed input (nn.MultiheadAttention's batch_first output): a
+// transposed gradient on meta would make autodiff record a view of it that
+// fails at run time.
+TEST_CASE("layer norm on meta tensors has the CPU's strides", "[meta]") {
+  MetaFallbackScope scope;
+  const at::Tensor x = at::randn({17, 2, 32}).transpose(0, 1), w = at::randn({32}), b = at::randn({32});
+  auto [out, mean, rstd] = at::native_layer_norm(x, {32}, w, b, 1e-5);
+  auto [mOut, mMean, mRstd] = at::native_layer_norm(x.to(at::kMeta), {32}, w.to(at::kMeta), b.to(at::kMeta), 1e-5);
+  CHECK(mOut.strides() == out.strides());
+  CHECK(mMean.sizes() == mean.sizes());
+  const at::Tensor grad = at::randn({17, 2, 32}).transpose(0, 1);
+  auto [gx, gw, gb] = at::native_layer_norm_backward(grad, x, {32}, mean, rstd, w, b, {true, true, true});
+  auto [mGx, mGw, mGb] = at::native_layer_norm_backward(grad.to(at::kMeta), x.to(at::kMeta), {32}, mMean, mRstd,
+                                                        w.to(at::kMeta), b.to(at::kMeta), {true, true, true});
+  CHECK(mGx.is_meta());
+  CHECK(mGx.sizes() == gx.sizes());
+  CHECK(mGx.strides() == gx.strides());
+  CHECK(mGw.sizes() == gw.sizes());
+  CHECK(mGb.sizes() == gb.sizes());
 }

@@ -43,18 +43,10 @@ inline void requireClose(const at::Tensor& ours, const at::Tensor& ref, const st
   CHECK(at::allclose(ours.to(at::kDouble), ref.to(at::kDouble), rtol, atol));
 }
 
-// torch::optim's state entry for parameter `p`. LibTorch 1.13 keys the state
-// by the TensorImpl's address printed as a string, 2.x by the address itself.
+// torch::optim's state entry for parameter `p`: keyed by its TensorImpl.
 template <typename State>
 auto findOptimizerState(State& all, const at::Tensor& p) {
-  using Key = typename State::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    return all.find(key.str());
-  } else {
-    return all.find(static_cast<Key>(p.unsafeGetTensorImpl()));
-  }
+  return all.find(static_cast<typename State::key_type>(p.unsafeGetTensorImpl()));
 }
 
 }  // namespace spmd::testing

@@ -333,8 +333,9 @@ TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[
       CHECK(at::allclose(got.at(name), t, 1e-5, 1e-6));
     }
   }
-  // The CPU lowering keeps LibTorch 1.13's formulas, bit for bit: its
-  // pipeline leaves the pass out.
+  // The CPU lowering keeps the optimizer pass's formulas (torch.optim's
+  // single-tensor ones, the parity oracle), bit for bit: its pipeline leaves
+  // the pass out.
   PipelineOptions cpu;
   const std::vector<std::string> cpuLowering = lowerPipeline(cpu);
   CHECK(std::find(cpuLowering.begin(), cpuLowering.end(), "capturable-adam") == cpuLowering.end());
@@ -372,8 +373,7 @@ TEST_CASE("linear-relu trains the MLP as the unfused step does", "[unroll]") {
 }
 
 #ifdef SPMD_WITH_CUDA
-// LibTorch 2.x with a GPU only (fused Adam is ATen's CUDA kernel; 1.13 has
-// none): the update spmd-unroll moves into the next iteration, whose forward
+// With a GPU only (the fused Adam this takes is ATen's CUDA kernel): the update spmd-unroll moves into the next iteration, whose forward
 // reads the new parameters, becomes one spmd::fused_adam call too. Its
 // oracle is the plain step lowered the same way. They agree to rounding, not
 // bit for bit: the last update is the moved block's per-parameter copy, and

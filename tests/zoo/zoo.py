@@ -11,15 +11,30 @@ Dropout is p = 0 and stochastic depth off: parity with DDP needs the same
 random masks, and spmd's random stream is not PyTorch's (README, "Dropout").
 The in-place dropouts stay in-place (efficientnet's Dropout(inplace=True)
 after flatten is one of the writes through views the importer makes
-functional).
+functional). torchvision's builders that fix a stochastic depth rate
+(swin_v2_t's 0.2) get their StochasticDepth modules set to p = 0 after
+construction, which makes them the identity.
+
+PyTorch 2 as models are written today: nanogpt (Karpathy's nanoGPT: SDPA,
+tied embeddings), llama (nn.RMSNorm, rotary positions, SwiGLU and
+grouped-query SDPA with enable_gqa, torch >= 2.5), transformer_encoder_padding
+(nn.TransformerEncoder with a key-padding mask built in forward) and
+torchvision's builders (vit_b_16, swin_v2_t, efficientnet_v2_s, convnext_tiny,
+resnet50) next to the hand-written attention of gpt2_hf_style and
+llama_hf_style.
 """
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import torchvision.models as tvm
-from torchvision.models import convnext, swin_transformer, vision_transformer
+try:
+    import torchvision.models as tvm
+    from torchvision.models import convnext, swin_transformer, vision_transformer
+    from torchvision.ops import StochasticDepth
+except ImportError:  # bench/models.py's gpt and llama (NanoGPT, Llama) need only torch
+    tvm = None
+    StochasticDepth = nn.Dropout
 
 CLASSES = 64
 VOCAB = 64
@@ -27,7 +42,7 @@ VOCAB = 64
 
 def no_dropout(model):
     for m in model.modules():
-        if isinstance(m, (nn.Dropout, nn.Dropout2d)):
+        if isinstance(m, (nn.Dropout, nn.Dropout2d, StochasticDepth)):
             m.p = 0.0
     return model
 
@@ -290,6 +305,315 @@ class LlamaLM(nn.Module):
         return F.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
 
 
+# ---- nanoGPT (Karpathy's model.py): SDPA, tied embeddings ---------------------
+
+
+class NanoGPTConfig:
+    """GPTConfig's fields; nanoGPT's defaults are GPT-2 small (1024, 50304, 12, 12, 768)."""
+
+    def __init__(self, block_size=16, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True):
+        self.block_size, self.vocab_size = block_size, vocab_size
+        self.n_layer, self.n_head, self.n_embd = n_layer, n_head, n_embd
+        self.dropout, self.bias = dropout, bias
+
+
+class NanoLayerNorm(nn.Module):
+    """nanoGPT's LayerNorm: the bias optional (bias=False drops it), eps 1e-5."""
+
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class CausalSelfAttention(nn.Module):
+    """One projection to q, k, v; flash attention through
+    F.scaled_dot_product_attention(is_causal=True); the output projection."""
+
+    def __init__(self, config):
+        super().__init__()
+        assert config.n_embd % config.n_head == 0
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+        self.n_head, self.n_embd, self.dropout = config.n_head, config.n_embd, config.dropout
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None,
+                                           dropout_p=self.dropout if self.training else 0, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class NanoMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = NanoLayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = NanoLayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = NanoMLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPT(nn.Module):
+    """nanoGPT's GPT: token and learned position embeddings, pre-LN blocks, the
+    final LayerNorm, lm_head tied to wte (nanoGPT assigns wte.weight =
+    lm_head.weight), N(0, 0.02) weights with zero biases and the residual
+    projections (c_proj) at 0.02 / sqrt(2 n_layer). forward returns (logits,
+    loss), as nanoGPT's does when given targets."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([NanoBlock(config) for _ in range(config.n_layer)]),
+            ln_f=NanoLayerNorm(config.n_embd, bias=config.bias),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx, targets):
+        b, t = idx.size()
+        assert t <= self.config.block_size, f"sequence of {t} longer than block_size {self.config.block_size}"
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+
+class NanoGPTLoss(nn.Module):
+    """nanoGPT's training loop's `logits, loss = model(X, Y)`, keeping the loss."""
+
+    def __init__(self, block_size=16, vocab_size=VOCAB, n_layer=2, n_head=2, n_embd=32, bias=True):
+        super().__init__()
+        self.model = NanoGPT(NanoGPTConfig(block_size, vocab_size, n_layer, n_head, n_embd, 0.0, bias))
+
+    def forward(self, idx, targets):
+        _, loss = self.model(idx, targets)
+        return loss
+
+
+# ---- LLaMA as written for PyTorch 2 (Meta's llama, torchtitan) ----------------
+
+
+def precompute_rope(head_dim, seq, theta=10000.0):
+    """cos and sin of position x frequency, [seq, head_dim / 2, 2] (the real
+    form of Meta's freqs_cis, as torchtune's RotaryPositionalEmbeddings keeps it)."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(seq).float(), freqs)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x, rope):
+    """Rotates each adjacent pair (x[2i], x[2i+1]) of x [batch, seq, heads, head_dim]
+    by its position's angle, in fp32."""
+    pairs = x.float().reshape(*x.shape[:-1], -1, 2)
+    rope = rope.view(1, pairs.size(1), 1, pairs.size(3), 2)
+    out = torch.stack([pairs[..., 0] * rope[..., 0] - pairs[..., 1] * rope[..., 1],
+                       pairs[..., 1] * rope[..., 0] + pairs[..., 0] * rope[..., 1]], dim=-1)
+    return out.flatten(3).type_as(x)
+
+
+class GQAttention(nn.Module):
+    """Grouped-query attention: n_kv_heads key/value heads shared by n_heads query
+    heads, rotary q and k, F.scaled_dot_product_attention(is_causal=True,
+    enable_gqa=True) (no repeat_kv)."""
+
+    def __init__(self, dim, n_heads, n_kv_heads):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def init_weights(self, init_std):
+        for linear in (self.wq, self.wk, self.wv):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=0.02)
+        nn.init.trunc_normal_(self.wo.weight, mean=0.0, std=init_std)
+
+    def forward(self, x, rope):
+        bs, seqlen, _ = x.shape
+        xq = self.wq(x).view(bs, seqlen, self.n_heads, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        xq, xk = apply_rope(xq, rope), apply_rope(xk, rope)
+        xq, xk, xv = xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2)
+        out = F.scaled_dot_product_attention(xq, xk, xv, is_causal=True, enable_gqa=True)
+        return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1(x)) * w3(x))."""
+
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def init_weights(self, init_std):
+        nn.init.trunc_normal_(self.w1.weight, mean=0.0, std=0.02)
+        for linear in (self.w2, self.w3):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=init_std)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, layer_id, dim, n_heads, n_kv_heads, hidden, norm_eps):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.attention = GQAttention(dim, n_heads, n_kv_heads)
+        self.ffn_norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.feed_forward = SwiGLU(dim, hidden)
+        # torchtitan's depth-scaled init of the projections into the residual
+        self.weight_init_std = 0.02 / (2 * (layer_id + 1)) ** 0.5
+
+    def init_weights(self):
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.weight_init_std)
+        self.feed_forward.init_weights(self.weight_init_std)
+
+    def forward(self, x, rope):
+        h = x + self.attention(self.attention_norm(x), rope)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Llama(nn.Module):
+    """A LLaMA-2/3-style decoder as Meta's llama and torchtitan write it for
+    PyTorch 2: token embedding, pre-norm blocks (nn.RMSNorm, rotary
+    grouped-query SDPA attention, SwiGLU), a final nn.RMSNorm and an untied
+    output head; forward returns the logits. The hidden size is Meta's
+    2/3 x 4 x dim rounded up to multiple_of unless given. torchtitan's init:
+    N(0, 1) embedding, truncated normals elsewhere, the head at dim^-0.5."""
+
+    def __init__(self, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=VOCAB, max_seq_len=16,
+                 hidden=None, multiple_of=32, norm_eps=1e-5, rope_theta=10000.0):
+        super().__init__()
+        if hidden is None:
+            hidden = int(2 * (4 * dim) / 3)
+            hidden = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.register_buffer("rope_cache", precompute_rope(dim // n_heads, max_seq_len, rope_theta))
+        self.layers = nn.ModuleList(LlamaBlock(i, dim, n_heads, n_kv_heads, hidden, norm_eps) for i in range(n_layers))
+        self.norm = nn.RMSNorm(dim, eps=norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        self.init_weights()
+
+    def init_weights(self):
+        nn.init.normal_(self.tok_embeddings.weight)
+        for layer in self.layers:
+            layer.init_weights()
+        self.norm.reset_parameters()
+        std = self.output.in_features ** -0.5
+        nn.init.trunc_normal_(self.output.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+    def forward(self, tokens):
+        h = self.tok_embeddings(tokens)
+        rope = self.rope_cache[: tokens.size(1)]
+        for layer in self.layers:
+            h = layer(h, rope)
+        return self.output(self.norm(h)).float()
+
+
+class LlamaLoss(nn.Module):
+    """torchtitan's training step: cross-entropy of the logits against labels
+    (the data loader shifts them; here they are the second input)."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.model = Llama(**kwargs)
+
+    def forward(self, input_ids, labels):
+        logits = self.model(input_ids)
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(0, 1))
+
+
+# ---- nn.TransformerEncoder over right-padded sequences ------------------------
+
+
+class PaddedEncoderClassifier(nn.Module):
+    """Sequence classification with nn.TransformerEncoder over a right-padded
+    batch: forward pads each row past its length with PAD (an id outside the
+    data's [0, 64), as a collate function does; a length of 0 counts as 1),
+    builds src_key_padding_mask = tokens == PAD, encodes (pre-LN layers, GELU,
+    enable_nested_tensor=False: the nested-tensor path is eval-only anyway)
+    and classifies the mean of the unpadded positions. causal=True also passes
+    a boolean causal mask (is_causal=True), the two masks merged by
+    MultiheadAttention into SDPA's float mask."""
+
+    PAD = VOCAB
+
+    def __init__(self, dim=32, heads=4, layers=2, seq=32, causal=False):
+        super().__init__()
+        self.causal = causal
+        self.embed = nn.Embedding(VOCAB + 1, dim, padding_idx=self.PAD)
+        self.pos = nn.Embedding(seq, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm(dim), enable_nested_tensor=False)
+        self.head = nn.Linear(dim, CLASSES)
+
+    def forward(self, tokens, lengths, labels):
+        t = tokens.size(1)
+        positions = torch.arange(t, device=tokens.device)
+        tokens = tokens.masked_fill(positions[None, :] >= lengths.clamp(min=1)[:, None], self.PAD)
+        padding = tokens == self.PAD
+        mask = None
+        if self.causal:
+            mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
+        h = self.encoder(self.embed(tokens) + self.pos(positions), mask=mask, src_key_padding_mask=padding,
+                         is_causal=self.causal)
+        keep = (~padding).unsqueeze(-1).to(h.dtype)
+        pooled = (h * keep).sum(1) / keep.sum(1)
+        return F.cross_entropy(self.head(pooled), labels)
+
+
 def images(batch=4, size=32):
     return [f"x:f32[{batch},3,{size},{size}]", f"y:i64[{batch}]"]
 
@@ -324,4 +648,17 @@ ZOO = {
     "gru": (lambda: Recurrent(nn.GRU), tokens("tokens", "targets")),
     "gpt2_hf_style": (GPT2LMHead, tokens("input_ids", "labels", seq=16)),
     "llama_hf_style": (LlamaLM, tokens("input_ids", "labels")),
+    "nanogpt": (NanoGPTLoss, tokens("idx", "targets", seq=16)),
+    "llama": (LlamaLoss, tokens("input_ids", "labels", seq=16)),
+    "transformer_encoder_padding": (PaddedEncoderClassifier,
+                                    tokens("tokens", batch=4, seq=32) + ["lengths:i64[4]", "labels:i64[4]"]),
+    "transformer_encoder_padding_causal": (lambda: PaddedEncoderClassifier(causal=True),
+                                           tokens("tokens", batch=4, seq=32) + ["lengths:i64[4]", "labels:i64[4]"]),
+    "vit_b_16": (lambda: Classify(tvm.vit_b_16(image_size=32, num_classes=CLASSES)), images(batch=2)),
+    "swin_v2_t": (lambda: Classify(tvm.swin_v2_t(num_classes=CLASSES)), images(batch=2)),
+    "efficientnet_v2_s": (lambda: Classify(tvm.efficientnet_v2_s(num_classes=CLASSES, stochastic_depth_prob=0.0,
+                                                                 dropout=0.0)), images()),
+    "convnext_tiny": (lambda: Classify(tvm.convnext_tiny(num_classes=CLASSES, stochastic_depth_prob=0.0)),
+                      images(batch=2)),
+    "resnet50": (lambda: Classify(tvm.resnet50(num_classes=CLASSES)), images()),
 }

@@ -1,13 +1,13 @@
 // torch.save files (the default zip format), read without torch::pickle_load
 // and written without torch::pickle_save.
 //
-// Why this exists: LibTorch 1.13's unpickler (torch::pickle_load) cannot read
-// many files that Python's torch.save writes. It lacks opcodes such as
-// SETITEM and APPEND, which Python's pickler emits for one-element dicts and
-// lists, so even torch.save({'x': t}, f) cannot be read back. This is a small
-// pickle machine of our own for what torch.save writes (pickle protocol 2,
-// plus the cheap opcodes of protocols 3-5), with one code path for LibTorch
-// 1.13 and 2.x. The zip container is read with LibTorch's PyTorchStreamReader:
+// Why this exists: torch::pickle_load copies every storage into memory,
+// where spmd maps its weights and data files and hands out views of them
+// (pickle_storages.cpp), and it must refuse malformed files with a one-line
+// Diagnostic (fuzzed: tests/fuzz). This
+// is a small pickle machine of our own for what torch.save writes (pickle
+// protocol 2, plus the cheap opcodes of protocols 3-5). The zip container is
+// read with LibTorch's PyTorchStreamReader:
 // <archive>/data.pkl is the pickle, and <archive>/data/<key> holds the raw
 // little-endian bytes of each storage the pickle names by persistent id.
 //
@@ -185,8 +185,8 @@ std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string& path
 namespace {
 
 // The zip archive torch.save writes around `pickle`: records in the order
-// Python writes them, then "version" ("3\n", what LibTorch 1.13 and Python's
-// torch.save of 1.13 write, which PyTorch 2.x reads as well). Storage
+// Python writes them, then "version" ("3\n", which every PyTorch 2.x reads).
+// Storage
 // data/<i> is tensors[i]'s bytes.
 std::string archive(const std::string& pickle, const std::vector<at::Tensor>& tensors) {
   std::string bytes;

@@ -101,7 +101,8 @@ Graph traceOnMeta(Prepared& p, const std::string& fileName) {
 // `metaFailure` says why the meta trace failed, if it was tried.
 Graph traceOnCpu(Prepared& p, const std::string& fileName, const std::string& metaFailure) {
   // --time-passes names what sent the trace to the CPU.
-  TimedPhase phase("trace forward on CPU tensors" + (metaFailure.empty() ? "" : " (on meta: " + metaFailure + ")"));
+  const std::string why = metaFailure.substr(0, metaFailure.find('\n'));
+  TimedPhase phase("trace forward on CPU tensors" + (why.empty() ? "" : " (on meta: " + why + ")"));
   at::Generator gen = at::detail::createCPUGenerator(0);
   std::vector<at::Tensor> dataInputs;
   for (const auto& spec : p.ordered) dataInputs.push_back(exampleInput(spec, gen));
@@ -116,10 +117,11 @@ Graph traceOnCpu(Prepared& p, const std::string& fileName, const std::string& me
   return convertTrace(*traced, p.ordered, p.state, fileName);
 }
 
-std::string firstLineOf(const std::exception& e) {
+// The whole report (forwardFailure picks the user's line and the error out
+// of the interpreter's two tracebacks), without LibTorch's C++ backtrace.
+std::string reportOf(const std::exception& e) {
   const c10::Error* c10error = dynamic_cast<const c10::Error*>(&e);
-  const std::string what = c10error ? c10error->what_without_backtrace() : e.what();
-  return what.substr(0, what.find('\n'));
+  return c10error ? c10error->what_without_backtrace() : e.what();
 }
 
 }  // namespace
@@ -136,7 +138,7 @@ Graph importTorchScript(std::string_view bytes, const std::string& fileName,
       return traceOnMeta(p, fileName);
     } catch (const std::exception& e) {
       if (traceOn == TraceOn::Meta) throw;
-      metaFailure = firstLineOf(e);
+      metaFailure = reportOf(e);
     }
     // Tracing again on CPU inputs allocates them whole: not for inputs
     // beyond the bound shape inference keeps to (issue #19).

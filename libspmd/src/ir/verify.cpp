@@ -191,16 +191,29 @@ class Verifier {
     return ok;
   }
 
+  // The sizes and strides the node's tensor arguments had, for a rejection
+  // that depends on the layout (a view of a non-contiguous tensor).
+  std::string layoutsOf(const Node& node) {
+    std::string text;
+    for (const Arg& a : node.args) {
+      if (a.kind != Arg::Kind::Value || !meta_[a.value].defined()) continue;
+      const at::Tensor& t = meta_[a.value];
+      text += std::string(text.empty() ? " (" : ", ") + "%" + graph_.value(a.value).name + " sizes " +
+              c10::str(t.sizes()) + " strides " + c10::str(t.strides());
+    }
+    return text.empty() ? text : text + ")";
+  }
+
   void checkShapes(const Node& node, const c10::OperatorHandle& op, const std::string& where,
                    const std::string& label) {
     std::vector<at::Tensor> results;
     try {
       results = inferNodeOnMeta(node, op, [&](ValueId v) { return meta_[v]; });
     } catch (const c10::Error& e) {
-      problem(where, label + " rejects its arguments: " + firstLine(e.what_without_backtrace()));
+      problem(where, label + " rejects its arguments" + layoutsOf(node) + ": " + firstLine(e.what_without_backtrace()));
       return;
     } catch (const std::exception& e) {
-      problem(where, label + " rejects its arguments: " + firstLine(e.what()));
+      problem(where, label + " rejects its arguments" + layoutsOf(node) + ": " + firstLine(e.what()));
       return;
     }
     // A Tensor[] result may be declared up to its last item the graph reads.

@@ -6,6 +6,7 @@
 #include "meta_standins.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/ConvUtils.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
@@ -141,14 +142,18 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 }  // namespace spmd
 
 // LibTorch 2.x has C++ meta kernels for most ops, but not for those whose
-// meta function PyTorch writes in Python (layer norm and its backward,
-// embedding and its gradient, the _foreach ops: measured on 2.6 and 2.11).
-// While a MetaFallbackScope lives, those get shape functions of ours, with
-// the shapes and dtypes their CPU kernels give, so that tracing and shape
-// checks on the meta device need no CPU tensors for them; any other op
-// without a meta kernel takes inferOnMeta's retry on zero-filled CPU tensors.
+// meta function PyTorch writes in Python (relu, batch norm, layer norm and
+// its backward, embedding and its gradient, the _foreach ops: measured on
+// 2.6). While a MetaFallbackScope lives, those get shape functions of ours,
+// with the shapes and dtypes their CPU kernels give, or run on zero-filled
+// CPU stand-ins of a batch of 2 (meta_standins.h), so that tracing and shape
+// checks on the meta device need no memory that grows with the step; any
+// other op without a meta kernel takes inferOnMeta's retry on zero-filled
+// CPU tensors, within a bound.
 namespace spmd {
 namespace {
+
+void standInsOnCpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) { runMetaOnCpu(op, stack); }
 
 void layerNormMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   auto args = torch::jit::last(*stack, 5);  // input, normalized_shape, weight, bias, eps
@@ -171,12 +176,52 @@ void layerNormBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack)
   auto like = [](const c10::IValue& v, bool wanted) {
     return wanted && v.isTensor() ? at::empty_like(v.toTensor()) : at::Tensor();
   };
-  at::Tensor gradInput = mask[0] ? at::empty_like(input) : at::Tensor();
+  // Contiguous whatever the input's layout, as the CPU and CUDA kernels make
+  // it: a transposed input (nn.MultiheadAttention's batch_first output) must
+  // not give a transposed gradient that a later view would read wrongly.
+  at::Tensor gradInput = mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : at::Tensor();
   at::Tensor gradWeight = like(weight, mask[1]), gradBias = like(bias, mask[2]);
   torch::jit::drop(*stack, 8);
   stack->emplace_back(gradInput);
   stack->emplace_back(gradWeight);
   stack->emplace_back(gradBias);
+}
+
+// Debian's LibTorch 2.6 runs convolution on meta tensors into the
+// "overrideable" backend, which throws (pip's meta kernels pick a real one);
+// on zero CPU tensors it would compute the whole convolution.
+void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+  auto args = torch::jit::last(*stack, 9);
+  const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
+  const auto stride = args[3].toIntVector(), padding = args[4].toIntVector(), dilation = args[5].toIntVector();
+  const auto outputPadding = args[7].toIntVector();
+  const bool transposed = args[6].toBool();
+  const int64_t groups = args[8].toInt();
+  const std::vector<int64_t> shape =
+      transposed ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, outputPadding, stride, dilation,
+                                               groups)
+                 : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
+  torch::jit::drop(*stack, 9);
+  // Under LibTorch's tracer (the TorchScript import) the result is the
+  // traced convolution's, not an aten::empty of its own.
+  c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);
+  stack->emplace_back(at::empty(shape, input.options().memory_format(input.suggest_memory_format())));
+}
+
+// Whether convolution fails on meta tensors in this LibTorch (asked once,
+// before any scope's registrations exist).
+bool convolutionFailsOnMeta() {
+  static const bool fails = [] {
+    try {
+      at::convolution(metaTensor(at::kFloat, {1, 1, 3, 3}), metaTensor(at::kFloat, {1, 1, 1, 1}), {}, {1, 1}, {0, 0},
+                      {1, 1}, false, {0, 0}, 1);
+      return false;
+    } catch (const c10::Error&) {
+      return true;
+    }
+  }();
+  return fails;
 }
 
 void embeddingBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
@@ -233,8 +278,7 @@ void foreachMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 // Whether `name` (an aten overload) has no Meta kernel in the linked
 // LibTorch: only those get our shape functions, so that none replaces one.
-bool lacksMetaKernel(const char* name) {
-  const std::string full(name);
+bool lacksMetaKernel(const std::string& full) {
   const size_t dot = full.find('.');
   const auto op = c10::Dispatcher::singleton().findOp(
       {"aten::" + full.substr(0, dot), dot == std::string::npos ? "" : full.substr(dot + 1)});
@@ -247,10 +291,10 @@ struct MetaRegistrations {
   torch::Library shapes{torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__};
 
   template <void (*shapeFunction)(const c10::OperatorHandle&, torch::jit::Stack*)>
-  void shapesFor(const char* name) {
+  void shapesFor(const std::string& name) {
     if (!lacksMetaKernel(name)) return;
     try {
-      shapes.impl(name, torch::CppFunction::makeFromBoxedFunction<shapeFunction>());
+      shapes.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<shapeFunction>());
     } catch (const c10::Error&) {
       // A LibTorch that refuses it: the op takes inferOnMeta's CPU retry, as without a scope.
     }
@@ -267,6 +311,14 @@ struct MetaRegistrations {
     shapesFor<&embeddingBackwardMeta>("embedding_dense_backward");
     shapesFor<&indexSelectMeta>("index_select");
     shapesFor<&embeddingMeta>("embedding");
+    if (convolutionFailsOnMeta()) {
+      shapes.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolutionMeta>());
+      shapes.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&standInsOnCpu>());
+    }
+    for (const std::string& qualified : smallBatchOps()) {
+      if (qualified == "aten::convolution_backward" && convolutionFailsOnMeta()) continue;  // registered above
+      shapesFor<&standInsOnCpu>(qualified.substr(qualified.find("::") + 2));
+    }
   }
 };
 

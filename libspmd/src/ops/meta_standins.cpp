@@ -37,6 +37,16 @@ const std::vector<BatchRule>& batchRules() {
   return rules;
 }
 
+}  // namespace
+
+std::vector<std::string> smallBatchOps() {
+  std::vector<std::string> names;
+  for (const BatchRule& r : batchRules()) names.emplace_back(r.op);
+  return names;
+}
+
+namespace {
+
 const BatchRule* ruleFor(const c10::OperatorHandle& op) {
   if (!op.schema().overload_name().empty()) return nullptr;  // functional forms only
   for (const BatchRule& r : batchRules()) {

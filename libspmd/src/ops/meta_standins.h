@@ -1,12 +1,14 @@
-// Zero-filled CPU stand-ins for ops without meta kernels (LibTorch 1.13),
-// kept small: shape inference must not allocate memory proportional to the
-// step's tensors (issue #19). Used by meta.cpp only.
+// Zero-filled CPU stand-ins for ops without meta kernels in C++ (relu and
+// batch norm on LibTorch 2.6, whose meta functions are Python's), kept small:
+// shape inference must not allocate memory proportional to the step's
+// tensors (issue #19). Used by meta.cpp only.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace spmd {
@@ -22,6 +24,9 @@ void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IV
 // results back their full batch. False, with the stack untouched, when `op`
 // is not such an op, the batch is small already, or a layout is not one that
 // scales (contiguous or channels-last).
+// The ops runOnSmallBatch takes ("aten::relu", ...).
+std::vector<std::string> smallBatchOps();
+
 bool runOnSmallBatch(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack,
                      const std::function<void(std::vector<c10::IValue>*)>& run);
 

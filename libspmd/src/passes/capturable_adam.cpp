@@ -7,8 +7,8 @@
 // (the step size, a device tensor, goes into the denominator's two 0-dim
 // factors instead of a pass of its own over exp_avg). The values agree with
 // the CPU lowering's to rounding, not bit for bit; torch.optim's own foreach
-// Adam uses lerp on LibTorch 2. The CPU lowering keeps LibTorch 1.13's
-// single-tensor formulas, the parity oracle.
+// Adam uses lerp. The CPU lowering keeps the optimizer pass's formulas, the
+// parity oracle's.
 #include "spmd/ir/builder.h"
 #include "spmd/ir/optimizer_state.h"
 #include "spmd/passes/pass.h"

@@ -350,25 +350,34 @@ struct Differentiator::State {
   std::unordered_map<ValueId, at::Tensor> meta;
   MetaFallbackScope metaFallback;  // one registration for all recordings
 
+  // A value made after the strides were propagated and not by a recording
+  // (the adds autodiff accumulates gradients with) is inferred from its
+  // producer when first asked for: the sum of two gradients laid out
+  // transposed is laid out transposed too, and a reshape of it copies.
   at::Tensor metaOf(ValueId v) {
     auto it = meta.find(v);
+    if (it != meta.end()) return it->second;
+    if (const Node* producer = g.producer(v)) inferStrides(*producer);
+    it = meta.find(v);
     return it != meta.end() ? it->second : metaTensorOf(g.value(v));
   }
 
-  void propagateStrides() {
-    for (const Node& n : g.nodes()) {
-      auto op = findOperator(n);
-      if (!op) continue;
-      std::vector<at::Tensor> results;
-      try {
-        results = inferNodeOnMeta(n, *op, [&](ValueId v) { return metaOf(v); });
-      } catch (const std::exception&) {
-        continue;  // contiguous defaults; the verifier reports real problems
-      }
-      for (size_t k = 0; k < results.size() && k < n.outputs.size(); ++k) {
-        if (n.outputs[k] != kNoValue && results[k].defined()) meta[n.outputs[k]] = results[k];
-      }
+  void inferStrides(const Node& n) {
+    auto op = findOperator(n);
+    if (!op) return;
+    std::vector<at::Tensor> results;
+    try {
+      results = inferNodeOnMeta(n, *op, [&](ValueId v) { return metaOf(v); });
+    } catch (const std::exception&) {
+      return;  // contiguous defaults; the verifier reports real problems
     }
+    for (size_t k = 0; k < results.size() && k < n.outputs.size(); ++k) {
+      if (n.outputs[k] != kNoValue && results[k].defined()) meta[n.outputs[k]] = results[k];
+    }
+  }
+
+  void propagateStrides() {
+    for (const Node& n : g.nodes()) inferStrides(n);
   }
 
   at::Tensor freshLike(ValueId v) {

@@ -125,11 +125,12 @@ void runPasses(Graph& graph, const std::vector<std::string>& names, const Pipeli
       changed = pass->run(graph, diagnostics);
       if (!changed) phase.rename(std::string(info->name) + " (no change)");
     }
+    // Printed before it is verified, so that an invalid graph can be read.
+    dumpAfter(graph, info->name, i, debug);
     if (changed) {
       TimedPhase phase(std::string("verify after ") + info->name);
       verifyAfter(graph, info->name);
     }
-    dumpAfter(graph, info->name, i, debug);
   }
 }
 

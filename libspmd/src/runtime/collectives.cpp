@@ -149,9 +149,9 @@ std::string secondsText(std::chrono::milliseconds t) {
   return text;
 }
 
-// c10d logs a store that does not answer (at ERROR, through glog) before it
-// throws; the one-line error spmd-run reports says the same. Quiet while
-// connecting only.
+// c10d logs a store that does not answer (at ERROR) and a wait that timed
+// out (at WARNING) before it throws; the one-line error spmd-run reports
+// says the same. Quiet while joining only.
 class QuietConnectLogs {
  public:
 #ifdef SPMD_HAVE_GLOG
@@ -200,12 +200,12 @@ void waitForPeers(c10d::Store& store, const RankInfo& info, std::chrono::millise
 // LibTorch built without libuv (Debian's) refuses at construction, before it
 // opens a socket. The classic server speaks the same protocol to clients, so
 // such a build gets that one. USE_LIBUV=0 asks for the classic one, as it does
-// of PyTorch's own store.
+// of PyTorch's own store. The flag picks the server only: clients never ask.
 bool libuvRefused(const std::exception& e) { return std::string(e.what()).find("libuv") != std::string::npos; }
 
 c10::intrusive_ptr<c10d::Store> openStore(const std::string& host, c10d::TCPStoreOptions opts) {
   const char* useLibuv = std::getenv("USE_LIBUV");
-  opts.useLibUV = !(useLibuv && std::string(useLibuv) == "0");
+  opts.useLibUV = opts.isServer && !(useLibuv && std::string(useLibuv) == "0");
   if (opts.useLibUV) {
     try {
       return c10::make_intrusive<c10d::TCPStore>(host, opts);
@@ -227,8 +227,8 @@ c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milli
   opts.timeout = timeout;
   const std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
   c10::intrusive_ptr<c10d::Store> store;
+  QuietConnectLogs quiet;
   try {
-    QuietConnectLogs quiet;
     store = openStore(info.masterAddr, opts);
   } catch (const std::exception& e) {
     if (info.rank == 0) throw Diagnostic(where, "cannot serve the group's store: " + firstLine(e.what()));

@@ -1,5 +1,5 @@
 // Reading and writing files in Python's torch.save format (the default zip
-// format), on LibTorch 1.13 and 2.x alike.
+// format).
 #pragma once
 
 #include <ATen/core/ivalue.h>
