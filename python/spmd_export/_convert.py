@@ -4,9 +4,10 @@ schemas/graph.schema.json).
 make_fx records in-place ATen ops (the optimizer's param.addcdiv_, the state's
 exp_avg.mul_, ...). Each becomes its out-of-place form, and later readers of
 the mutated tensor read the new value (SSA renaming); graph inputs written
-this way become state updates. In-place writes that other live aliases
-(views) would observe are rejected. Multi-tensor (foreach) ops are first
-expanded into per-tensor ops (_foreach.py).
+this way become state updates. A write through a view also gives the view's
+bases their new values (_views.py); other views of the written tensor that
+are read after the write (and would observe it) are rejected. Multi-tensor
+(foreach) ops are first expanded into per-tensor ops (_foreach.py).
 """
 import math
 import operator
@@ -14,9 +15,11 @@ import operator
 import torch
 import torch.fx
 
+from . import _views
 from ._foreach import expand_foreach
 
-# Ops whose result aliases their first argument.
+# Ops whose result aliases their first argument (with those whose schema says
+# so: _views.is_view; _unsafe_view's does not).
 _VIEW_OPS = {"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::t", "aten::transpose", "aten::permute",
              "aten::expand", "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::as_strided",
              "aten::detach", "aten::alias", "aten::split", "aten::chunk", "aten::unbind", "aten::narrow",
@@ -40,10 +43,8 @@ def _float(x):
 
 def _tensor_metas(node):
     """[(dtype, shape)] of a node's results, from make_fx's metadata."""
-    if "val" not in node.meta: raise AssertionError(f"XXXVAL {node}")
-    meta = node.meta.get("val", node.meta.get("tensor_meta"))
-    # TensorMetadata is itself a NamedTuple: a single result has a dtype.
-    items = [meta] if meta is None or hasattr(meta, "dtype") else list(meta)
+    meta = node.meta.get("val")
+    items = [meta] if meta is None or isinstance(meta, torch.Tensor) else list(meta)
     out = []
     for m in items:
         if m is None:
@@ -68,6 +69,30 @@ def _drop_profiler_ranges(gm):
     return gm
 
 
+def _has_items(node):
+    """Whether an op's results are read item by item (getitem): several
+    results, or a Tensor[] (split, unbind)."""
+    returns = node.target._schema.returns
+    return len(returns) != 1 or str(returns[0].type).startswith("List[")
+
+
+def _out_of_place(base_op, schema, overload):
+    """The overload of `base_op` (add for add_) that computes what the
+    in-place op `schema` writes: the one of the same name, else the one with
+    the same arguments (transpose_ has no transpose.default, but
+    transpose.int); None where there is none."""
+    packet = getattr(torch.ops.aten, base_op.split("::")[1], None)
+    if packet is None:
+        return None
+    if (overload or "default") in packet.overloads():
+        return overload
+    formals = [(a.name, str(a.type)) for a in schema.arguments]
+    for name in packet.overloads():
+        if [(a.name, str(a.type)) for a in getattr(packet, name)._schema.arguments] == formals:
+            return "" if name == "default" else name
+    return None
+
+
 class _Converter:
     def __init__(self, gm, error):
         self.gm = gm
@@ -77,6 +102,7 @@ class _Converter:
         self.original = {}   # fx node -> name of the value it was created with
         self.root = {}       # fx node -> the fx node whose storage it views
         self.same = {}       # in-place op's fx node -> the tensor it updated (one tensor, two fx nodes)
+        self.view_of = {}    # view's fx node -> (source fx node, op, overload, dump args, result index)
         self.nodes = []
         self.types = {}      # value name -> (dtype, shape)
 
@@ -212,24 +238,19 @@ class _Converter:
         """Result names of `node` (None for results nothing reads or that the
         op leaves undefined), with their types recorded."""
         metas = _tensor_metas(node)
-        returns = len(node.target._schema.returns)
-        if returns == 1 and str(node.target._schema.returns[0].type).startswith("List["):
-            # A Tensor[] result (split, chunk, unbind): its items, up to the last one read.
-            returns = 1 + max((u.args[1] for u in node.users if u.target is operator.getitem), default=-1)
-            metas = metas[:returns]
-        if returns != 1 and len(metas) != returns:
-            raise AssertionError(f"XXX113 {node} {len(metas)} {returns}")
-        names = [n if m is not None else None for n, m in zip(self.result_names(node, len(metas)), metas)]
+        names = self.result_names(node, len(metas))
+        names = [n if m is not None else None for n, m in zip(names, metas)]
         for n, m in zip(names, metas):
             if n is not None:
                 self.types[n] = m
         return names
 
     def result_names(self, node, count):
-        """Names for a node's results: its getitem users' names, else its own.
-        A result nothing reads gets none: the op may leave it undefined (an
-        RNN backward's gradient of a zero initial state)."""
-        if count == 1:
+        """Names for a node's results: its own for a single tensor, else its
+        getitem users' names. A result nothing reads gets none: the op may
+        leave it undefined (an RNN backward's gradient of a zero initial
+        state)."""
+        if not _has_items(node):
             return [node.name]
         names = [None] * count
         for user in node.users:
@@ -257,20 +278,25 @@ class _Converter:
         if scalar:
             overload, schema = scalar
         names = self.typed_results(node)
-        self.emit(op, overload, self.args(node, schema), names, node)
+        args = self.args(node, schema)
+        self.emit(op, overload, args, names, node)
         self.bind_results(node, names)
-        if op in _VIEW_OPS and isinstance(node.args[0], torch.fx.Node):
-            source = self.tensor_of(node.args[0])
-            base = self.root.get(source, source)
-            self.root[node] = base
-            for user in node.users:
-                if user.target is operator.getitem:
-                    self.root[user] = base
+        if (op in _VIEW_OPS or _views.is_view(schema)) and isinstance(node.args[0], torch.fx.Node):
+            self.record_view(node, op, overload, args)
+
+    def record_view(self, node, op, overload, args):
+        """Notes `node` (and its getitem results) as views of its first argument."""
+        source = self.tensor_of(node.args[0])
+        base = self.root.get(source, source)
+        views = [(node, None)] + [(u, u.args[1]) for u in node.users if u.target is operator.getitem]
+        for view, index in views:
+            self.root[view] = base
+            self.view_of[view] = (source, op, overload, args, index)
 
     def bind_results(self, node, names):
-        if len(names) == 1 and names[0] is None:
-            self.fail(node, f"{node.target} produced no tensor metadata (meta: {list(node.meta)})")
-        if len(names) == 1:
+        if not _has_items(node):
+            if names[0] is None:
+                self.fail(node, f"{node.target} produced no tensor metadata (meta: {list(node.meta)})")
             self.define(node, names[0], self.types[names[0]])
             return
         for user in node.users:
@@ -279,10 +305,11 @@ class _Converter:
 
     def in_place(self, node, schema, op, overload):
         target = self.tensor_of(node.args[0])
-        if target.op == "get_attr":  # a constant: the write would be lost
-            self.fail(node, f"writes in place to {target.name}, a tensor that is no parameter, buffer or batch "
+        chain = self.view_chain(target)
+        if chain[-1].op == "get_attr":  # a constant: the write would be lost
+            self.fail(node, f"writes in place to {chain[-1].name}, a tensor that is no parameter, buffer or batch "
                             "input; register it as a buffer of the model")
-        self.reject_observed_alias(node, target)
+        self.reject_observed_alias(node, target, chain)
         name = node.name
         self.types[name] = _tensor_metas(node)[0]
         if op == "aten::copy_":
@@ -298,10 +325,10 @@ class _Converter:
             self.emit("aten::full_like", "", [args[0], args[1]] + [{"none": None}] * 5, [name], node)
         else:
             base_op = op[:-1]
-            packet = getattr(torch.ops.aten, base_op.split("::")[1], None)
-            if packet is None or (overload or "default") not in packet.overloads():
+            overload = _out_of_place(base_op, schema, overload)
+            if overload is None:
                 self.fail(node, f"in-place {op} has no out-of-place form")
-            functional = getattr(packet, overload or "default")._schema
+            functional = getattr(getattr(torch.ops.aten, base_op.split("::")[1]), overload or "default")._schema
             scalar = self.scalar_overload(node, functional)
             if scalar:
                 overload, functional = scalar
@@ -310,17 +337,48 @@ class _Converter:
         self.original.setdefault(node, name)
         self.same[node] = target
         self.current[target] = name
+        self.write_back(node, target, name)
 
-    def reject_observed_alias(self, node, target):
-        """An in-place write is only functional if no other alias of the
-        written storage is read afterwards."""
-        base = self.root.get(target, target)
+    def view_chain(self, tensor):
+        """[tensor, the tensor it views, ..., the base that views nothing]."""
+        chain = [tensor]
+        while chain[-1] in self.view_of:
+            chain.append(self.view_of[chain[-1]][0])
+        return chain
+
+    def write_back(self, node, view, value):
+        """After `node` wrote `value` to `view`: the new value of each base
+        up the view chain, by the inverse of the view op (_views.inverse)."""
+        what = node.target._schema.name
+        while view in self.view_of:
+            source, op, overload, args, index = self.view_of[view]
+            if op == "aten::as_strided" and source in self.view_of:
+                self.fail(node, f"in-place {what} writes through an as_strided view of {source.name}, itself a "
+                                "view, whose strides spmd_export cannot relate to it")
+            base = self.current[source]
+            try:
+                spec = _views.inverse(op, overload, args, index, base, self.types[base], value, self.types[value])
+            except _views.NotInvertible as e:
+                self.fail(node, f"in-place {what} writes through a view made by {op}, {e}")
+            if spec is not None:
+                new = f"{node.name}_{source.name}_updated"
+                self.types[new] = self.types[base]
+                self.emit(spec[0], spec[1], spec[2], [new], node)
+                value = new
+            self.current[source] = value
+            view = source
+
+    def reject_observed_alias(self, node, target, chain):
+        """An in-place write is only functional if no alias of the written
+        storage that is read afterwards would observe it, other than the
+        written tensor and the bases it views, which write_back updates."""
+        base = chain[-1]
         for other, root in list(self.root.items()) + [(base, base)]:
-            if root is not base or self.tensor_of(other) is target:
+            if root is not base or self.tensor_of(other) in chain:
                 continue
             if any(self.order[u] > self.order[node] for u in other.users):
-                self.fail(node, f"in-place {node.target._schema.name} writes to storage that {other.name} "
-                                "(a view of the same tensor) reads later")
+                self.fail(node, f"in-place {node.target._schema.name} writes to {target.name}, whose storage "
+                                f"{other.name} (another view of {base.name}) reads later")
 
     def batch_norm(self, node, schema, op, overload):
         """Training-mode BatchNorm writes its running statistics in place;

@@ -47,8 +47,12 @@ def _reads_values(e):
 def _failure(e):
     """What a failed trace of the user's step did, for 'the train step ...'."""
     if _reads_values(e):
+        first = str(e).strip().splitlines()[0]
+        # make_fx's own message advises make_fx's callers (symbolic tracing),
+        # not spmd_export's; other messages say what read the value.
+        detail = "" if "make_fx" in first else ": " + first
         return ("reads tensor values in Python (data-dependent control flow, .item(), bool(tensor)), which a static "
-                "graph cannot express: " + str(e).splitlines()[0] + _where(e))
+                "graph cannot express" + detail + _where(e))
     return "raised " + describe(e)
 
 
@@ -174,10 +178,6 @@ def _all_true(_):
 # adam.py, and adamw.py where AdamW has its own implementation (torch 2.6;
 # newer PyTorch runs AdamW as Adam with decoupled weight decay).
 _ADAM_MODULES = ("torch.optim.adam", "torch.optim.adamw")
-# torch.optim.Optimizer's flag that it has warned that capturable=True runs
-# without a CUDA graph being captured.
-_WARNED = "_warned_capturable_if_run_uncaptured"
-_ABSENT = object()
 
 
 @contextlib.contextmanager
@@ -232,24 +232,14 @@ def _traceable(opts):
             if group.get("fused"):
                 _check_fused(opt, group)
     saved = [(group, dict(group)) for opt in opts for group in opt.param_groups]
-    # A step with every group capturable but no CUDA graph being captured
-    # warns that capturable is slow; ours is only traced. torch's own flag
-    # for "warned already" silences it, and is put back afterwards.
-    warned = [(opt, opt.__dict__.get(_WARNED, _ABSENT)) for opt in opts]
     try:
         lift = False
         for opt in opts:
             for group in opt.param_groups:
                 lift = _make_traceable(opt, group) or lift
-            setattr(opt, _WARNED, True)
         with _device_assert_lifted() if lift else contextlib.nullcontext():
             yield
     finally:
-        for opt, previous in warned:
-            if previous is _ABSENT:
-                opt.__dict__.pop(_WARNED, None)
-            else:
-                setattr(opt, _WARNED, previous)
         for group, values in saved:
             group.clear()
             group.update(values)

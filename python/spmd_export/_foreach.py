@@ -26,7 +26,7 @@ import torch.fx
 
 # Foreach ops whose per-tensor loop in ATen calls an op of another name.
 _PER_TENSOR_NAME = {"norm": "linalg_vector_norm"}
-# torch.optim's fused kernels (PyTorch 2.x; in place and functional forms).
+# torch.optim's fused kernels (in place and functional forms).
 _FUSED_OPTIMIZERS = {"fused_adam", "fused_adamw", "fused_sgd", "fused_adagrad"}
 
 
@@ -61,8 +61,7 @@ def _per_tensor(packet, element_types):
 
 
 def _meta_tensor(node):
-    if "val" not in node.meta: raise AssertionError(f"XXXVAL {node}")
-    meta = node.meta.get("val", node.meta.get("tensor_meta"))
+    meta = node.meta["val"]
     return torch.empty([int(d) for d in meta.shape], dtype=meta.dtype, device="meta")
 
 

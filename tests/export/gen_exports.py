@@ -21,7 +21,7 @@ sys.path[:0] = [os.path.join(ROOT, "python"), os.path.join(ROOT, "samples"), os.
 
 import spmd_export  # noqa: E402
 from models import MLP, TinyCNN, TinyLM  # noqa: E402
-from zoo import NanoGPTLoss  # noqa: E402
+from zoo import ZOO, NanoGPTLoss  # noqa: E402
 
 STEPS = 5
 
@@ -46,12 +46,33 @@ def cnn_batch(g):
     return torch.randn(8, 3, 16, 16, generator=g), torch.randn(8, 4, generator=g)
 
 
+def image_batch(g):
+    """Two 32 x 32 images and their classes, as tests/zoo's classifiers take them."""
+    return torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 64, (2,), generator=g)
+
+
 def tied_mlp():
     """Linear, Tanh, Linear sharing one weight, then MLP(1, 32), whose forward
     sums to the loss."""
     model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), MLP(1, 32))
     model[2].weight = model[0].weight
     return model
+
+
+class ViewWrites(torch.nn.Module):
+    """Writes through views: the input copied into a slice of a fresh tensor
+    that is then read whole, and a buffer counted up through a slice of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(40, 40)
+        self.register_buffer("seen", torch.zeros(3))
+
+    def forward(self, x):
+        wide = x.new_zeros(x.shape[0], 40)
+        wide[:, 4:36] = x
+        self.seen[1:].add_(1.0)
+        return self.linear(wide).pow(2).mean()
 
 
 def nanogpt_adamw(**kwargs):
@@ -110,6 +131,12 @@ CASES = {
     # foreach).
     "nanogpt_adamw_foreach": (lambda: NanoGPTLoss(), nanogpt_adamw(foreach=True), lm_batch),
     "nanogpt_adamw_fused": (lambda: NanoGPTLoss(), nanogpt_adamw(fused=True), lm_batch),
+    # Writes through views give the viewed tensor its new value: the user's
+    # (ViewWrites), and autograd's own in convnext's backward (a gradient
+    # written into a fresh buffer through as_strided).
+    "view_writes_adam": (ViewWrites, lambda ps: torch.optim.Adam(ps, lr=1e-2), mlp_batch(7, 32)),
+    "convnext_sgd_foreach": (ZOO["convnext"][0], lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, foreach=True),
+                             image_batch),
 }
 
 

@@ -10,7 +10,7 @@ steps from a sample's weights on random data.
       [--autocast cpu:bf16] [--reduce-dtype bf16|f16] [--all-ranks] [--verbose]
       [--lr-schedule constant|linear|cosine|step [--warmup-steps W] [--decay-steps D] [--min-lr M]
        [--step-size K] [--gamma G]] [--clip-grad-norm MAX [--clip-grad-norm-type 2|inf]]
-      [--micro-batches N]
+      [--micro-batches N] [--zoo-module PY]
 
 Run with a python that imports torch (Debian's /usr/bin/python3). It
 
@@ -81,6 +81,12 @@ def models_of(a):
     keep the same contract. Looked up, not passed: ranks cannot pickle them."""
     if not a.zoo:
         return SAMPLES
+    if a.zoo_module:  # another file's ZOO (tests/zoo/sweep_torchvision.py)
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("extra_zoo", a.zoo_module)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.ZOO
     from zoo import ZOO
     return ZOO
 
@@ -199,11 +205,23 @@ def train_step(ddp, opt, inputs, a, autocast_dtype):
     return total
 
 
+def load_weights(model, state):
+    """model.load_state_dict(state, strict=True), with the eager model's module
+    versions: a TorchScript state_dict (and a dict copied from one) has no
+    _metadata, and a module that converts old checkpoints would take it for one
+    (torchvision's MNASNet with alpha != 1 rebuilds its stem as version 1's)."""
+    full = model.state_dict()
+    if set(full) != set(state):
+        model.load_state_dict(state, strict=True)  # raises, naming the keys
+    full.update(state)
+    model.load_state_dict(full, strict=True)
+
+
 def build_model(a):
     """The sample's eager model with the TorchScript sample's weights, train mode."""
     model = models_of(a)[a.sample][0]()
     scripted = torch.jit.load(a.model_pt, map_location="cpu")
-    model.load_state_dict(scripted.state_dict(), strict=True)
+    load_weights(model, scripted.state_dict())
     return model.train()
 
 
@@ -220,7 +238,7 @@ def worker(rank, a, store_path, state, data):
                             world_size=a.nproc, timeout=datetime.timedelta(seconds=120))
     try:
         model = models_of(a)[a.sample][0]()
-        model.load_state_dict(state, strict=True)
+        load_weights(model, state)
         model.train()
         if a.first_bucket_cap_mb is not None:
             # DDP reads this at construction for its first bucket (default 1 MiB)
@@ -285,6 +303,7 @@ def main():
     p.add_argument("--sample", required=True, help="a sample (%s) or, with --zoo, a model of tests/zoo" %
                    ", ".join(sorted(SAMPLES)))
     p.add_argument("--zoo", action="store_true", help="--sample names a model of tests/zoo/zoo.py")
+    p.add_argument("--zoo-module", metavar="PY", help="with --zoo: the ZOO of this Python file, not tests/zoo/zoo.py's")
     p.add_argument("--optimizer", required=True, choices=["sgd", "adam", "adamw"])
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--momentum", type=float, default=0.0)

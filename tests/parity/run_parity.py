@@ -163,7 +163,10 @@ def run(argv, timeout, stdin=None, what=None, env=None):
     return proc.stdout
 
 
-def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None):
+def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None):
+    """Runs one case in folder tmp; returns compare_params.py's last line; raises Failure.
+    zoo_module: with zoo_dir, the Python file whose ZOO builds the reference's
+    models (tests/zoo/sweep_torchvision.py), not tests/zoo/zoo.py."""
     tools = {t: os.path.join(bin_dir, t) for t in TOOLS}
     missing = [t for t, path in tools.items() if not os.access(path, os.X_OK)]
     if missing:
@@ -177,7 +180,8 @@ def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None):
 
     run([python, os.path.join(HERE, "ddp_reference.py"), "--sample", case.sample, *optimizer,
          "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data, "--out", ref,
-         "--seed", str(case.seed), "--model-pt", model, *extra, *(["--zoo"] if zoo_dir else [])], timeout,
+         "--seed", str(case.seed), "--model-pt", model, *extra, *(["--zoo"] if zoo_dir else []),
+         *(["--zoo-module", zoo_module] if zoo_module else [])], timeout,
         what="ddp_reference.py")
 
     if case.name.startswith("export_"):

@@ -83,7 +83,7 @@ TEST_CASE("shape and dtype mismatches") {
   ValueId x = b.input("x", {4, 3});
   ValueId w = b.input("w", {5, 3});
   b.node("aten::mm", "", {Arg::tensor(x), Arg::tensor(w)}, {4, 5});
-  CHECK(firstProblem(b.g).rfind("/nodes/0: aten::mm rejects its arguments", 0) == 0);
+  CHECK(firstProblem(b.g).rfind("/nodes/0: aten::mm rejects its arguments: ", 0) == 0);
   Builder c;
   ValueId u = c.input("u", {4, 3});
   c.node("aten::relu", "", {Arg::tensor(u)}, {4, 4});

@@ -27,20 +27,26 @@ def example(spec):
     return torch.randn(shape) if DTYPES[dtype].is_floating_point else torch.randint(0, 64, shape)
 
 
-def main(argv):
-    if not argv:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    out, names = argv[0], argv[1:] or sorted(ZOO)
+def write(out, names, zoo=ZOO):
+    """Writes OUT/NAME.pt and OUT/NAME.inputs for each name of zoo (a dict of
+    ZOO's shape; tests/zoo/sweep_torchvision.py passes its own)."""
     os.makedirs(out, exist_ok=True)
     for name in names:
-        constructor, specs = ZOO[name]
+        constructor, specs = zoo[name]
         torch.manual_seed(zlib.crc32(name.encode()))
         model = constructor().train()
         traced = torch.jit.trace(model, tuple(example(s) for s in specs), check_trace=False)
         traced.save(os.path.join(out, name + ".pt"))
         with open(os.path.join(out, name + ".inputs"), "w") as f:
             f.write(" ".join("--input " + s for s in specs) + "\n")
+
+
+def main(argv):
+    if not argv:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    out, names = argv[0], argv[1:] or sorted(ZOO)
+    write(out, names)
     print(f"wrote {len(names)} models to {out}")
     return 0
 

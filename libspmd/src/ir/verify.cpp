@@ -191,8 +191,7 @@ class Verifier {
     return ok;
   }
 
-  // The sizes and strides the node's tensor arguments had, for a rejection
-  // that depends on the layout (a view of a non-contiguous tensor).
+  // The sizes and strides the node's tensor arguments had.
   std::string layoutsOf(const Node& node) {
     std::string text;
     for (const Arg& a : node.args) {
@@ -204,16 +203,23 @@ class Verifier {
     return text.empty() ? text : text + ")";
   }
 
+  // A rejection that depends on the layout (a view of a non-contiguous
+  // tensor: an internal error of a pass) says what the layouts were.
+  void rejected(const Node& node, const std::string& where, const std::string& label, const std::string& why) {
+    const bool layout = why.find("stride") != std::string::npos;
+    problem(where, label + " rejects its arguments" + (layout ? layoutsOf(node) : "") + ": " + why);
+  }
+
   void checkShapes(const Node& node, const c10::OperatorHandle& op, const std::string& where,
                    const std::string& label) {
     std::vector<at::Tensor> results;
     try {
       results = inferNodeOnMeta(node, op, [&](ValueId v) { return meta_[v]; });
     } catch (const c10::Error& e) {
-      problem(where, label + " rejects its arguments" + layoutsOf(node) + ": " + firstLine(e.what_without_backtrace()));
+      rejected(node, where, label, firstLine(e.what_without_backtrace()));
       return;
     } catch (const std::exception& e) {
-      problem(where, label + " rejects its arguments" + layoutsOf(node) + ": " + firstLine(e.what()));
+      rejected(node, where, label, firstLine(e.what()));
       return;
     }
     // A Tensor[] result may be declared up to its last item the graph reads.

@@ -23,7 +23,9 @@
 #endif
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -33,6 +35,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <thread>
 #include <type_traits>
 
 namespace spmd {
@@ -217,15 +221,55 @@ c10::intrusive_ptr<c10d::Store> openStore(const std::string& host, c10d::TCPStor
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
 }
 
+// Whether a TCP connection to host:port opens within `wait`.
+bool accepts(const addrinfo& address, std::chrono::milliseconds wait) {
+  const int fd = ::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK, address.ai_protocol);
+  if (fd < 0) return false;
+  bool open = ::connect(fd, address.ai_addr, address.ai_addrlen) == 0;
+  if (!open && errno == EINPROGRESS) {
+    pollfd p{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t size = sizeof error;
+    open = ::poll(&p, 1, static_cast<int>(wait.count())) == 1 &&
+           ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0;
+  }
+  ::close(fd);
+  return open;
+}
+
+// Waits until rank 0's store accepts connections, or the deadline passes.
+// LibTorch's client keeps retrying well past its timeout (about twice it,
+// measured on 2.6), so a rank whose rank 0 never comes waits here instead,
+// to the deadline it was given.
+bool storeAnswers(const RankInfo& info, std::chrono::steady_clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(info.masterPort);
+  if (::getaddrinfo(info.masterAddr.c_str(), port.c_str(), &hints, &found) != 0) return true;  // c10d says why
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
+  for (;;) {
+    for (const addrinfo* a = addresses.get(); a; a = a->ai_next) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (accepts(*a, std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(1000)))) return true;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout) {
+  const std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
   if (info.rank == 0) requirePortFree(info);
+  if (info.rank != 0 && !storeAnswers(info, std::chrono::steady_clock::now() + timeout)) {
+    throw JoinError(where, "rank 0's store did not answer within " + secondsText(timeout));
+  }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(info.masterPort);
   opts.isServer = info.rank == 0;
   opts.numWorkers = static_cast<size_t>(info.worldSize);
   opts.waitWorkers = false;  // waitForPeers waits, and names who is missing
   opts.timeout = timeout;
-  const std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
   c10::intrusive_ptr<c10d::Store> store;
   QuietConnectLogs quiet;
   try {

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU machine (pip's torch with CUDA): the platform check of a LibTorch
+# other than Debian's. Builds everything with the tests against pip's
+# LibTorch, runs the unit tests (the [cuda] cases included) and bench/gpu_zoo.py
+# (real transformers and timm models on one GPU against eager PyTorch).
+# Needs .deps (CLI11, nlohmann/json headers) where the machine lacks them.
+#   OUT=dir bash bench/gpu_platform.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/bench-out}
+mkdir -p "$OUT"
+export PYTORCH_TENSOREXPR=0  # the oracles' TorchScript runs unfused (tests/CMakeLists.txt says why)
+TP=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+python3 -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda)' | tee "$OUT/versions.txt"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH="$PWD/.deps;$TP" -DSPMD_TORCH_PYTHON="$(command -v python3)" \
+  > "$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
+start=$(date +%s)
+ninja -C build-gpu > "$OUT/build.log" 2>&1 || { grep -m5 -A5 "error" "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s, warnings: $(grep -c 'warning:' "$OUT/build.log")"
+(cd build-gpu && ctest -R "modules.generate|exports.generate" > "$OUT/fixtures.log" 2>&1)
+(cd build-gpu/tests && ./spmd-unit-tests > "$OUT/unit.log" 2>&1); echo "unit tests: exit $?: $(tail -2 "$OUT/unit.log" | head -1)"
+grep -B2 -A8 "FAILED" "$OUT/unit.log" | head -60
+timeout 300 python3 bench/gpu_zoo.py build-gpu "$OUT/zoo" > "$OUT/gpu_zoo.log" 2>&1; echo "gpu_zoo: exit $?"
+grep -E "^(PASS|FAIL)" "$OUT/gpu_zoo.log"
