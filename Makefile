@@ -13,6 +13,7 @@ PYTHON  ?= /usr/bin/python3
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 TESTS   ?=
+SPMD_ROOTFS ?= /var/lib/spmd/trixie
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev zlib1g-dev libcli11-dev \
            nlohmann-json3-dev libcatch2-dev graphviz python3-jsonschema procps llvm-19-tools \
@@ -26,12 +27,12 @@ PLATFORM := $(shell tools/platform.sh mode)
 # Idempotent: installs only the Debian packages that are missing (natively,
 # or into the trixie root, which it makes first when there is none).
 deps:
-	@$(SUDO) tools/platform.sh deps $(DEPS)
+	@$(SUDO) env SPMD_ROOTFS='$(SPMD_ROOTFS)' tools/platform.sh deps $(DEPS)
 
 ifeq ($(PLATFORM),root)
 # Every target but deps runs inside the trixie root (after deps).
 all build configure test demo golden samples: deps
-	@$(SUDO) tools/platform.sh run $(MAKE) --no-print-directory $@ BUILD='$(BUILD)' PYTHON='$(PYTHON)' \
+	@$(SUDO) env SPMD_ROOTFS='$(SPMD_ROOTFS)' tools/platform.sh run $(MAKE) --no-print-directory $@ BUILD='$(BUILD)' PYTHON='$(PYTHON)' \
 	  JOBS='$(JOBS)' CMAKE_FLAGS='$(CMAKE_FLAGS)' TESTS='$(TESTS)'
 else
 all: build

@@ -377,8 +377,9 @@ class _Converter:
             if root is not base or self.tensor_of(other) in chain:
                 continue
             if any(self.order[u] > self.order[node] for u in other.users):
-                self.fail(node, f"in-place {node.target._schema.name} writes to {target.name}, whose storage "
-                                f"{other.name} (another view of {base.name}) reads later")
+                self.fail(node, f"in-place {node.target._schema.name} writes to {target.name}, and {other.name}, "
+                                f"a view of {base.name} taken before the write, is read after it (it would see the "
+                                "write); take the view after the write")
 
     def batch_norm(self, node, schema, op, overload):
         """Training-mode BatchNorm writes its running statistics in place;

@@ -313,7 +313,7 @@ def peak_rss_mib(args):
 
 def shape_inference_memory(write, tmp):
     """Shape inference must not allocate memory proportional to the tensors
-    (LibTorch 1.13 ran ops without meta kernels on zero-filled CPU tensors)."""
+    (ops without C++ meta kernels run on zero-filled CPU stand-ins)."""
     global passed, failed
     # The CNN's forward as a dump with a batch of 65536 (its TorchScript import
     # traces on CPU tensors: see README): batch norm, relu, convolution_backward.

@@ -175,6 +175,17 @@ class Scaled(torch.nn.Linear):
         return super().forward(x) * self.scale
 
 
+class StaleView(torch.nn.Linear):
+    """Reads a view of a tensor taken before an in-place write to the tensor
+    (it would see the write)."""
+
+    def forward(self, x):
+        y = super().forward(x)
+        transposed = y.t()
+        y.mul_(2)
+        return transposed.sum()
+
+
 def check_outside_tensors(x):
     """Tensors the step reads that are no input (make_fx records them as
     constants) are named, not frozen into the dump."""
@@ -186,6 +197,9 @@ def check_outside_tensors(x):
 
     expect_error("a parameter outside the model", "not one of the model's parameters", step_with_other, model,
                  torch.optim.SGD(model.parameters(), lr=0.1), x)
+    stale = StaleView(4, 3)
+    expect_error("a view read after a write to its base", "a view of addmm taken before the write",
+                 plain_step, stale, torch.optim.SGD(stale.parameters(), lr=0.1), x)
     scaled = Scaled()
     expect_error("a tensor attribute that is not a buffer", "register it as a buffer", plain_step, scaled,
                  torch.optim.SGD(scaled.parameters(), lr=0.1), x)

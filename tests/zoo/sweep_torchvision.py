@@ -12,8 +12,8 @@ fewest parameters (as its ImageNet weights' metadata counts them) is swept. Each
 is built with num_classes=64 (googlenet and inception_v3 with
 aux_logits=False, init_weights=False), dropout and stochastic depth 0
 (zoo.no_dropout), wrapped in zoo.Classify, at the smallest image size of
-32, 48, 64, 75, 96, ..., 224 whose forward runs in eager (batch 4 per rank,
-2 from 128 pixels up); gen_zoo.write traces it, and
+32, 48, 64, 75, 96, ..., 224 whose forward runs in eager (ViTs built with
+image_size= that size; batch 4 per rank, 2 from 128 pixels up); gen_zoo.write traces it, and
 tests/parity/run_parity.py's run_case runs DDP (ddp_reference.py, through
 --zoo-module this file) and spmd-expand | spmd-split | spmd-unroll |
 spmd-lower, spmd-run: SGD with momentum (the zoo's), 2 steps, 2 ranks,
@@ -88,18 +88,23 @@ def imagenet_params(name):
 
 def smallest_size(name):
     """(the smallest of SIZES whose train-mode forward runs in eager or None,
-    the parameter count with 64 classes)."""
-    torch.manual_seed(0)
-    model = tvm.get_model(name, **kwargs_of(name)).train()
-    params = sum(p.numel() for p in model.parameters())
+    the builder's arguments, the parameter count with 64 classes). ViTs are
+    built for the size (image_size=), the others take any size they can."""
+    kwargs = kwargs_of(name)
+    model = None
     for size in SIZES:
+        if name.startswith("vit_"):
+            kwargs = dict(kwargs_of(name), image_size=size)
+            model = None
+        torch.manual_seed(0)
+        model = model or tvm.get_model(name, **kwargs).train()
         try:
             with torch.no_grad():
                 model(torch.randn(batch_for(size), 3, size, size))
-            return size, params
+            return size, kwargs, sum(p.numel() for p in model.parameters())
         except Exception:
             continue
-    return None, params
+    return None, kwargs, sum(p.numel() for p in model.parameters())
 
 
 def batch_for(size):
@@ -117,8 +122,8 @@ def plan_models(only=()):
         best = {family(o): (o, imagenet_params(o)) for o in only}
     plan = {}
     for fam, (name, _) in sorted(best.items(), key=lambda kv: kv[1][1]):
-        size, n = smallest_size(name)
-        plan[name] = {"builder": name, "kwargs": kwargs_of(name), "size": size,
+        size, kwargs, n = smallest_size(name)
+        plan[name] = {"builder": name, "kwargs": kwargs, "size": size,
                       "batch": batch_for(size) if size else None, "params": n, "family": fam}
         print(f"plan: {name} ({fam}): {n / 1e6:.2f}M parameters, image size {size}", flush=True)
     return plan

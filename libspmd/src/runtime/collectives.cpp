@@ -15,7 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-// Some LibTorch builds log through glog (Debian's 1.13 did); others through
+// Some LibTorch builds log through glog; others (Debian's 2.6, pip's) through
 // c10's own logging.
 #if defined(C10_USE_GLOG) && __has_include(<glog/logging.h>)
 #include <glog/logging.h>
@@ -221,7 +221,7 @@ c10::intrusive_ptr<c10d::Store> openStore(const std::string& host, c10d::TCPStor
   return c10::make_intrusive<c10d::TCPStore>(host, opts);
 }
 
-// Whether a TCP connection to host:port opens within `wait`.
+// Whether a TCP connection to `address` opens within `wait`.
 bool accepts(const addrinfo& address, std::chrono::milliseconds wait) {
   const int fd = ::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK, address.ai_protocol);
   if (fd < 0) return false;
