@@ -56,7 +56,7 @@ def _zoo():
 
 
 _SAMPLES = _samples()
-MLP, Attention = _SAMPLES.MLP, _SAMPLES.Attention
+MLP, Attention, HandWrittenAttention = _SAMPLES.MLP, _SAMPLES.Attention, _SAMPLES.HandWrittenAttention
 
 # One forward argument: dtype is a torch dtype; high bounds integer values (exclusive).
 Input = namedtuple("Input", "name dtype shape high")

@@ -11,10 +11,10 @@ DistributedDataParallel (also for N=1), with the model's optimizer (Adam, or SGD
 with momentum for resnet50; models.optimizer) and TF32 matmuls on; ddp runs it
 eagerly, compile through torch.compile (default mode). --precision bf16 runs the
 forward under torch.autocast(device, torch.bfloat16) (parameters, gradients and
-optimizer state stay fp32), and by default then also swaps the math attention of
-a model built on samples' Attention for F.scaled_dot_product_attention(q, k, v,
-is_causal=True) (--attention sdpa: the same modules and parameter names, only
-Attention.forward differs) and uses the fused optimizer (--optimizer-impl fused;
+optimizer state stay fp32), and by default then runs a model built on samples'
+Attention with its F.scaled_dot_product_attention(q, k, v, is_causal=True)
+(--attention math swaps in samples' HandWrittenAttention: the same modules and
+parameter names, only forward differs) and uses the fused optimizer (--optimizer-impl fused;
 foreach where this torch has no fused kernel for the device). fp32 keeps math
 attention and torch.optim's default. gpt (tests/zoo's nanoGPT) and llama call
 F.scaled_dot_product_attention themselves in every precision; --attention leaves
@@ -36,7 +36,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -99,33 +98,18 @@ def enable_tf32(cudnn_benchmark=False):
     torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
-class SdpaAttention(bench_models.Attention):
-    """samples' Attention (same parameters) with F.scaled_dot_product_attention for the math."""
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
-
-
 def set_attention(model, want):
-    """Makes every samples Attention of model run as want (math or sdpa; sdpa swaps its class for
-    SdpaAttention in place); returns what runs: None where model has no attention, math where
-    this torch lacks SDPA, the model's own SDPA for the zoo's attention."""
-    blocks = [m for m in model.modules() if type(m) is bench_models.Attention]
+    """Makes every samples Attention of model run as want (sdpa, as samples' Attention is
+    written, or math: its class swapped in place for HandWrittenAttention, the same
+    parameters written out); returns what runs: None where model has no attention, the
+    model's own SDPA for the zoo's attention."""
+    blocks = [m for m in model.modules() if isinstance(m, bench_models.Attention)]
     if not blocks:
         # tests/zoo's nanoGPT and llama attention: SDPA as written
         own = any(type(m).__name__ in ("CausalSelfAttention", "GQAttention") for m in model.modules())
         return "sdpa (the model's own)" if own else None
-    if want == "sdpa" and not hasattr(F, "scaled_dot_product_attention"):
-        return "math (no F.scaled_dot_product_attention in torch %s)" % torch.__version__
-    if want == "sdpa":
-        for module in blocks:
-            module.__class__ = SdpaAttention
+    for module in blocks:
+        module.__class__ = bench_models.HandWrittenAttention if want == "math" else bench_models.Attention
     return want
 
 
