@@ -26,9 +26,7 @@ Run with a python that imports torch (Debian's /usr/bin/python3). It
   cap from --first-bucket-cap-mb, else DDP's 1 MiB): at step s rank r
   reads rows [r*G/N, (r+1)*G/N) of DATA[input][s % S] and runs zero_grad,
   loss = model(*inputs), loss.backward(), opt.step(); F.scaled_dot_product_attention
-  runs its math backend (SDPBackend.MATH), which is what spmd records and runs
-  on the CPU: PyTorch's fused CPU kernel rounds otherwise (in bf16 it keeps
-  fp32 scores), and Adam turns such rounding differences into lr-sized ones;
+  picks its kernel as eager PyTorch does (spmd calls the same);
 - with --autocast cpu:bf16 runs the forward (model(*inputs), which returns the
   loss) under torch.autocast("cpu", dtype=torch.bfloat16), backward and step
   outside it, as PyTorch's AMP recipe does; with --reduce-dtype bf16|f16
@@ -65,7 +63,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -188,7 +185,7 @@ def train_step(ddp, opt, inputs, a, autocast_dtype):
     for k in range(n):
         micro = [t[k * rows:(k + 1) * rows] for t in inputs]
         sync = contextlib.nullcontext() if k == n - 1 else ddp.no_sync()
-        with sync, sdpa_kernel(SDPBackend.MATH):
+        with sync:
             if autocast_dtype is not None:
                 with torch.autocast("cpu", dtype=autocast_dtype):
                     loss = ddp(*micro)

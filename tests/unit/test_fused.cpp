@@ -626,13 +626,13 @@ TEST_CASE("gemm attention equals autograd over the math", "[fused][cuda]") {
   const auto forward = dispatcher.findSchemaOrThrow("spmd::fused_attention", "")
                            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                                const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                               const c10::optional<at::Tensor>&, double, bool, c10::string_view)>();
+                               const c10::optional<at::Tensor>&, double, bool, double, c10::string_view)>();
   const auto backward =
       dispatcher.findSchemaOrThrow("spmd::fused_attention_backward", "")
           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
               const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const at::Tensor&, double, bool, c10::string_view)>();
+              const at::Tensor&, double, bool, double, c10::string_view)>();
   const auto opts = at::TensorOptions().device(at::kCUDA);
   // (queries, keys): equal, more keys than queries, rows longer than 1024,
   // and causal GEMMs in 2 and 4 blocks (256 and 512 queries).
@@ -646,8 +646,8 @@ TEST_CASE("gemm attention equals autograd over the math", "[fused][cuda]") {
       const at::Tensor k = at::randn({2, 3, keys, 16}, opts), v = at::randn({2, 3, keys, 16}, opts);
       const at::Tensor grad = at::randn({2, 3, queries, 16}, opts);
       const double scale = 0.25;
-      const auto [out, probs, seed, offset] = forward.call(q, k, v, c10::nullopt, scale, causal, "gemm");
-      const auto [dq, dk, dv] = backward.call(grad, q, k, v, c10::nullopt, out, probs, seed, offset, scale, causal, "gemm");
+      const auto [out, probs, seed, offset] = forward.call(q, k, v, c10::nullopt, scale, causal, 0.0, "gemm");
+      const auto [dq, dk, dv] = backward.call(grad, q, k, v, c10::nullopt, out, probs, seed, offset, scale, causal, 0.0, "gemm");
       const std::vector<at::Tensor> ref = mathAttention(q, k, v, grad, scale, causal);
       const std::vector<at::Tensor> ours = {out, dq, dk, dv};
       const char* names[] = {"out", "grad q", "grad k", "grad v"};
@@ -660,7 +660,7 @@ TEST_CASE("gemm attention equals autograd over the math", "[fused][cuda]") {
       // The layouts the meta kernel promises (those of autograd over the math).
       auto onMeta = [](const at::Tensor& t) { return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)); };
       const auto [mq, mk, mv] = backward.call(onMeta(grad), onMeta(q), onMeta(k), onMeta(v), c10::nullopt, onMeta(out),
-                                              onMeta(probs), onMeta(seed), onMeta(offset), scale, causal, "gemm");
+                                              onMeta(probs), onMeta(seed), onMeta(offset), scale, causal, 0.0, "gemm");
       CHECK(dq.strides() == mq.strides());
       CHECK(dk.strides() == mk.strides());
       CHECK(dv.strides() == mv.strides());

@@ -67,7 +67,7 @@ FusedKernel pointwiseKernel(const Graph& g, size_t i) {
 std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
   const bool forward = n.op == "spmd::fused_attention";
-  const size_t kernelArg = forward ? 6 : 11, scaleArg = forward ? 4 : 9, probsArg = 6;
+  const size_t kernelArg = forward ? 7 : 12, scaleArg = forward ? 4 : 9, probsArg = 6;
   if ((!forward && n.op != "spmd::fused_attention_backward") || n.args.size() <= kernelArg ||
       n.args[kernelArg].kind != Arg::Kind::Str || n.args[kernelArg].s != "gemm") {
     return std::nullopt;

@@ -33,17 +33,33 @@
 namespace spmd {
 namespace {
 
-// How the scores are scaled and the softmax computed, as the model wrote
-// it: `x * scale` or `x / scale` (they round differently), and softmax's
-// dtype argument (autocast's fp32 softmax, or F.softmax(..., dtype=)).
+// How the attention computes, as the model wrote it. Hand-written
+// (`sdpa` false): `x * scale` or `x / scale` (they round differently), and
+// softmax's dtype argument (autocast's fp32 softmax, or F.softmax(...,
+// dtype=)). A call of F.scaled_dot_product_attention (`sdpa` true): ATen's
+// own, with its dropout (its keep mask an input, so that forward and
+// backward agree) and grouped-query heads.
 struct AttentionForm {
   double scale = 1.0;
+  bool causal = false;
   bool divide = false;
   c10::optional<at::ScalarType> softmaxDtype;
+  bool sdpa = false;
+  double dropoutP = 0.0;
+  c10::optional<at::Tensor> keep;  // the dropout's keep mask (bool), when dropoutP > 0
+  bool gqa = false;
 };
 
-at::Tensor attentionMath(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const c10::optional<at::Tensor>& mask, const AttentionForm& form) {
+// A warning handler that drops what it is given: ATen's math attention
+// warns once that an explicit dropout mask is for testing, which is how
+// this op keeps its forward and backward on one mask.
+class DropWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+at::Tensor writtenMath(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const c10::optional<at::Tensor>& mask, const AttentionForm& form) {
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1));
   scores = form.divide ? scores.div(form.scale) : scores.mul(form.scale);
   if (mask && mask->defined()) scores = scores.add(*mask);
@@ -51,20 +67,52 @@ at::Tensor attentionMath(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return at::matmul(probs.to(v.scalar_type()), v);
 }
 
+// LibTorch's scaled dot-product attention: on the CPU the kernel eager
+// PyTorch picks for the same call; with dropout its math on the given keep
+// mask. A causal mask the call passed stays a mask (is_causal only where
+// the call said so). The result is contiguous on every device, meta
+// included, so that what autodiff recorded after it holds for the real
+// tensors (the CPU's flash kernel returns another layout than the math).
+at::Tensor sdpaMath(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const c10::optional<at::Tensor>& mask, const AttentionForm& form) {
+  const bool hasMask = mask && mask->defined();
+  const bool isCausal = form.causal && !hasMask;
+  if (form.dropoutP > 0) {
+    DropWarnings drop;
+    c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+    return std::get<0>(at::_scaled_dot_product_attention_math(q, k, v, mask, form.dropoutP, isCausal, form.keep,
+                                                              form.scale, form.gqa))
+        .contiguous();
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, isCausal, form.scale, form.gqa).contiguous();
+}
+
+at::Tensor attentionMath(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const c10::optional<at::Tensor>& mask, const AttentionForm& form) {
+  return form.sdpa ? sdpaMath(q, k, v, mask, form) : writtenMath(q, k, v, mask, form);
+}
+
+AttentionForm formOf(double scale, bool causal, bool divide, c10::optional<at::ScalarType> softmaxDtype, bool sdpa,
+                     double dropoutP, const c10::optional<at::Tensor>& keep, bool gqa) {
+  return {scale, causal, divide, softmaxDtype, sdpa, dropoutP, keep, gqa};
+}
+
 at::Tensor attentionForward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const c10::optional<at::Tensor>& mask, double scale, bool /*causal*/, bool divide,
-                            c10::optional<at::ScalarType> softmaxDtype) {
-  return attentionMath(q, k, v, mask, {scale, divide, softmaxDtype});
+                            const c10::optional<at::Tensor>& mask, double scale, bool causal, bool divide,
+                            c10::optional<at::ScalarType> softmaxDtype, bool sdpa, double dropoutP,
+                            const c10::optional<at::Tensor>& keep, bool gqa) {
+  return attentionMath(q, k, v, mask, formOf(scale, causal, divide, softmaxDtype, sdpa, dropoutP, keep, gqa));
 }
 
 // The gradients of attentionMath, from LibTorch's autograd over its ops. The
 // dispatcher may have excluded autograd's keys on the way here; they are
-// let in again for the recomputation.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attentionBackward(const at::Tensor& grad, const at::Tensor& q,
-                                                                 const at::Tensor& k, const at::Tensor& v,
-                                                                 const c10::optional<at::Tensor>& mask, double scale,
-                                                                 bool /*causal*/, bool divide,
-                                                                 c10::optional<at::ScalarType> softmaxDtype) {
+// let in again for the recomputation. The SDPA form's come out contiguous,
+// on every device (see sdpaMath).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attentionBackward(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const c10::optional<at::Tensor>& mask, double scale, bool causal, bool divide,
+    c10::optional<at::ScalarType> softmaxDtype, bool sdpa, double dropoutP, const c10::optional<at::Tensor>& keep,
+    bool gqa) {
   c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
   keys.excluded_ = keys.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
   c10::impl::ForceDispatchKeyGuard withAutograd(keys);
@@ -72,9 +120,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attentionBackward(const at::Tenso
   const at::Tensor qq = q.detach().requires_grad_(true);
   const at::Tensor kk = k.detach().requires_grad_(true);
   const at::Tensor vv = v.detach().requires_grad_(true);
-  const at::Tensor out = attentionMath(qq, kk, vv, mask, {scale, divide, softmaxDtype});
+  const AttentionForm form = formOf(scale, causal, divide, softmaxDtype, sdpa, dropoutP, keep, gqa);
+  const at::Tensor out = attentionMath(qq, kk, vv, mask, form);
   const auto grads = torch::autograd::grad({out}, {qq, kk, vv}, {grad});
-  return {grads[0], grads[1], grads[2]};
+  if (!sdpa) return {grads[0], grads[1], grads[2]};
+  return {grads[0].contiguous(), grads[1].contiguous(), grads[2].contiguous()};
 }
 
 const c10::OperatorHandle& spmdOp(const char* name) {
@@ -84,25 +134,40 @@ const c10::OperatorHandle& spmdOp(const char* name) {
   return it->second;
 }
 
+using AttentionSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                       const c10::optional<at::Tensor>&, double, bool, bool,
+                                       c10::optional<at::ScalarType>, bool, double, const c10::optional<at::Tensor>&,
+                                       bool);
+using AttentionBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
+    double, bool, bool, c10::optional<at::ScalarType>, bool, double, const c10::optional<at::Tensor>&, bool);
+
+c10::optional<at::Tensor> optionalOf(const at::Tensor& t) {
+  return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt;
+}
+
 // Autograd's view of spmd::attention: one node whose backward is
 // spmd::attention_backward, so that a recording of autograd (spmd-expand's)
-// sees the pair and nothing of the math inside.
+// sees the pair and nothing of the math inside. The mask and the keep mask
+// get no gradient (the attention pass takes no mask that needs one).
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const c10::optional<at::Tensor>& mask, double scale, bool causal,
-                            bool divide, c10::optional<at::ScalarType> softmaxDtype) {
+                            bool divide, c10::optional<at::ScalarType> softmaxDtype, bool sdpa, double dropoutP,
+                            const c10::optional<at::Tensor>& keep, bool gqa) {
     at::AutoDispatchBelowADInplaceOrView below;
     at::Tensor out = spmdOp("spmd::attention")
-                         .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           const c10::optional<at::Tensor>&, double, bool, bool,
-                                           c10::optional<at::ScalarType>)>()
-                         .call(q, k, v, mask, scale, causal, divide, softmaxDtype);
-    ctx->save_for_backward({q, k, v, mask.value_or(at::Tensor())});
+                         .typed<AttentionSignature>()
+                         .call(q, k, v, mask, scale, causal, divide, softmaxDtype, sdpa, dropoutP, keep, gqa);
+    ctx->save_for_backward({q, k, v, mask.value_or(at::Tensor()), keep.value_or(at::Tensor())});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["divide"] = divide;
     ctx->saved_data["softmax_dtype"] = softmaxDtype;
+    ctx->saved_data["sdpa"] = sdpa;
+    ctx->saved_data["dropout_p"] = dropoutP;
+    ctx->saved_data["enable_gqa"] = gqa;
     return out;
   }
 
@@ -111,23 +176,24 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto saved = ctx->get_saved_variables();
     // Below autograd: the backward is not differentiated again.
     at::AutoDispatchBelowADInplaceOrView below;
-    const c10::optional<at::Tensor> mask = saved[3].defined() ? c10::optional<at::Tensor>(saved[3]) : c10::nullopt;
-    const auto softmaxDtype = ctx->saved_data["softmax_dtype"].toOptional<at::ScalarType>();
-    auto [dq, dk, dv] =
-        spmdOp("spmd::attention_backward")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                const c10::optional<at::Tensor>&, double, bool, bool, c10::optional<at::ScalarType>)>()
-            .call(grads[0], saved[0], saved[1], saved[2], mask, ctx->saved_data["scale"].toDouble(),
-                  ctx->saved_data["causal"].toBool(), ctx->saved_data["divide"].toBool(), softmaxDtype);
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto& data = ctx->saved_data;
+    auto [dq, dk, dv] = spmdOp("spmd::attention_backward")
+                            .typed<AttentionBackwardSignature>()
+                            .call(grads[0], saved[0], saved[1], saved[2], optionalOf(saved[3]),
+                                  data["scale"].toDouble(), data["causal"].toBool(), data["divide"].toBool(),
+                                  data["softmax_dtype"].toOptional<at::ScalarType>(), data["sdpa"].toBool(),
+                                  data["dropout_p"].toDouble(), optionalOf(saved[4]), data["enable_gqa"].toBool());
+    torch::autograd::variable_list result(12);
+    result[0] = dq, result[1] = dk, result[2] = dv;
+    return result;
   }
 };
 
 at::Tensor attentionAutograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const c10::optional<at::Tensor>& mask, double scale, bool causal, bool divide,
-                             c10::optional<at::ScalarType> softmaxDtype) {
-  return AttentionFunction::apply(q, k, v, mask, scale, causal, divide, softmaxDtype);
+                             c10::optional<at::ScalarType> softmaxDtype, bool sdpa, double dropoutP,
+                             const c10::optional<at::Tensor>& keep, bool gqa) {
+  return AttentionFunction::apply(q, k, v, mask, scale, causal, divide, softmaxDtype, sdpa, dropoutP, keep, gqa);
 }
 
 // ---- the fused kernels ----------------------------------------------------
@@ -253,14 +319,47 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
 #endif
 }
 
+// The mask as the efficient kernel takes it (what ATen's SDPA does before
+// calling it): additive in q's dtype (a boolean mask: 0 where attended, -inf
+// elsewhere), [batch, heads, queries, keys] by broadcasting, and its rows
+// 16-element aligned (a slice of a padded tensor).
+at::Tensor attentionBias(const at::Tensor& mask, const at::Tensor& q, int64_t keys) {
+  at::Tensor bias = mask.scalar_type() == at::kBool
+                        ? at::zeros(mask.sizes(), q.options()).masked_fill_(mask.logical_not(), -INFINITY)
+                        : mask.to(q.scalar_type());
+  const int64_t aligned = (keys + 15) / 16 * 16;
+  const bool rowsAligned = bias.dim() < 2 || bias.size(-2) == 1 || bias.stride(-2) % 16 == 0;
+  if (bias.size(-1) == keys && (bias.stride(-1) != 1 || !rowsAligned)) {
+    std::vector<int64_t> padded = bias.sizes().vec();
+    padded.back() = aligned;
+    bias = at::empty(padded, bias.options()).slice(-1, 0, keys).copy_(bias);
+  }
+  return bias.expand({q.size(0), q.size(1), q.size(2), keys});
+}
+
+// Grouped-query attention: k and v with fewer heads than q, each read by
+// q.size(1) / k.size(1) query heads; the kernels get them repeated.
+int64_t groupsOf(const at::Tensor& q, const at::Tensor& k) { return q.size(1) / k.size(1); }
+at::Tensor repeatHeads(const at::Tensor& t, int64_t groups) {
+  return groups == 1 ? t : t.repeat_interleave(groups, 1);
+}
+// The gradient of repeatHeads: each kv head's from its query heads, summed.
+at::Tensor sumHeads(const at::Tensor& grad, int64_t groups) {
+  if (groups == 1) return grad;
+  return grad.unflatten(1, {grad.size(1) / groups, groups}).sum(2);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& mask,
-    double scale, bool causal, c10::string_view kernel) {
+    const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const c10::optional<at::Tensor>& mask,
+    double scale, bool causal, double dropoutP, c10::string_view kernel) {
+  const bool hasMask = mask && mask->defined();
+  const int64_t groups = groupsOf(q, key);
+  const at::Tensor k = repeatHeads(key, groups), v = repeatHeads(value, groups);
   if (kernel == "gemm") {
-    TORCH_CHECK(!(mask && mask->defined()), "spmd::fused_attention: the gemm kernel takes no mask (only causal)");
+    TORCH_CHECK(!hasMask && dropoutP == 0, "spmd::fused_attention: the gemm kernel takes no mask and no dropout");
     return gemmAttention(q, k, v, scale, causal);
   }
-  const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue();
+  const c10::IValue bias = hasMask ? c10::IValue(attentionBias(*mask, q, k.size(2))) : c10::IValue();
   const std::vector<c10::IValue> r =
       callByArgumentName(atenName(kernel, false), {{"query", q},
                                            {"key", k},
@@ -268,7 +367,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
                                            {"attn_bias", bias},
                                            {"attn_mask", bias},
                                            {"compute_log_sumexp", true},
-                                           {"dropout_p", 0.0},
+                                           {"dropout_p", dropoutP},
                                            {"is_causal", causal},
                                            {"return_debug_mask", false},
                                            {"scale", scale}});
@@ -278,29 +377,37 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
-    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed,
-    const at::Tensor& offset, double scale, bool causal, c10::string_view kernel) {
-  if (kernel == "gemm") return gemmAttentionBackward(grad, q, k, v, lse, scale, causal);
-  const c10::IValue bias = mask ? c10::IValue(*mask) : c10::IValue(at::Tensor());
-  const c10::IValue undefined(at::Tensor{});  // dense inputs: no cumulative sequence lengths
-  const std::vector<c10::IValue> r = callByArgumentName(
-      atenName(kernel, true),
-      {{"grad_out", grad},           {"grad_out_", grad},          {"query", q},
-       {"key", k},                   {"value", v},                 {"attn_bias", bias},
-       {"out", out},                 {"logsumexp", lse},           {"philox_seed", seed},
-       {"philox_offset", offset},    {"rng_state", seed},          {"unused", offset},
-       {"cum_seq_q", undefined},     {"cum_seq_k", undefined},     {"max_q", q.size(-2)},
-       {"max_k", k.size(-2)},        {"dropout_p", 0.0},           {"is_causal", causal},
-       {"scale", scale},             {"grad_input_mask", c10::List<bool>({true, true, true, false})}});
-  return {r.at(0).toTensor(), r.at(1).toTensor(), r.at(2).toTensor()};
+    const at::Tensor& offset, double scale, bool causal, double dropoutP, c10::string_view kernel) {
+  const int64_t groups = groupsOf(q, key);
+  const at::Tensor k = repeatHeads(key, groups), v = repeatHeads(value, groups);
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> grads;
+  if (kernel == "gemm") {
+    grads = gemmAttentionBackward(grad, q, k, v, lse, scale, causal);
+  } else {
+    const bool hasMask = mask && mask->defined();
+    const c10::IValue bias(hasMask ? attentionBias(*mask, q, k.size(2)) : at::Tensor());
+    const c10::IValue undefined(at::Tensor{});  // dense inputs: no cumulative sequence lengths
+    const std::vector<c10::IValue> r = callByArgumentName(
+        atenName(kernel, true),
+        {{"grad_out", grad},           {"grad_out_", grad},          {"query", q},
+         {"key", k},                   {"value", v},                 {"attn_bias", bias},
+         {"out", out},                 {"logsumexp", lse},           {"philox_seed", seed},
+         {"philox_offset", offset},    {"rng_state", seed},          {"unused", offset},
+         {"cum_seq_q", undefined},     {"cum_seq_k", undefined},     {"max_q", q.size(-2)},
+         {"max_k", k.size(-2)},        {"dropout_p", dropoutP},      {"is_causal", causal},
+         {"scale", scale},             {"grad_input_mask", c10::List<bool>({true, true, true, false})}});
+    grads = {r.at(0).toTensor(), r.at(1).toTensor(), r.at(2).toTensor()};
+  }
+  return {std::get<0>(grads), sumHeads(std::get<1>(grads), groups), sumHeads(std::get<2>(grads), groups)};
 }
 
 // Shapes for the verifier (ATen's attention kernels have no meta kernels in
-// C++): what each kernel returns for dense 4-D inputs with dropout 0.
+// C++): what each kernel returns for dense 4-D inputs.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttentionMeta(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>&, double, bool,
-    c10::string_view kernel) {
+    double, c10::string_view kernel) {
   TORCH_CHECK(q.dim() == 4, "spmd::fused_attention: query must be [batch, heads, length, head size]");
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
   const auto f32 = q.options().dtype(at::kFloat);
@@ -313,11 +420,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttentionMeta(
 }
 
 // ATen's kernels return the gradients in q's, k's and v's layouts; gemm in
-// those autograd over the math gives (gemmAttentionBackward).
+// those autograd over the math gives (gemmAttentionBackward). Grouped-query
+// heads' gradients are sums, contiguous.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackwardMeta(
     const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    double, bool, c10::string_view kernel) {
+    double, bool, double, c10::string_view kernel) {
+  if (groupsOf(q, k) != 1) return {at::empty_like(q), at::empty(k.sizes(), k.options()), at::empty(v.sizes(), v.options())};
   if (kernel == "gemm") {
     const at::Tensor dkTransposed = at::empty({k.size(0), k.size(1), k.size(3), k.size(2)}, k.options());
     return {at::empty(q.sizes(), q.options()), dkTransposed.transpose(-2, -1), at::empty(v.sizes(), v.options())};
@@ -334,16 +443,18 @@ void ensureAttentionOpsRegistered() {}
 TORCH_LIBRARY_FRAGMENT(spmd, m) {
   m.def(
       "attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal, bool divide, "
-      "ScalarType? softmax_dtype) -> Tensor");
+      "ScalarType? softmax_dtype, bool sdpa, float dropout_p, Tensor? keep, bool enable_gqa) -> Tensor");
   m.def(
       "attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, "
-      "bool causal, bool divide, ScalarType? softmax_dtype) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "bool causal, bool divide, ScalarType? softmax_dtype, bool sdpa, float dropout_p, Tensor? keep, "
+      "bool enable_gqa) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
   m.def(
-      "fused_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal, str kernel) "
+      "fused_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, float scale, bool causal, "
+      "float dropout_p, str kernel) "
       "-> (Tensor out, Tensor logsumexp, Tensor seed, Tensor offset)");
   m.def(
       "fused_attention_backward(Tensor grad, Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor out, "
-      "Tensor logsumexp, Tensor seed, Tensor offset, float scale, bool causal, str kernel) "
+      "Tensor logsumexp, Tensor seed, Tensor offset, float scale, bool causal, float dropout_p, str kernel) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
 }
 

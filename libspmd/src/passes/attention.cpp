@@ -1,4 +1,19 @@
-// attention (spmd-expand): the attention a model writes out by hand,
+// attention (spmd-expand): the attention a model writes, as one
+// spmd::attention node that spmd-lower can put a fused kernel in place of
+// on CUDA. Two forms are taken.
+//
+// A call of F.scaled_dot_product_attention (aten::scaled_dot_product_attention):
+// every call whose dropout probability, is_causal, scale and enable_gqa are
+// constants and whose mask needs no gradient. The node computes as ATen's
+// SDPA does (ops/attention_ops.cpp), so that the step's numbers are
+// LibTorch's; scale=None becomes 1/sqrt(head size), as ATen computes it. A
+// boolean or additive mask stays the node's argument, marked causal where
+// it is the causal one. Dropout gets its keep mask drawn here (aten::rand,
+// aten::ge.Scalar), an input of the node, so that forward and backward drop
+// the same probabilities on the CPU; fuse-attention hands dropout to the
+// fused kernels instead. A call not taken stays as it is, with a note.
+//
+// Attention written out by hand:
 //
 //   scores = matmul(q, k.transpose(-2, -1)) * scale   (mul, or / scale: div)
 //   scores = scores + mask                           (optional; aten::add.Tensor)
@@ -6,20 +21,22 @@
 //   probs  = probs.to(v.dtype)                       (optional)
 //   out    = matmul(probs, v)
 //
-// becomes one spmd::attention(q, k, v, mask, scale, causal, divide,
-// softmax_dtype) node, which computes exactly those ops
-// (ops/attention_ops.cpp) and whose backward is LibTorch's autograd over
-// them, so that the step's numbers do not change; what changes is that
-// spmd-lower can put a fused kernel in its place on CUDA. The scale is a
-// number, or a 0-dim tensor the importer made of one (aten::scalar_tensor,
-// for `/ math.sqrt(d)`). `causal` records that the mask is triu(full(-inf),
-// 1), which fused kernels take as is_causal: computed so in the graph, or
-// slices of a buffer that holds those values and that the step never
-// writes (LLaMA's and GPT-2's registered masks; the values come from the
-// weights file, options.buffers). Only chains whose intermediate values
-// nothing else reads are taken, q, k and v of one rank with the same batch
-// dimensions. Runs before autocast and autodiff, on the forward graph.
+// becomes spmd::attention(q, k, v, mask, scale, causal, divide,
+// softmax_dtype, sdpa=False, ...), which computes exactly those ops and whose
+// backward is LibTorch's autograd over them, so that the step's numbers do
+// not change. The scale is a number, or a 0-dim tensor the importer made of
+// one (aten::scalar_tensor, for `/ math.sqrt(d)`). Only chains whose
+// intermediate values nothing else reads are taken, q, k and v of one rank
+// with the same batch dimensions.
+//
+// In both forms `causal` records that the mask is the causal one
+// (triu(full(-inf), 1), or tril(ones) as booleans), which fused kernels take
+// as is_causal: computed so in the graph, or slices of a buffer that holds
+// those values and that the step never writes (LLaMA's and GPT-2's
+// registered masks; the values come from the weights file,
+// options.buffers). Runs before autocast and autodiff, on the forward graph.
 #include "spmd/ir/builder.h"
+#include "spmd/ops/spmd_ops.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -27,6 +44,8 @@
 
 #include <cmath>
 #include <optional>
+#include <set>
+#include <variant>
 
 namespace spmd {
 namespace {
@@ -75,13 +94,20 @@ std::optional<ValueId> transposedKey(const Graph& g, ValueId kt) {
   return n->args[0].value;
 }
 
-// triu(full([T, S], -inf), 1), computed in the graph.
+// triu(full([T, S], -inf), 1), or as booleans tril(ones([T, S])),
+// computed in the graph.
 bool isComputedCausalMask(const Graph& g, ValueId mask) {
-  const Node* triu = g.producer(mask);
-  if (!triu || triu->qualifiedName() != "aten::triu" || !isTensor(triu->args[0]) || triu->args[1].i != 1) return false;
-  const Node* full = g.producer(triu->args[0].value);
-  if (!full || full->qualifiedName() != "aten::full") return false;
-  const std::optional<double> fill = number(full->args[1]);
+  const Node* n = g.producer(mask);
+  if (!n || !isTensor(n->args[0])) return false;
+  const Node* filled = g.producer(n->args[0].value);
+  if (!filled) return false;
+  const std::string op = n->qualifiedName(), fillOp = filled->qualifiedName();
+  if (op == "aten::tril" && n->args[1].i == 0 && g.value(mask).dtype == c10::ScalarType::Bool) {
+    if (fillOp == "aten::ones") return true;
+    return fillOp == "aten::full" && number(filled->args[1]) == 1.0;
+  }
+  if (op != "aten::triu" || n->args[1].i != 1 || fillOp != "aten::full") return false;
+  const std::optional<double> fill = number(filled->args[1]);
   return fill && std::isinf(*fill) && *fill < 0;
 }
 
@@ -114,7 +140,9 @@ bool isBufferCausalMask(const Graph& g, ValueId mask, BufferValues* buffers) {
     auto bound = [](const Arg& a, int64_t absent) { return a.kind == Arg::Kind::Int ? a.i : absent; };
     sliced = sliced.slice(n.args[1].i, bound(n.args[2], 0), bound(n.args[3], INT64_MAX), n.args[4].i);
   }
-  if (sliced.dim() != 2 || !sliced.is_floating_point()) return false;
+  if (sliced.dim() != 2) return false;
+  if (sliced.scalar_type() == at::kBool) return at::equal(sliced, at::ones(sliced.sizes(), sliced.options()).tril());
+  if (!sliced.is_floating_point()) return false;
   return at::equal(sliced, at::full(sliced.sizes(), -INFINITY, sliced.options()).triu(1));
 }
 
@@ -163,6 +191,24 @@ bool sameBatch(const Graph& g, ValueId a, ValueId b) {
   return x.size() == y.size() && x.size() >= 3 && std::equal(x.begin(), x.end() - 2, y.begin());
 }
 
+// Whether `v` is computed from a parameter: a mask that is would need its
+// gradient, which spmd::attention does not give.
+bool dependsOnParameter(const Graph& g, ValueId v) {
+  std::vector<ValueId> todo = {v};
+  std::set<ValueId> seen;
+  while (!todo.empty()) {
+    const ValueId x = todo.back();
+    todo.pop_back();
+    if (!seen.insert(x).second) continue;
+    if (const GraphInput* input = g.inputOf(x)) {
+      if (input->kind == InputKind::Parameter) return true;
+      continue;
+    }
+    if (const Node* n = g.producer(x)) forEachTensorArg(*n, [&](ValueId a) { todo.push_back(a); });
+  }
+  return false;
+}
+
 std::optional<Chain> matchChain(const Graph& g, const Node& out, BufferValues* buffers) {
   if (out.qualifiedName() != "aten::matmul" || !isTensor(out.args[0]) || !isTensor(out.args[1])) return std::nullopt;
   Chain c{};
@@ -193,6 +239,7 @@ std::optional<Chain> matchChain(const Graph& g, const Node& out, BufferValues* b
   if (!k) return std::nullopt;
   c.k = *k;
   if (!sameBatch(g, c.q, c.k) || !sameBatch(g, c.k, c.v)) return std::nullopt;
+  if (c.mask != kNoValue && dependsOnParameter(g, c.mask)) return std::nullopt;
   if (c.mask != kNoValue) c.causal = isCausalMask(g, c.mask, buffers);
   return c;
 }
@@ -203,19 +250,106 @@ void replace(Graph& g, const Chain& c) {
   const Arg mask = c.mask == kNoValue ? Arg::none() : Arg::tensor(c.mask);
   b.replace(*c.out, "spmd::attention",
             {Arg::tensor(c.q), Arg::tensor(c.k), Arg::tensor(c.v), mask, Arg::ofFloat(c.scale), Arg::ofBool(c.causal),
-             Arg::ofBool(c.divide), c.softmaxDtype});
+             Arg::ofBool(c.divide), c.softmaxDtype, Arg::ofBool(false), Arg::ofFloat(0.0), Arg::none(),
+             Arg::ofBool(false)});
   for (const Node* n : {c.cast, c.softmax, c.masked, c.scaled, c.scores}) {
     if (n) g.erase(*n);
   }
+}
+
+// ---- F.scaled_dot_product_attention -------------------------------------------
+
+// aten::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+// is_causal, scale, enable_gqa), its arguments made constants.
+struct SdpaCall {
+  Arg mask = Arg::none();
+  double dropoutP = 0.0;
+  bool isCausal = false;
+  double scale = 1.0;
+  bool enableGqa = false;
+};
+
+// The call's arguments, or why spmd::attention cannot take them.
+std::variant<SdpaCall, std::string> readSdpaCall(const Graph& g, const Node& n) {
+  if (n.args.size() != 8 || !isTensor(n.args[0]) || !isTensor(n.args[1]) || !isTensor(n.args[2])) {
+    return std::string("an aten::scaled_dot_product_attention of another schema");
+  }
+  SdpaCall call;
+  call.mask = n.args[3];
+  const std::optional<double> dropout = number(n.args[4]);
+  if (!dropout) return std::string("dropout_p is computed in the step");
+  call.dropoutP = *dropout;
+  if (n.args[5].kind != Arg::Kind::Bool || n.args[7].kind != Arg::Kind::Bool) {
+    return std::string("is_causal or enable_gqa is computed in the step");
+  }
+  call.isCausal = n.args[5].b;
+  call.enableGqa = n.args[7].b;
+  if (n.args[6].kind == Arg::Kind::None) {
+    call.scale = 1.0 / std::sqrt(static_cast<double>(g.value(n.args[0].value).shape.back()));
+  } else if (const std::optional<double> scale = number(n.args[6])) {
+    call.scale = *scale;
+  } else {
+    return std::string("scale is computed in the step");
+  }
+  if (isTensor(call.mask) && dependsOnParameter(g, call.mask.value)) {
+    return std::string("the mask is computed from parameters and needs its gradient");
+  }
+  if (call.dropoutP < 0 || call.dropoutP >= 1) return std::string("dropout_p is not in [0, 1)");
+  return call;
+}
+
+// The keep mask of the call's dropout: rand(scores' shape) >= dropout_p,
+// true with probability 1 - dropout_p.
+Arg drawKeepMask(GraphBuilder& b, const Node& n, double dropoutP) {
+  const auto& q = b.graph().value(n.args[0].value).shape;
+  const auto& k = b.graph().value(n.args[1].value).shape;
+  std::vector<int64_t> shape(q.begin(), q.end() - 1);
+  shape.push_back(k[k.size() - 2]);
+  Arg dtype;
+  dtype.kind = Arg::Kind::DType;
+  dtype.i = static_cast<int64_t>(c10::ScalarType::Float);
+  Arg device;
+  device.kind = Arg::Kind::Device;
+  device.s = "cpu";  // spmd-lower moves every device argument to its --device
+  const std::string base = b.graph().value(n.outputs[0]).name;
+  const ValueId uniform = b.call("aten::rand", {intsArg(shape), dtype, Arg::none(), device, Arg::none()},
+                                 base + ".dropout_uniform");
+  return Arg::tensor(b.call("aten::ge.Scalar", {Arg::tensor(uniform), Arg::ofFloat(dropoutP)}, base + ".keep"));
+}
+
+void replaceSdpa(Graph& g, const Node& n, const SdpaCall& call, BufferValues* buffers) {
+  GraphBuilder b(g);
+  b.setInsertionPoint(n);
+  b.setMeta(n.meta);
+  const bool causal = call.isCausal || (isTensor(call.mask) && isCausalMask(g, call.mask.value, buffers));
+  const Arg keep = call.dropoutP > 0 ? drawKeepMask(b, n, call.dropoutP) : Arg::none();
+  b.replace(n, "spmd::attention",
+            {n.args[0], n.args[1], n.args[2], call.mask, Arg::ofFloat(call.scale), Arg::ofBool(causal),
+             Arg::ofBool(false), Arg::none(), Arg::ofBool(true), Arg::ofFloat(call.dropoutP), keep,
+             Arg::ofBool(call.enableGqa)});
+}
+
+std::string where(const Node& n) {
+  return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
 }
 
 class AttentionPass final : public Pass {
  public:
   explicit AttentionPass(BufferValues* buffers) : buffers_(buffers) {}
 
-  bool run(Graph& g, DiagnosticEngine&) override {
+  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
     bool changed = false;
     for (const Node* n : snapshot(g.nodes())) {
+      if (n->op == "aten::scaled_dot_product_attention") {
+        const std::variant<SdpaCall, std::string> call = readSdpaCall(g, *n);
+        if (const std::string* why = std::get_if<std::string>(&call)) {
+          diagnostics.note(where(*n), "attention: left as SDPA's math: " + *why);
+          continue;
+        }
+        replaceSdpa(g, *n, std::get<SdpaCall>(call), buffers_);
+        changed = true;
+        continue;
+      }
       if (n->op != "aten::matmul") continue;
       const std::optional<Chain> chain = matchChain(g, *n, buffers_);
       if (!chain) continue;

@@ -19,6 +19,7 @@
 #include "spmd/ir/boxing.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ops/autocast_probe.h"
+#include "spmd/ops/spmd_ops.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/passes/pass.h"
@@ -211,30 +212,42 @@ std::optional<c10::ScalarType> autocastSoftmaxDtype(const AutocastPolicy& policy
   return dtype;
 }
 
-// spmd::attention (passes/attention.cpp) stands for matmuls and a softmax;
-// eager autocast casts fp32 q, k and v to the lower precision type for the
-// matmuls, and so does this, and runs the softmax as its policy runs
-// softmax (in fp32 on CUDA), unless the model gave softmax a dtype itself.
-// The rest follows inside the op.
+// Whether autocast casts F.scaled_dot_product_attention's arguments on the
+// policy's device (it has a kernel for it: lower precision on CUDA and CPU).
+bool autocastCastsSdpa(const AutocastPolicy& policy) {
+  const std::optional<c10::OperatorHandle> sdpa = findOperator("aten::scaled_dot_product_attention", "");
+  return sdpa && autocastEntry(*sdpa, policy.device) == AutocastEntry::Kernel;
+}
+
+// spmd::attention (passes/attention.cpp) written by hand stands for matmuls
+// and a softmax; eager autocast casts fp32 q, k and v to the lower
+// precision type for the matmuls, and so does this, and runs the softmax
+// as its policy runs softmax (in fp32 on CUDA), unless the model gave
+// softmax a dtype itself. As a call of F.scaled_dot_product_attention it
+// gets what autocast does to that call: its fp32 tensors (an additive mask
+// too) cast to the lower precision type. The rest follows inside the op.
 bool AutocastPass::castAttentionInputs(Graph& g, const Node& node) {
   GraphBuilder b(g);
   b.setInsertionPoint(node);
   b.setMeta(node.meta);
+  const bool sdpa = node.args[kAttentionSdpa].b;
+  if (sdpa && !autocastCastsSdpa(policy_)) return false;
   bool changed = false;
-  for (size_t i = 0; i < 3; ++i) {
+  for (size_t i : {kAttentionQuery, kAttentionKey, kAttentionValue, kAttentionMask}) {
+    if (node.args[i].kind != Arg::Kind::Value || (i == kAttentionMask && !sdpa)) continue;
     const ValueId v = node.args[i].value;
     if (g.value(v).dtype != c10::ScalarType::Float) continue;
     g.setArg(node, i, Arg::tensor(cast(b, v, policy_.dtype)));
     changed = true;
   }
-  if (node.args[7].kind == Arg::Kind::None) {
+  if (!sdpa && node.args[kAttentionSoftmaxDtype].kind == Arg::Kind::None) {
     if (const std::optional<c10::ScalarType> dtype = autocastSoftmaxDtype(policy_)) {
-      g.setArg(node, 7, dtypeArg(*dtype));
+      g.setArg(node, kAttentionSoftmaxDtype, dtypeArg(*dtype));
       changed = true;
     }
   }
   // Its result has v's dtype (the probabilities are cast to it).
-  const c10::ScalarType dtype = g.value(node.args[2].value).dtype;
+  const c10::ScalarType dtype = g.value(node.args[kAttentionValue].value).dtype;
   changed = changed || g.value(node.outputs[0]).dtype != dtype;
   g.value(node.outputs[0]).dtype = dtype;
   meta_.erase(node.outputs[0]);

@@ -11,13 +11,20 @@
 // softmax (ops/attention_codegen.h), up to 2048 keys, on contiguous copies
 // of q, k and v (aten::contiguous nodes) that the backward reads too; the
 // backward reads the probabilities the forward kept instead of recomputing
-// them. A kernel asked for that cannot take the attention's dtype gives way to the one
-// auto picks (gemm to cudnn/flash for bf16, flash and cudnn to efficient for
-// fp32); math leaves the attention unfused. Taken: 4-D q, k, v of one
-// dtype, head size a multiple of 8, no mask or the causal one (is_causal).
-// What is not taken keeps its math kernels, with a note saying why.
+// them. A mask other than the causal one (boolean or additive, broadcast or
+// not: padding masks) takes the memory-efficient kernel, the only one with
+// a bias; dropout takes flash (bf16, fp16) or memory-efficient attention,
+// which draw their own mask from the run's generator and hand its state to
+// the backward (the keep mask spmd-expand drew for the CPU is dropped).
+// Grouped-query attention's k and v are repeated to q's heads inside the
+// op, their gradients summed back. A kernel asked for that cannot take the
+// attention gives way to the one auto picks; math leaves the attention
+// unfused. Taken: 4-D q, k, v of one float dtype, head size a multiple of
+// 8, a causal mask only where queries and keys are as many. What is not
+// taken keeps its math kernels, with a note saying why.
 #include "spmd/ir/builder.h"
 #include "spmd/ops/attention_codegen.h"
+#include "spmd/ops/spmd_ops.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -33,11 +40,18 @@ std::string where(const Node& n) {
   return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
 }
 
+const Value& valueAt(const Graph& g, const Node& a, size_t i) { return g.value(a.args[i].value); }
+bool hasMask(const Node& a) { return a.args[kAttentionMask].kind == Arg::Kind::Value; }
+bool isCausal(const Node& a) { return a.args[kAttentionCausal].b; }
+// A mask the kernels take as a bias: present and not the causal one (that is is_causal).
+bool needsBias(const Node& a) { return hasMask(a) && !isCausal(a); }
+double dropoutOf(const Node& a) { return a.args[kAttentionDropoutP].f; }
+
 // Why the attention cannot run fused, or nullopt when it can.
 std::optional<std::string> whyNotFused(const Graph& g, const Node& a) {
-  const c10::ScalarType dtype = g.value(a.args[0].value).dtype;
-  for (size_t i = 0; i < 3; ++i) {
-    const Value& t = g.value(a.args[i].value);
+  const c10::ScalarType dtype = valueAt(g, a, kAttentionQuery).dtype;
+  for (size_t i : {kAttentionQuery, kAttentionKey, kAttentionValue}) {
+    const Value& t = valueAt(g, a, i);
     if (t.shape.size() != 4) return "q, k and v must be [batch, heads, length, head size]";
     if (t.dtype != dtype) return "q, k and v differ in dtype";
     if (t.shape.back() % 8 != 0) return "the head size is not a multiple of 8";
@@ -45,48 +59,69 @@ std::optional<std::string> whyNotFused(const Graph& g, const Node& a) {
   if (dtype != c10::ScalarType::Float && dtype != c10::ScalarType::BFloat16 && dtype != c10::ScalarType::Half) {
     return "the fused kernels take fp32, bf16 and fp16 only";
   }
-  if (a.args[3].kind != Arg::Kind::None && !a.args[5].b) return "an additive mask other than the causal one";
+  const auto& q = valueAt(g, a, kAttentionQuery).shape;
+  const auto& k = valueAt(g, a, kAttentionKey).shape;
+  if (q[0] != k[0]) return "q and k differ in batch size";
+  if (q[1] % k[1] != 0) return "k's heads do not divide q's";
+  if (isCausal(a) && q[2] != k[2]) {
+    return "a causal mask with " + std::to_string(q[2]) + " queries and " + std::to_string(k[2]) +
+           " keys (the kernels place it differently)";
+  }
+  if (needsBias(a) && valueAt(g, a, kAttentionMask).shape.size() > 4) return "a mask of more than 4 dimensions";
   return std::nullopt;
 }
 
-// The backward node of attention `a`: it reads the same q, k, v with the same scale and causality.
+bool sameArg(const Arg& x, const Arg& y) {
+  if (x.kind != y.kind) return false;
+  switch (x.kind) {
+    case Arg::Kind::Value: return x.value == y.value;
+    case Arg::Kind::Float: return x.f == y.f;
+    case Arg::Kind::Bool: return x.b == y.b;
+    case Arg::Kind::None: return true;
+    default: return x.i == y.i;
+  }
+}
+
+// The backward node of attention `a`: it reads the same arguments.
 const Node* backwardOf(const Graph& g, const Node& a) {
-  for (const Node* u : g.users(a.args[0].value)) {
+  for (const Node* u : g.users(a.args[kAttentionQuery].value)) {
     if (u->op != "spmd::attention_backward") continue;
     bool same = true;
-    for (size_t i = 0; i < 3; ++i) same = same && u->args[i + 1].kind == Arg::Kind::Value && u->args[i + 1].value == a.args[i].value;
-    same = same && u->args[5].f == a.args[4].f && u->args[6].b == a.args[5].b && u->args[7].b == a.args[6].b &&
-           u->args[8].kind == a.args[7].kind && u->args[8].i == a.args[7].i;
+    for (size_t i = 0; i < kAttentionArgs; ++i) same = same && sameArg(a.args[i], u->args[i + 1]);
     if (same) return u;
   }
   return nullptr;
 }
 
-// Whether the "gemm" kernel takes attention `a`: fp32, and rows of keys that
-// fit its softmax's registers.
-bool gemmTakes(const Graph& g, const Node& a) {
-  const Value& q = g.value(a.args[0].value);
-  const Value& k = g.value(a.args[1].value);
-  return q.dtype == c10::ScalarType::Float && k.shape[2] <= kAttentionSoftmaxMaxKeys;
+// Whether `kernel` takes attention `a`. gemm: fp32 without mask or
+// dropout, rows of keys that fit its softmax's registers; flash and cudnn:
+// bf16 and fp16 without a bias (cuDNN's not with dropout either), head
+// sizes up to 256 and 128; efficient: every attention whyNotFused lets by.
+bool kernelTakes(const Graph& g, const Node& a, const std::string& kernel) {
+  const Value& q = valueAt(g, a, kAttentionQuery);
+  const bool fp32 = q.dtype == c10::ScalarType::Float;
+  const int64_t headSize = q.shape.back();
+  const bool dropout = dropoutOf(a) > 0;
+  if (kernel == "gemm") {
+    return fp32 && !needsBias(a) && !dropout && valueAt(g, a, kAttentionKey).shape[2] <= kAttentionSoftmaxMaxKeys;
+  }
+  if (kernel == "flash") return !fp32 && !needsBias(a) && headSize <= 256;
+  if (kernel == "cudnn") return !fp32 && !needsBias(a) && !dropout && headSize <= 128;
+  return kernel == "efficient";
 }
 
 // The kernel for attention `a` under --attention-kernel `wanted`.
 // Without generated kernels (--no-generated-kernels) auto never picks gemm.
 std::string kernelFor(const Graph& g, const Node& a, const std::string& wanted, bool generated) {
-  const Value& q = g.value(a.args[0].value);
-  const bool lowPrecision = q.dtype != c10::ScalarType::Float;
-  if (wanted == "auto" || (wanted == "gemm" && lowPrecision)) {
-    // Measured on an H200 (bench/RESULTS.md): gpt bf16, cudnn 28.6 ms a
-    // step, flash 29.5, efficient 33.2. gpt fp32 under --tf32, the 12
-    // attentions' forward and backward in spmd-run --profile: gemm 18.4 to
-    // 19.7 ms a step over three runs, efficient 21.9.
-    if (!lowPrecision) return generated && gemmTakes(g, a) ? "gemm" : "efficient";
-    if (q.shape.back() <= 128) return "cudnn";
-    return q.shape.back() <= 256 ? "flash" : "efficient";
+  if (wanted != "auto" && kernelTakes(g, a, wanted)) return wanted;
+  // Measured on an H200 (bench/RESULTS.md): gpt bf16, cudnn 28.6 ms a
+  // step, flash 29.5, efficient 33.2. gpt fp32 under --tf32, the 12
+  // attentions' forward and backward in spmd-run --profile: gemm 18.4 to
+  // 19.7 ms a step over three runs, efficient 21.9.
+  for (const char* kernel : {"gemm", "cudnn", "flash"}) {
+    if ((generated || std::string(kernel) != "gemm") && kernelTakes(g, a, kernel)) return kernel;
   }
-  if (wanted == "gemm" && !gemmTakes(g, a)) return "efficient";
-  if (!lowPrecision && (wanted == "flash" || wanted == "cudnn")) return "efficient";
-  return wanted;
+  return "efficient";
 }
 
 // q, k and v for the gemm kernel: contiguous, once. Batched GEMMs need one
@@ -110,21 +145,23 @@ std::vector<Arg> contiguousForGemm(GraphBuilder& b, const Graph& g, const std::v
 // rounds differently from the math's either way). Their softmax is fp32
 // whatever softmax_dtype says: at least as precise as the model's.
 Arg multiplier(const Node& a) {
-  const double scale = a.args[4].f;
-  return Arg::ofFloat(a.args[6].b ? 1.0 / scale : scale);
+  const double scale = a.args[kAttentionScale].f;
+  return Arg::ofFloat(a.args[kAttentionDivide].b ? 1.0 / scale : scale);
 }
 
 void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kernel) {
   GraphBuilder b(g);
   b.setInsertionPoint(a);
   b.setMeta(a.meta);
-  const bool causal = a.args[5].b;
+  const Arg causal = Arg::ofBool(isCausal(a));
   const Arg scale = multiplier(a);
-  std::vector<Arg> qkv = {a.args[0], a.args[1], a.args[2]};
+  const Arg dropout = Arg::ofFloat(dropoutOf(a));
+  const Arg bias = needsBias(a) ? a.args[kAttentionMask] : Arg::none();
+  std::vector<Arg> qkv = {a.args[kAttentionQuery], a.args[kAttentionKey], a.args[kAttentionValue]};
   if (kernel == "gemm") qkv = contiguousForGemm(b, g, qkv);
   const std::string base = g.value(a.outputs[0]).name;
   std::vector<Arg> args = qkv;
-  args.insert(args.end(), {Arg::none(), scale, Arg::ofBool(causal), strArg(kernel)});
+  args.insert(args.end(), {bias, scale, causal, dropout, strArg(kernel)});
   const std::vector<ValueId> fwd = b.callMulti("spmd::fused_attention", args, base + ".fused");
   g.replaceAllUsesWith(a.outputs[0], fwd[0]);
   g.erase(a);
@@ -133,8 +170,8 @@ void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kern
   b.setMeta(backward->meta);
   std::vector<Arg> bargs = {backward->args[0]};
   bargs.insert(bargs.end(), qkv.begin(), qkv.end());
-  bargs.insert(bargs.end(), {Arg::none(), Arg::tensor(fwd[0]), Arg::tensor(fwd[1]), Arg::tensor(fwd[2]),
-                             Arg::tensor(fwd[3]), scale, Arg::ofBool(causal), strArg(kernel)});
+  bargs.insert(bargs.end(), {bias, Arg::tensor(fwd[0]), Arg::tensor(fwd[1]), Arg::tensor(fwd[2]),
+                             Arg::tensor(fwd[3]), scale, causal, dropout, strArg(kernel)});
   const std::vector<ValueId> grads = b.callMulti("spmd::fused_attention_backward", bargs, base + ".grad");
   for (size_t i = 0; i < 3; ++i) {
     if (backward->outputs[i] != kNoValue) g.replaceAllUsesWith(backward->outputs[i], grads[i]);
@@ -167,7 +204,9 @@ class FuseAttentionPass final : public Pass {
                        (kernel == "gemm" ? std::string("batched GEMMs around a generated softmax (gemm)")
                                          : "ATen's " + kernel + " attention kernel"));
     }
-    return !fused.empty();
+    if (fused.empty()) return false;
+    eliminateDeadNodes(g);  // the keep masks spmd-expand drew for dropout
+    return true;
   }
 
  private:

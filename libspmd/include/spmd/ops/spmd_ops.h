@@ -10,7 +10,9 @@
 //   spmd::bucket_wait       waits for it and returns the reduced flat tensor.
 //   spmd::attention         softmax(q k^T * scale [+ mask]) v, as a model writes it
 //                           (spmd-expand's attention pass; `divide`: q k^T / scale;
-//                           `softmax_dtype`: softmax's dtype), differentiated by
+//                           `softmax_dtype`: softmax's dtype), or, with `sdpa`, a
+//                           call of F.scaled_dot_product_attention (its dropout on
+//                           the keep mask `keep`, its grouped-query heads), differentiated by
 //   spmd::attention_backward  LibTorch's autograd over the same ops.
 //   spmd::fused_attention(_backward)  ATen's fused attention kernels (efficient,
 //                           flash, cudnn), or batched GEMMs around a generated
@@ -38,6 +40,8 @@
 // On one rank the collectives are the identity.
 #pragma once
 
+#include <cstddef>
+
 namespace spmd {
 
 // Referencing this pulls the registration's object file into the link.
@@ -48,5 +52,23 @@ void ensureCrossEntropyOpsRegistered();    // ops/cross_entropy_ops.cpp
 void ensureLayerNormOpsRegistered();       // ops/layer_norm_ops.cpp
 void ensureColumnSumOpsRegistered();       // ops/column_sum_ops.cpp
 void ensureDropoutOpsRegistered();         // ops/dropout_ops.cpp
+
+// The arguments of spmd::attention by position; spmd::attention_backward's
+// are the same after its first (the gradient).
+enum AttentionArg : std::size_t {
+  kAttentionQuery,
+  kAttentionKey,
+  kAttentionValue,
+  kAttentionMask,
+  kAttentionScale,
+  kAttentionCausal,
+  kAttentionDivide,
+  kAttentionSoftmaxDtype,
+  kAttentionSdpa,
+  kAttentionDropoutP,
+  kAttentionKeep,
+  kAttentionEnableGqa,
+  kAttentionArgs,
+};
 
 }  // namespace spmd
