@@ -46,6 +46,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createLinearReluPass},
       {"cat-views", "a cat of reshaped [..., H, D] tensors (attention's q/k/v gradient) reads them itself, without their copies; spmd-lower runs it for --device cuda",
        createCatViewsPass},
+      {"eager-batch-norm", "training-mode BatchNorm and its backward through ATen's choice of kernels (cuDNN where eager uses it); spmd-lower runs it for --device cuda",
+       createEagerBatchNormPass},
       {"slice-grads", "a sum of slice gradients that split a dimension (cat's backward into a slice's) as one cat; a whole-dimension slice gradient as its input; spmd-lower runs it",
        createSliceGradsPass},
       {"fuse-dropout", "dropout's mask drawn inside the generated kernels that use it (spmd::dropout_seed, spmd::dropout_mul), never stored; spmd-lower runs it for --device cuda",

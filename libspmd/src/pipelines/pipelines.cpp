@@ -56,6 +56,7 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   const bool cuda = o.device == "cuda";
   std::vector<std::string> names = {"slice-grads"};
   if (cuda) names.push_back("fuse-attention");
+  if (cuda) names.push_back("eager-batch-norm");
   if (cuda) names.push_back("cat-views");
   if (cuda && o.fuse) names.push_back("linear-relu");
   if (cuda && o.generateKernels) names.push_back("fuse-cross-entropy");

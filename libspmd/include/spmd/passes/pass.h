@@ -80,5 +80,6 @@ std::unique_ptr<Pass> createFuseLayerNormPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseColumnSumPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createLinearReluPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCatViewsPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createEagerBatchNormPass(const PipelineOptions& options);
 
 }  // namespace spmd
