@@ -25,23 +25,15 @@ import traceback
 import torch
 import torch.nn as nn
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import HFLoss  # noqa: E402  (bench/models.py: a transformers LM's own loss, as the bench runs it)
+
 STEPS = 3
 DEVICE = os.environ.get("SPMD_GPU_ZOO_DEVICE", "cuda")  # cpu: both sides on the CPU, to tell kernels apart
 # f64: model and data in float64, where eager's BatchNorm takes the native kernel
 # (cuDNN's is fp32/fp16 only) as ours does, and no TF32 applies.
 FLOAT = os.environ.get("SPMD_GPU_ZOO_DTYPE", "f32")
 LR, MOMENTUM = 0.01, 0.9
-
-
-class HFLoss(nn.Module):
-    """A transformers model called with labels: its own loss."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, labels):
-        return self.model(input_ids=input_ids, labels=labels, use_cache=False).loss
 
 
 class ClassifyLoss(nn.Module):
@@ -53,10 +45,12 @@ class ClassifyLoss(nn.Module):
         return nn.functional.cross_entropy(self.model(x), y)
 
 
-def hf(config_name, model_name, **config):
+def hf(config_name, model_name, attn="sdpa", **config):
+    """A transformers model with the attention implementation `attn`: "sdpa"
+    (transformers' default: F.scaled_dot_product_attention) or "eager" (written out)."""
     import transformers
     cfg = getattr(transformers, config_name)(**config)
-    cfg.attn_implementation = "eager"
+    cfg.attn_implementation = attn
     return lambda: HFLoss(getattr(transformers, model_name)(cfg))
 
 
@@ -84,6 +78,9 @@ MODELS = {
                    n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), TOKENS),
     "hf_llama": (hf("LlamaConfig", "LlamaForCausalLM", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                     num_attention_heads=4, num_key_value_heads=2, vocab_size=128, max_position_embeddings=64), TOKENS),
+    "hf_llama_eager_attn": (hf("LlamaConfig", "LlamaForCausalLM", attn="eager", num_hidden_layers=2, hidden_size=64,
+                               intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                               max_position_embeddings=64), TOKENS),
     "hf_bert_mlm": (hf("BertConfig", "BertForMaskedLM", num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                        num_attention_heads=2, vocab_size=128, max_position_embeddings=64,
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), TOKENS),
@@ -91,6 +88,8 @@ MODELS = {
     "timm_resnet18": (timm_model("resnet18"), IMAGES),
     "timm_resnet18_no_zero_init": (timm_model("resnet18", zero_init_last=False), IMAGES),
     "tv_resnet18": (lambda: ClassifyLoss(__import__("torchvision").models.resnet18(num_classes=10)), IMAGES),
+    "tv_vit_b_16": (lambda: ClassifyLoss(__import__("torchvision").models.vit_b_16(image_size=64, num_classes=10)),
+                    IMAGES),
     "timm_vit_tiny": (timm_model("vit_tiny_patch16_224", img_size=64, drop_rate=0.0), IMAGES),
     "timm_convnext_atto": (timm_model("convnext_atto"), IMAGES),
     "timm_efficientnet_b0": (timm_model("efficientnet_b0", drop_rate=0.0, drop_path_rate=0.0), IMAGES),

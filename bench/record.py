@@ -5,13 +5,18 @@
                  [--precision fp32|bf16] [--expand-flags TEXT] < RUN.json
   record.py pipeline --model M [--precision P] --seconds T...   # wall times of expand|...|lower
   record.py compile-time --model M --bytes N --copy T... --startup T... --stage NAME T... ... --pipeline T...
+  record.py device-time --system S --model M --ranks N [--precision P] --sums FILE   # trace_kernels.py --json's
+  record.py skipped --system S --model M [--ranks N] [--precision P] --why TEXT
   record.py error --system S --model M [--ranks N] [--precision P] [--log FILE] --what TEXT
 
 `spmd` turns spmd-run's --json object ({"ranks", "ms_per_step": {...}, "peak_bytes",
-"losses", ...}) into the line torch_step.py prints for PyTorch; `error` keeps the
-last lines of the failed command's log so that report.py can show why. --precision
-(default fp32 for spmd and pipeline, none for error) is the row's precision, as
-torch_step.py --precision records it: bf16 for an artifact expanded with --autocast.
+"losses", ...}) into the line torch_step.py prints for PyTorch; `device-time` records
+the device milliseconds and kernels a step that bench/trace_kernels.py summed from a
+system's trace; `skipped` a run that was not made, or was cut off, and why (no
+failure); `error` keeps the last lines of the failed command's log so that report.py
+can show why. --precision (default fp32 for spmd, pipeline and device-time, none for
+skipped and error) is the row's precision, as torch_step.py --precision records it:
+bf16 for an artifact expanded with --autocast.
 """
 import argparse
 import datetime
@@ -99,6 +104,19 @@ def compile_time(args):
           "ratio_to_copy": med(args.pipeline) / med(args.copy)})
 
 
+def device_time(args):
+    with open(args.sums) as f:
+        sums = json.load(f)
+    emit({"kind": "device_time", "system": args.system, "model": args.model, "ranks": args.ranks,
+          "precision": args.precision, "device_ms": sums["device_ms"], "kernels": sums["kernels"],
+          "trace_steps": sums["steps"], "by_kind": sums.get("by_kind", {})})
+
+
+def skipped(args):
+    emit({"kind": "skipped", "system": args.system, "model": args.model, "ranks": args.ranks,
+          "precision": args.precision, "why": args.why})
+
+
 def tail(path, lines=12):
     try:
         with open(path, errors="replace") as f:
@@ -141,6 +159,18 @@ def main():
     t.add_argument("--stage", nargs="+", action="append", required=True, metavar="NAME SECONDS",
                    help="a stage's name, then its run times (repeatable)")
     t.add_argument("--pipeline", type=float, nargs="+", required=True, help="seconds of the piped pipeline")
+    d = sub.add_parser("device-time")
+    d.add_argument("--system", required=True)
+    d.add_argument("--model", required=True)
+    d.add_argument("--ranks", type=int, required=True)
+    d.add_argument("--precision", default="fp32")
+    d.add_argument("--sums", required=True, help="bench/trace_kernels.py --json's file")
+    k = sub.add_parser("skipped")
+    k.add_argument("--system", required=True)
+    k.add_argument("--model")
+    k.add_argument("--ranks", type=int)
+    k.add_argument("--precision")
+    k.add_argument("--why", required=True)
     e = sub.add_parser("error")
     e.add_argument("--system", required=True)
     e.add_argument("--model")
@@ -150,7 +180,7 @@ def main():
     e.add_argument("--what", required=True)
     args = p.parse_args()
     {"machine": machine, "spmd": spmd, "pipeline": pipeline, "compile-time": compile_time,
-     "error": error}[args.cmd](args)
+     "device-time": device_time, "skipped": skipped, "error": error}[args.cmd](args)
 
 
 if __name__ == "__main__":

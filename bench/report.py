@@ -1,15 +1,19 @@
 """Turns bench.sh's results.jsonl into a markdown section for bench/RESULTS.md.
 
-  python3 bench/report.py RESULTS.jsonl [--append bench/RESULTS.md] [--ranks 2]
+  python3 bench/report.py RESULTS.jsonl... [--append bench/RESULTS.md] [--ranks 2]
 
-Prints (or appends) a heading with the date and machine, one table per model (rows:
-GPU count x precision x system; columns: precision, median, min, max ms per step,
-peak memory, speed-up over DDP eager and over torch.compile(DDP) at the same GPU
-count and precision), the scaling efficiency of each system (1-GPU step / N-GPU
-step) and all_reduce's bus bandwidth (bench/allreduce.py) where the run has several
-GPU counts, the targets of issues #6 and #14 marked met or MISSED with their
-numbers (at --ranks GPUs, default the run's largest GPU count; only for the models
-and precisions the run has), and every error the run recorded. A line without a
+Prints (or appends) a heading with the date and machine; per model, one table per
+precision (rows: GPU count x system; columns: median, min and max ms per step (wall),
+device ms and kernels a step (from traces), peak memory, compile time, and spmd-run's
+wall time, device time and peak memory as a ratio of the row's, at the same GPU count);
+a table of spmd-run against torch.compile(DDP) and its max-autotune for every model and
+precision; the scaling efficiency of each system (1-GPU step / N-GPU step) and
+all_reduce's bus bandwidth (bench/allreduce.py) where the run has several GPU counts;
+the targets of issues #6 and #14 marked met or MISSED with their numbers (at --ranks
+GPUs, default the run's largest GPU count; only for the models and precisions the run
+has); what the run skipped (its time budget, max-autotune that did not finish) and
+every error it recorded. Several files (one run's models split over several bench.sh
+calls) are read as one run, under the first file's machine. A line without a
 "precision" (older runs) is fp32. Needs no torch: it only reads the JSON lines that
 bench.sh, record.py, models.py and torch_step.py wrote.
 """
@@ -18,8 +22,10 @@ import datetime
 import json
 import re
 
-SYSTEMS = [("spmd", "spmd-run"), ("ddp", "DDP eager"), ("compile", "torch.compile(DDP)")]
+SYSTEMS = [("spmd", "spmd-run"), ("ddp", "DDP eager"), ("compile", "torch.compile(DDP)"),
+           ("max-autotune", "torch.compile(DDP) max-autotune")]
 LABEL = dict(SYSTEMS)
+COMPILED = ("compile", "max-autotune")  # the systems spmd-run is set against in the summary
 PRECISIONS = ["fp32", "bf16"]  # the order of the tables' rows; others follow
 MIB = 1024.0 * 1024.0
 # Log lines that say why a command failed (the last line is often only a hint).
@@ -35,12 +41,12 @@ def precision_order(names):
 
 
 class Results:
-    """The lines of one results.jsonl, by kind; runs keyed (model, system, ranks, precision),
-    pipelines (model, precision)."""
+    """The lines of one results.jsonl, by kind; runs and device times keyed (model, system, ranks,
+    precision), pipelines (model, precision)."""
 
     def __init__(self, lines):
         self.machine, self.models, self.runs, self.pipelines, self.errors = {}, {}, {}, {}, []
-        self.allreduces, self.compile_times = [], {}
+        self.allreduces, self.compile_times, self.device_times, self.skips = [], {}, {}, []
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -54,7 +60,7 @@ class Results:
     def add(self, row):
         kind = row.get("kind")
         if kind == "machine":
-            self.machine = row
+            self.machine = self.machine or row  # of several runs' files, the first's
         elif kind == "model":
             self.models[row["model"]] = row
         elif kind == "result":
@@ -65,11 +71,24 @@ class Results:
             self.allreduces.append(row)
         elif kind == "compile_time":
             self.compile_times[(row["model"], precision_of(row))] = row
+        elif kind == "device_time":
+            self.device_times[(row["model"], row["system"], row["ranks"], precision_of(row))] = row
+        elif kind == "skipped":
+            self.skips.append(row)
         elif kind == "error":
             self.errors.append(row)
 
     def run(self, model, system, ranks, precision="fp32"):
         return self.runs.get((model, system, ranks, precision))
+
+    def device_time(self, model, system, ranks, precision="fp32"):
+        return self.device_times.get((model, system, ranks, precision))
+
+    def systems(self):
+        """The systems the run has a line of (a run, an error or a skip), in SYSTEMS' order;
+        spmd, DDP and torch.compile where it has none."""
+        seen = {s for _, s, _, _ in self.runs} | {e.get("system") for e in self.errors + self.skips}
+        return [(s, label) for s, label in SYSTEMS if s in seen] or SYSTEMS[:3]
 
     def pipeline(self, model, precision="fp32"):
         return self.pipelines.get((model, precision))
@@ -79,12 +98,16 @@ class Results:
         return names + sorted({m for m, _, _, _ in self.runs} - set(names))
 
     def rank_counts(self, model=None):
-        return sorted({r for m, _, r, _ in self.runs if model is None or m == model})
+        """The GPU counts of the runs (of model: also of its errors and skips)."""
+        found = {r for m, _, r, _ in self.runs if model is None or m == model}
+        if model is not None:
+            found |= {e["ranks"] for e in self.errors + self.skips if e.get("model") == model and e.get("ranks")}
+        return sorted(found)
 
     def precisions(self, model):
-        """The precisions the run has for model (runs, pipelines or errors), fp32 first."""
+        """The precisions the run has for model (runs, pipelines, errors or skips), fp32 first."""
         found = [p for m, _, _, p in self.runs if m == model] + [p for m, p in self.pipelines if m == model]
-        found += [e["precision"] for e in self.errors if e.get("model") == model and e.get("precision")]
+        found += [e["precision"] for e in self.errors + self.skips if e.get("model") == model and e.get("precision")]
         return precision_order(found)
 
     def has(self, model, precision="fp32"):
@@ -96,7 +119,15 @@ class Results:
         return precision == "fp32" and (model in self.models or any(e.get("model") == model for e in self.errors))
 
     def failure(self, model, system, ranks, precision="fp32"):
-        for e in self.errors:
+        return self._about(self.errors, model, system, ranks, precision)
+
+    def skipped(self, model, system, ranks, precision="fp32"):
+        return self._about(self.skips, model, system, ranks, precision)
+
+    @staticmethod
+    def _about(rows, model, system, ranks, precision):
+        """The first of rows (errors or skips) about system's run of model at ranks and precision."""
+        for e in rows:
             if (e.get("model") == model and e.get("system") == system and e.get("ranks") in (ranks, None)
                     and e.get("precision") in (precision, None)):
                 return e
@@ -115,6 +146,10 @@ def ratio(num, den):
     return num / den if num and den else None
 
 
+def seconds(value):
+    return "—" if value is None else "%.1f" % value
+
+
 def times(value):
     return "—" if value is None else "%.2fx" % value
 
@@ -122,8 +157,8 @@ def times(value):
 def heading(res):
     m = res.machine
     date = (m.get("date") or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-    lines = ["## %s — issue #6/#14 benchmark: spmd-run beside DDP eager and torch.compile(DDP)" % date.split(" ")[0],
-             ""]
+    lines = ["## %s — issue #6/#14/#39 benchmark: spmd-run beside DDP eager and torch.compile(DDP)"
+             % date.split(" ")[0], ""]
     if m.get("gpus"):
         what = "%d x %s (driver %s), CUDA %s, NCCL %s" % (
             m["gpus"], m.get("gpu"), m.get("driver"), m.get("cuda"), m.get("nccl"))
@@ -150,8 +185,9 @@ def model_title(res, name):
         opt = meta.get("optimizer", "adam")
         parts.append("%s lr %g" % ({"adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}.get(opt, opt), meta["lr"])
                      + (" momentum %g" % meta["momentum"] if meta.get("momentum") else ""))
-    if meta.get("torchscript") == "trace":
-        parts.append("TorchScript traced")
+    if meta.get("torchscript"):
+        how = "TorchScript traced" if meta["torchscript"] == "trace" else "TorchScript scripted"
+        parts.append(how + (" in %.1f s" % meta["export_s"] if meta.get("export_s") is not None else ""))
     if any_run:
         parts.append("%s timed steps after %s warm-up" % (any_run.get("steps"), any_run.get("warmup")))
     return "### %s — %s" % (name, "; ".join(parts))
@@ -164,43 +200,98 @@ def compile_warmups(res, name, rank_counts, precision="fp32"):
     return ", ".join("%.1f s at %s" % (w["compile_s"], gpus(w["ranks"])) for w in done) or "—"
 
 
-def table(res, name):
-    lines = ["| GPUs | system | precision | median ms | min ms | max ms | peak MiB | vs DDP eager | vs torch.compile |",
-             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    warm_included = False
+PRECISION_TITLE = {"fp32": "fp32 (TF32 matmuls)", "bf16": "bf16 autocast"}
+
+
+def compile_seconds(res, name, system, ranks, precision):
+    """spmd's pipeline (median, wall) or torch.compile's first step; None for DDP eager."""
+    if system == "spmd":
+        pipe = res.pipeline(name, precision)
+        return pipe and pipe["median_s"]
+    row = res.run(name, system, ranks, precision)
+    return row and row.get("compile_s")
+
+
+def missing(res, name, system, ranks, precision):
+    """Why a system has no row: failed or skipped (the Errors and Skipped lists say why), or not run."""
+    if res.failure(name, system, ranks, precision):
+        return "failed"
+    return "skipped" if res.skipped(name, system, ranks, precision) else "not run"
+
+
+def tables(res, name):
+    """One table per precision of model name, then its compile-time and PyTorch notes."""
+    lines, warm_included = [], False
     precisions = res.precisions(name) or ["fp32"]
-    for ranks in res.rank_counts(name) or [1, 2]:
-        for precision in precisions:
-            ddp, comp = res.run(name, "ddp", ranks, precision), res.run(name, "compile", ranks, precision)
-            for system, label in SYSTEMS:
-                row = res.run(name, system, ranks, precision)
-                if row is None:
-                    status = "failed" if res.failure(name, system, ranks, precision) else "not run"
-                    lines.append("| %d | %s | %s | %s | — | — | — | — | — |" % (ranks, label, precision, status))
-                    continue
-                if row.get("warmup_excluded") is False:
-                    label, warm_included = label + " *", True
-                lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                    ranks, label, precision, ms(row["median_ms"]), ms(row["min_ms"]), ms(row["max_ms"]),
-                    mib(row.get("peak_bytes")), times(ratio(ddp and ddp["median_ms"], row["median_ms"])),
-                    times(ratio(comp and comp["median_ms"], row["median_ms"]))))
+    for precision in precisions:
+        rows, included = precision_table(res, name, precision)
+        lines += ["", "#### %s, %s" % (name, PRECISION_TITLE.get(precision, precision)), ""] + rows
+        warm_included = warm_included or included
     if warm_included:
         lines += ["", "\\* spmd-run's timings include the warm-up steps (this spmd-run has no `--warmup`)."]
-    notes = []
-    for precision in precisions:
-        at = "%s: " % precision if precisions != ["fp32"] else ""
-        pipe = res.pipeline(name, precision)
-        if pipe:
-            notes.append("%sspmd pipeline (spmd-expand to spmd-lower, wall) %.2f s" % (at, pipe["median_s"])
-                         + (" (median of %d)" % len(pipe["runs_s"]) if len(pipe["runs_s"]) > 1 else ""))
-        warmups = compile_warmups(res, name, res.rank_counts(name), precision)
-        if warmups != "—":
-            notes.append("%storch.compile warm-up (first step, cold cache): %s" % (at, warmups))
-    lines += [""] + ["Compile time: " + "; ".join(notes) + "."] if notes else []
     for precision in precisions:
         lines += compile_time_table(res.compile_times.get((name, precision)))
     ran = torch_settings(res, name, precisions)
     return lines + ([""] + ["PyTorch ran with: " + "; ".join(ran) + "."] if ran else [])
+
+
+def precision_table(res, name, precision):
+    """(lines, whether a spmd-run row includes its warm-up): a row per GPU count and system;
+    the ratio columns are spmd-run's value over the row's (below 1.00x: spmd-run's is less)."""
+    lines = ["| GPUs | system | median ms | min ms | max ms | device ms | kernels | peak MiB | compile s "
+             "| spmd / this: wall | device | peak |",
+             "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    warm_included = False
+    for ranks in res.rank_counts(name) or [1]:
+        spmd = res.run(name, "spmd", ranks, precision) or {}
+        spmd_device = res.device_time(name, "spmd", ranks, precision) or {}
+        for system, label in res.systems():
+            row = res.run(name, system, ranks, precision)
+            if row is None:
+                lines.append("| %d | %s | %s |%s" % (ranks, label, missing(res, name, system, ranks, precision),
+                                                     " — |" * 9))
+                continue
+            if row.get("warmup_excluded") is False:
+                label, warm_included = label + " *", True
+            device = res.device_time(name, system, ranks, precision) or {}
+            mine = system == "spmd"
+            lines.append("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                ranks, label, ms(row["median_ms"]), ms(row["min_ms"]), ms(row["max_ms"]),
+                ms(device.get("device_ms")), "—" if device.get("kernels") is None else "%.1f" % device["kernels"],
+                mib(row.get("peak_bytes")), seconds(compile_seconds(res, name, system, ranks, precision)),
+                "—" if mine else times(ratio(spmd.get("median_ms"), row["median_ms"])),
+                "—" if mine else times(ratio(spmd_device.get("device_ms"), device.get("device_ms"))),
+                "—" if mine else times(ratio(spmd.get("peak_bytes"), row.get("peak_bytes")))))
+    return lines, warm_included
+
+
+def against_compile(res):
+    """spmd-run over torch.compile(DDP) and its max-autotune, for every model, precision and GPU
+    count that has both rows: wall and device time a step, kernels, peak memory, compile time."""
+    lines = []
+    for name in res.model_names():
+        for precision in res.precisions(name):
+            for ranks in res.rank_counts(name):
+                lines += [against_line(res, name, system, ranks, precision) for system in COMPILED
+                          if res.run(name, "spmd", ranks, precision) and res.run(name, system, ranks, precision)]
+    if not lines:
+        return []
+    return ["### spmd-run / torch.compile(DDP) (below 1.00x: spmd-run's is less)", "",
+            "| model | precision | GPUs | against | wall a step | device time a step | kernels a step "
+            "| peak memory | compile time |",
+            "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"] + lines + [""]
+
+
+def against_line(res, name, system, ranks, precision):
+    spmd, other = res.run(name, "spmd", ranks, precision), res.run(name, system, ranks, precision)
+    mine = res.device_time(name, "spmd", ranks, precision) or {}
+    theirs = res.device_time(name, system, ranks, precision) or {}
+    return "| %s | %s | %d | %s | %s | %s | %s | %s | %s |" % (
+        name, precision, ranks, LABEL[system], times(ratio(spmd["median_ms"], other["median_ms"])),
+        times(ratio(mine.get("device_ms"), theirs.get("device_ms"))),
+        times(ratio(mine.get("kernels"), theirs.get("kernels"))),
+        times(ratio(spmd.get("peak_bytes"), other.get("peak_bytes"))),
+        times(ratio(compile_seconds(res, name, "spmd", ranks, precision), other.get("compile_s"))))
 
 
 # Stages that read no weights: issue #18 wants each under this.
@@ -369,6 +460,18 @@ def cause(log_tail):
     return [t[:200] for t in (named[-3:] or lines[-1:])]
 
 
+def skips(res):
+    """What the run did not run (its budget), or cut off (max-autotune), and why; no failures."""
+    if not res.skips:
+        return []
+    lines = ["### Skipped", ""]
+    for e in res.skips:
+        where = ", ".join(str(x) for x in (LABEL.get(e.get("system"), e.get("system")), e.get("model"),
+                                           e.get("precision"), e.get("ranks") and gpus(e["ranks"])) if x)
+        lines.append("- %s: %s" % (where, e.get("why")))
+    return lines
+
+
 def errors(res):
     if not res.errors:
         return []
@@ -415,20 +518,25 @@ def allreduce_table(res):
 def section(res, ranks):
     lines = heading(res)
     for name in res.model_names():
-        lines += ["", model_title(res, name), ""] + table(res, name)
-    lines += [""] + scaling(res) + allreduce_table(res) + targets(res, ranks)
-    errs = errors(res)
-    return "\n".join(lines + ([""] + errs if errs else [])) + "\n"
+        lines += ["", model_title(res, name)] + tables(res, name)
+    lines += [""] + against_compile(res) + scaling(res) + allreduce_table(res) + targets(res, ranks)
+    for part in (skips(res), errors(res)):
+        lines += [""] + part if part else []
+    return "\n".join(lines) + "\n"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results")
+    p.add_argument("results", nargs="+",
+                   help="results.jsonl; several (one run's models split over several calls) are read as one run")
     p.add_argument("--append", metavar="FILE", help="append the section to FILE instead of printing it")
     p.add_argument("--ranks", type=int, help="GPU count the targets are judged at (default: the run's largest, else 2)")
     args = p.parse_args()
-    with open(args.results) as f:
-        res = Results(f.readlines())
+    lines = []
+    for path in args.results:
+        with open(path) as f:
+            lines += f.readlines()
+    res = Results(lines)
     text = section(res, args.ranks or max(res.rank_counts() or [2]))
     if args.append:
         with open(args.append, "a") as f:

@@ -1,30 +1,36 @@
 """Times PyTorch's data-parallel training step on one benchmark model.
 
-  python3 bench/torch_step.py --model mlp|mlp4096|gpt|resnet50 --system ddp|compile --nproc N
+  python3 bench/torch_step.py --model NAME --system ddp|compile|max-autotune --nproc N
                               [--steps S=100] [--warmup W=10] [--device cuda|cpu] [--tiny]
                               [--precision fp32|bf16] [--attention math|sdpa]
                               [--optimizer-impl default|foreach|fused] [--cudnn-benchmark]
+                              [--profile FILE] [--trace FILE.json]
 
-Spawns N ranks (NCCL on cuda, one GPU each; Gloo on cpu). Each rank wraps the model
-of bench/models.py (same seeded weights as the TorchScript spmd compiles) in
-DistributedDataParallel (also for N=1), with the model's optimizer (Adam, or SGD
-with momentum for resnet50; models.optimizer) and TF32 matmuls on; ddp runs it
-eagerly, compile through torch.compile (default mode). --precision bf16 runs the
-forward under torch.autocast(device, torch.bfloat16) (parameters, gradients and
-optimizer state stay fp32), and by default then runs a model built on samples'
-Attention with its F.scaled_dot_product_attention(q, k, v, is_causal=True)
-(--attention math swaps in samples' HandWrittenAttention: the same modules and
-parameter names, only forward differs) and uses the fused optimizer (--optimizer-impl fused;
-foreach where this torch has no fused kernel for the device). fp32 keeps math
-attention and torch.optim's default. gpt (tests/zoo's nanoGPT) and llama call
-F.scaled_dot_product_attention themselves in every precision; --attention leaves
-them as they are ("attention": "sdpa (the model's own)").
+Runs N ranks (NCCL on cuda, one GPU each; Gloo on cpu; N=1 in this process, more
+spawned). Each rank wraps the model NAME of bench/models.py (same seeded weights as
+the TorchScript spmd compiles) in DistributedDataParallel (also for N=1), with the
+model's optimizer (Adam, AdamW, or SGD with momentum for resnet50; models.optimizer)
+and TF32 matmuls on; ddp runs it eagerly, compile through torch.compile (default
+mode), max-autotune through torch.compile(mode="max-autotune-no-cudagraphs").
+--precision bf16 runs the forward under torch.autocast(device, torch.bfloat16)
+(parameters, gradients and optimizer state stay fp32), and by default then runs a
+model built on samples' Attention with its F.scaled_dot_product_attention(q, k, v,
+is_causal=True) (--attention math swaps in samples' HandWrittenAttention: the same
+modules and parameter names, only forward differs) and uses the fused optimizer
+(--optimizer-impl fused; foreach where this torch has no fused kernel for the device). fp32 keeps math
+attention and torch.optim's default. The models with attention of their own (gpt,
+llama, the transformers models, vit_b_16) call F.scaled_dot_product_attention
+themselves in every precision; --attention leaves them as they are ("attention":
+models.py's note, e.g. "sdpa (the model's own)").
 Inputs are drawn once per rank on the device. Each step (zero_grad(set_to_none=True),
 forward, backward, opt.step()) is timed between two device synchronizations, as
-spmd-run times its steps; the first W steps are left out. Rank 0 prints one JSON
-line: {"kind": "result", "system", "model", "ranks", "precision", "median_ms",
-"min_ms", "max_ms", "peak_bytes", "compile_s" (compile only: the first step, which
-compiles), "attention", "optimizer", "optimizer_impl", ...}.
+spmd-run times its steps; the first W steps are left out. --profile and --trace
+profile 3 more steps after them (bench/trace_kernels.py sums the trace's kernels).
+Rank 0 prints one JSON line: {"kind": "result", "system", "model", "ranks",
+"precision", "median_ms", "min_ms", "max_ms", "peak_bytes" (max_memory_allocated
+after the timed steps, as spmd-run reports its own), "compile_s" (compile and
+max-autotune: the first step, which compiles), "attention", "optimizer",
+"optimizer_impl", ...}.
 """
 import argparse
 import json
@@ -42,11 +48,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models as bench_models  # noqa: E402  (bench/models.py)
 
+# The systems that torch.compile the DDP module, and the mode each passes.
+COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, choices=sorted(bench_models.benches()))
-    p.add_argument("--system", required=True, choices=["ddp", "compile"])
+    p.add_argument("--system", required=True, choices=["ddp"] + sorted(COMPILE_MODES))
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--steps", type=int, default=100, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
@@ -66,19 +75,17 @@ def parse_args(argv=None):
                    help="after the timed steps, profile 3 more with torch.profiler; rank 0 writes the "
                         "table of ops by device time to FILE")
     p.add_argument("--trace", metavar="FILE",
-                   help="with --profile: also write those 3 steps' Chrome trace to FILE "
-                        "(bench/trace_kernels.py sums its kernels)")
+                   help="after the timed steps, trace 3 more with torch.profiler (the same 3 as --profile's); "
+                        "rank 0 writes their Chrome trace to FILE (bench/trace_kernels.py sums its kernels)")
     args = p.parse_args(argv)
     if args.nproc < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--nproc and --steps must be at least 1, --warmup at least 0")
-    if args.trace and not args.profile:
-        p.error("--trace needs --profile")
-    if args.system == "compile" and args.warmup < 1:
-        p.error("--system compile needs --warmup >= 1 (the first step compiles)")
+    if args.system in COMPILE_MODES and args.warmup < 1:
+        p.error("--system %s needs --warmup >= 1 (the first step compiles)" % args.system)
     if args.device == "cuda" and torch.cuda.device_count() < args.nproc:
         p.error("--nproc %d needs as many GPUs; %d visible" % (args.nproc, torch.cuda.device_count()))
-    if args.system == "compile" and not hasattr(torch, "compile"):
-        p.error("--system compile needs PyTorch 2 (this is %s)" % torch.__version__)
+    if args.system in COMPILE_MODES and not hasattr(torch, "compile"):
+        p.error("--system %s needs PyTorch 2 (this is %s)" % (args.system, torch.__version__))
     if args.attention is None:
         args.attention = "sdpa" if args.precision == "bf16" else "math"
     if args.optimizer_impl is None:
@@ -98,16 +105,14 @@ def enable_tf32(cudnn_benchmark=False):
     torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
-def set_attention(model, want):
+def set_attention(model, want, own):
     """Makes every samples Attention of model run as want (sdpa, as samples' Attention is
     written, or math: its class swapped in place for HandWrittenAttention, the same
-    parameters written out); returns what runs: None where model has no attention, the
-    model's own SDPA for the zoo's attention."""
+    parameters written out); returns what runs: own (the bench's note on the model's own
+    attention, None where it has none) where model has no samples Attention."""
     blocks = [m for m in model.modules() if isinstance(m, bench_models.Attention)]
     if not blocks:
-        # tests/zoo's nanoGPT and llama attention: SDPA as written
-        own = any(type(m).__name__ in ("CausalSelfAttention", "GQAttention") for m in model.modules())
-        return "sdpa (the model's own)" if own else None
+        return own
     for module in blocks:
         module.__class__ = bench_models.HandWrittenAttention if want == "math" else bench_models.Attention
     return want
@@ -153,18 +158,23 @@ def teardown(rank, device):
 
 
 def spawn(worker, args):
-    """Runs worker(rank, args, port) on args.nproc local ranks that meet at a free port."""
-    mp.spawn(worker, args=(args, free_port()), nprocs=args.nproc, join=True)
+    """Runs worker(rank, args, port) on args.nproc local ranks that meet at a free port; one
+    rank runs in this process (a spawned interpreter would import torch, and the model's
+    libraries, again: seconds a run)."""
+    if args.nproc == 1:
+        worker(0, args, free_port())
+    else:
+        mp.spawn(worker, args=(args, free_port()), nprocs=args.nproc, join=True)
 
 
 def make_step(bench, args, device, rank):
     """(forward function, optimizer, inputs, notes): the wrapped model and its data on device;
     notes: what ran ({"attention", "optimizer_impl"})."""
     model = bench_models.build(bench)
-    attention = set_attention(model, args.attention)
+    attention = set_attention(model, args.attention, bench.attention)
     model = model.to(device)
     ddp = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
-    fn = torch.compile(ddp) if args.system == "compile" else ddp
+    fn = torch.compile(ddp, mode=COMPILE_MODES[args.system]) if args.system in COMPILE_MODES else ddp
     opt, impl = make_optimizer(bench, ddp.parameters(), args.optimizer_impl)
     g = torch.Generator().manual_seed(rank)
     inputs = [bench_models.random_input(i, 1, g).to(device) for i in bench.inputs]
@@ -200,8 +210,8 @@ PROFILED_STEPS = 3
 
 
 def profile_steps(fn, opt, inputs, device, path, trace_path):
-    """Profiles 3 steps; writes torch.profiler's table of ops, by device time, to path, and the
-    Chrome trace to trace_path (if given), its step count under "spmd" as spmd-run --trace does."""
+    """Profiles 3 steps; writes torch.profiler's table of ops, by device time, to path (if given),
+    and the Chrome trace to trace_path (if given), its step count under "spmd" as spmd-run --trace does."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -213,6 +223,12 @@ def profile_steps(fn, opt, inputs, device, path, trace_path):
         trace["spmd"] = {"steps": PROFILED_STEPS, "device": device.type}
         with open(trace_path, "w") as f:
             json.dump(trace, f)
+    if path:
+        write_profile_table(prof, path)
+
+
+def write_profile_table(prof, path):
+    """torch.profiler's table of ops, by device time where the profile has it."""
     averages = prof.key_averages()
     for key in ("device_time_total", "cuda_time_total", "cpu_time_total"):
         try:
@@ -224,18 +240,22 @@ def profile_steps(fn, opt, inputs, device, path, trace_path):
         f.write("# torch_step.py --profile: 3 steps, rank 0 (totals over the 3 steps)\n" + table + "\n")
 
 
-def summary(args, bench, ms, loss, device, notes):
+def peak_bytes(device):
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def summary(args, bench, ms, loss, peak, notes):
     timed = ms[args.warmup:]
     row = {"kind": "result", "system": args.system, "model": args.model, "ranks": args.nproc,
            "device": args.device, "steps": args.steps, "warmup": args.warmup, "precision": args.precision,
            "median_ms": statistics.median(timed), "min_ms": min(timed), "max_ms": max(timed),
-           "peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0,
-           "first_step_ms": ms[0], "loss_last": loss, "torch": torch.__version__,
+           "peak_bytes": peak, "first_step_ms": ms[0], "loss_last": loss, "torch": torch.__version__,
            "optimizer": bench.optimizer, "cudnn_benchmark": args.cudnn_benchmark}
     if args.precision == "bf16":
         row["autocast"] = "%s:bf16" % args.device
     row.update(notes)
-    if args.system == "compile":
+    if args.system in COMPILE_MODES:
+        row["compile_mode"] = COMPILE_MODES[args.system]
         row["compile_s"] = ms[0] / 1000.0
     return row
 
@@ -246,10 +266,13 @@ def worker(rank, args, port):
     bench = bench_models.benches(args.tiny)[args.model]
     fn, opt, inputs, notes = make_step(bench, args, device, rank)
     ms, loss = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
-    if args.profile and rank == 0:
+    peak = peak_bytes(device)
+    if (args.profile or args.trace) and rank == 0:
         profile_steps(fn, opt, inputs, device, args.profile, args.trace)
+    elif args.profile or args.trace:
+        time_steps(fn, opt, inputs, device, PROFILED_STEPS)  # rank 0's profiled steps all-reduce with these
     if rank == 0:
-        print(json.dumps(summary(args, bench, ms, loss, device, notes)), flush=True)
+        print(json.dumps(summary(args, bench, ms, loss, peak, notes)), flush=True)
     teardown(rank, device)
 
 

@@ -3,10 +3,12 @@
 (torch.profiler's). Prints the device time and launches a step, by kind (GEMMs, spmd's generated
 kernels, Triton's, ATen's others, copies) and by kernel, slowest first.
 
-    python3 bench/trace_kernels.py TRACE.json [--top N]
+    python3 bench/trace_kernels.py TRACE.json [--top N] [--json FILE]
 
 A trace names its step count under "spmd" (both writers put it there). Device time is the sum of
-the kernels' own durations: where streams overlap it is more than the wall time."""
+the kernels' own durations: where streams overlap it is more than the wall time. --json also writes
+the sums a step to FILE ({"steps", "device", "device_ms", "kernels" (kernels and copies), "by_kind":
+{kind: {"ms", "calls"}}}), which bench.sh records as the step's device time."""
 import argparse
 import collections
 import json
@@ -45,16 +47,27 @@ def table(rows, steps, total, top):
     return lines
 
 
-def summarize(trace, top, source):
+def step_count(trace, source):
     steps = trace.get("spmd", {}).get("steps")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError("%s names no step count (\"spmd\": {\"steps\": N}): not written by spmd-run --trace "
                          "or torch_step.py --trace" % source)
+    return steps
+
+
+def sums(trace):
+    """({kernel name: [us, calls]}, {kind: [us, calls]}) over the whole trace."""
     by_name, by_kind = collections.defaultdict(lambda: [0.0, 0]), collections.defaultdict(lambda: [0.0, 0])
     for name, us in device_events(trace):
         for acc in (by_name[name], by_kind[kind_of(name)]):
             acc[0] += us
             acc[1] += 1
+    return by_name, by_kind
+
+
+def summarize(trace, top, source):
+    steps = step_count(trace, source)
+    by_name, by_kind = sums(trace)
     total = sum(us for us, _ in by_name.values())
     launches = sum(calls for _, calls in by_name.values())
     head = ["# %s: %d steps on %s; a step: %.3f ms of device time in %.1f kernels and copies"
@@ -63,15 +76,31 @@ def summarize(trace, top, source):
                      + table(by_name, steps, total, top)) + "\n"
 
 
+def per_step(trace, source):
+    """The sums a step, for results.jsonl: device milliseconds and kernels (and copies), in all and by kind."""
+    steps = step_count(trace, source)
+    _, by_kind = sums(trace)
+    return {"steps": steps, "device": trace["spmd"].get("device"),
+            "device_ms": sum(us for us, _ in by_kind.values()) / steps / 1e3,
+            "kernels": sum(calls for _, calls in by_kind.values()) / steps,
+            "by_kind": {kind: {"ms": us / steps / 1e3, "calls": calls / steps}
+                        for kind, (us, calls) in by_kind.items()}}
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace")
     p.add_argument("--top", type=int, default=40, help="kernels listed (default 40)")
+    p.add_argument("--json", metavar="FILE", help="also write the sums a step to FILE as JSON")
     args = p.parse_args(argv)
     try:
         with open(args.trace) as f:
             trace = json.load(f)
         sys.stdout.write(summarize(trace, args.top, args.trace))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(per_step(trace, args.trace), f)
+                f.write("\n")
     except (OSError, ValueError) as e:
         print("trace_kernels.py: error: %s" % e, file=sys.stderr)
         return 1
