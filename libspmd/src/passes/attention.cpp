@@ -34,8 +34,13 @@
 // as is_causal: computed so in the graph, or slices of a buffer that holds
 // those values and that the step never writes (LLaMA's and GPT-2's
 // registered masks; the values come from the weights file,
-// options.buffers). Runs before autocast and autodiff, on the forward graph.
+// options.buffers), or any mask the step computes from constants alone
+// (Hugging Face's position comparisons, broadcast over the batch), which is
+// evaluated here and compared. Runs before autocast and autodiff, on the
+// forward graph.
+#include "spmd/ir/boxing.h"
 #include "spmd/ir/builder.h"
+#include "spmd/ops/op_traits.h"
 #include "spmd/ops/spmd_ops.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -43,6 +48,8 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <variant>
@@ -146,9 +153,64 @@ bool isBufferCausalMask(const Graph& g, ValueId mask, BufferValues* buffers) {
   return at::equal(sliced, at::full(sliced.sizes(), -INFINITY, sliced.options()).triu(1));
 }
 
+// The value of `v` where the step computes it from constants alone (and
+// buffers it never writes, whose values the weights file gives): its
+// producers run on the CPU, at most kMaxConstantNodes of them, none random.
+// nullopt where it reads the step's data or parameters.
+constexpr size_t kMaxConstantNodes = 64;
+std::optional<at::Tensor> constantValue(const Graph& g, ValueId v, BufferValues* buffers,
+                                        std::map<ValueId, at::Tensor>& known) {
+  if (auto it = known.find(v); it != known.end()) return it->second;
+  if (const GraphInput* input = g.inputOf(v)) {
+    if (!buffers || input->kind != InputKind::Buffer || isUpdated(g, v)) return std::nullopt;
+    const at::Tensor* value = buffers->find(g.value(v).name);
+    if (!value) return std::nullopt;
+    return known[v] = *value;
+  }
+  const Node* n = g.producer(v);
+  if (!n || known.size() >= kMaxConstantNodes || isRandom(n->op)) return std::nullopt;
+  const std::optional<c10::OperatorHandle> op = findOperator(*n);
+  if (!op) return std::nullopt;
+  bool constant = true;
+  forEachTensorArg(*n, [&](ValueId a) { constant = constant && constantValue(g, a, buffers, known).has_value(); });
+  if (!constant) return std::nullopt;
+  try {
+    std::vector<c10::IValue> stack = boxArguments(*n, op->schema(), [&](ValueId a) { return known.at(a); });
+    op->callBoxed(stack);
+    for (size_t i = 0; i < n->outputs.size() && i < stack.size(); ++i) {
+      if (n->outputs[i] != kNoValue && stack[i].isTensor()) known[n->outputs[i]] = stack[i].toTensor();
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;  // not computable here (a CUDA-only op, say): not known to be causal
+  }
+  if (auto it = known.find(v); it != known.end()) return it->second;
+  return std::nullopt;
+}
+
+// Whether every [L, S] matrix of `mask` is the causal mask: as booleans
+// tril(ones) (true: attended), additive 0 on and below the diagonal and
+// -inf (or the dtype's lowest, as Hugging Face writes it) above.
+bool holdsCausalMask(const at::Tensor& mask) {
+  if (mask.dim() < 2) return false;
+  const int64_t rows = mask.size(-2), cols = mask.size(-1);
+  const at::Tensor below = at::ones({rows, cols}, mask.options().dtype(at::kBool)).tril();
+  if (mask.scalar_type() == at::kBool) return at::equal(mask, below.expand(mask.sizes()));
+  if (!mask.is_floating_point()) return false;
+  const at::Tensor m = mask.to(at::kDouble);
+  const double lowest = mask.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest()
+                        : mask.scalar_type() == at::kFloat ? std::numeric_limits<float>::lowest()
+                                                           : -INFINITY;
+  const at::Tensor masked = m.le(lowest);
+  return at::equal(masked, below.logical_not().expand(mask.sizes())) && m.masked_select(below).eq(0).all().item<bool>();
+}
+
 bool isCausalMask(const Graph& g, ValueId mask, BufferValues* buffers) {
-  if (g.value(mask).shape.size() != 2) return false;
-  return isComputedCausalMask(g, mask) || isBufferCausalMask(g, mask, buffers);
+  if (g.value(mask).shape.size() == 2 && (isComputedCausalMask(g, mask) || isBufferCausalMask(g, mask, buffers))) {
+    return true;
+  }
+  std::map<ValueId, at::Tensor> known;
+  const std::optional<at::Tensor> value = constantValue(g, mask, buffers, known);
+  return value && holdsCausalMask(*value);
 }
 
 // The number a 0-dim tensor holds when the importer made it of a constant
