@@ -5,7 +5,7 @@
 # others cannot hide them), and bench/gpu_zoo.py (real transformers, timm and
 # torchvision models on one GPU against eager PyTorch).
 # Needs .deps (CLI11, nlohmann/json headers) where the machine lacks them.
-#   OUT=dir bash bench/gpu_platform.sh
+#   OUT=dir [UNIT_ALL=0: only the [cuda] unit tests] bash bench/gpu_platform.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out}
@@ -22,8 +22,15 @@ echo "build: $(( $(date +%s) - start )) s, warnings: $(grep -c 'warning:' "$OUT/
 (cd build-gpu/tests && ./spmd-unit-tests "[cuda]" > "$OUT/unit-cuda.log" 2>&1)
 echo "unit tests [cuda]: exit $?: $(tail -2 "$OUT/unit-cuda.log" | head -1)"
 grep -B2 -A12 "FAILED" "$OUT/unit-cuda.log" | head -80
+if [ "${UNIT_ALL:-1}" = 0 ]; then echo "unit tests but [cuda]: left out (UNIT_ALL=0)"; else
 (cd build-gpu/tests && ./spmd-unit-tests "~[cuda]" > "$OUT/unit.log" 2>&1); echo "unit tests: exit $?: $(tail -2 "$OUT/unit.log" | head -1)"
 grep -B2 -A8 "FAILED" "$OUT/unit.log" | head -40
+if grep -q "SIGSEGV" "$OUT/unit.log" && command -v gdb > /dev/null; then  # where a crash happened
+  test=$(grep -B6 "SIGSEGV" "$OUT/unit.log" | grep -m1 -A1 "^----" | tail -1)
+  (cd build-gpu/tests && timeout 120 gdb -batch -ex run -ex bt --args ./spmd-unit-tests "$test" > "$OUT/crash.log" 2>&1)
+  grep -A25 "SIGSEGV" "$OUT/crash.log" | head -30
+fi
+fi
 timeout 300 python3 bench/gpu_zoo.py build-gpu "$OUT/zoo" > "$OUT/gpu_zoo.log" 2>&1; echo "gpu_zoo: exit $?"
 grep -E "^(PASS|FAIL)" "$OUT/gpu_zoo.log" | cut -c1-220
 rm -rf "$OUT/zoo"/*/  # models, data and artifacts: too many files to bring back
