@@ -321,15 +321,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
 
 // The mask as the efficient kernel takes it (what ATen's SDPA does before
 // calling it): additive in q's dtype (a boolean mask: 0 where attended, -inf
-// elsewhere), [batch, heads, queries, keys] by broadcasting, and its rows
-// 16-element aligned (a slice of a padded tensor).
+// elsewhere), [batch, heads, queries, keys] by broadcasting, and every
+// stride but the last's a multiple of 16 elements (a slice of a padded
+// tensor where they are not).
 at::Tensor attentionBias(const at::Tensor& mask, const at::Tensor& q, int64_t keys) {
   at::Tensor bias = mask.scalar_type() == at::kBool
                         ? at::zeros(mask.sizes(), q.options()).masked_fill_(mask.logical_not(), -INFINITY)
                         : mask.to(q.scalar_type());
   const int64_t aligned = (keys + 15) / 16 * 16;
-  const bool rowsAligned = bias.dim() < 2 || bias.size(-2) == 1 || bias.stride(-2) % 16 == 0;
-  if (bias.size(-1) == keys && (bias.stride(-1) != 1 || !rowsAligned)) {
+  bool isAligned = bias.size(-1) == keys && bias.stride(-1) == 1;
+  for (int64_t d = 0; d + 1 < bias.dim(); ++d) isAligned = isAligned && bias.stride(d) % 16 == 0;
+  if (bias.size(-1) == keys && !isAligned) {
     std::vector<int64_t> padded = bias.sizes().vec();
     padded.back() = aligned;
     bias = at::empty(padded, bias.options()).slice(-1, 0, keys).copy_(bias);
