@@ -269,6 +269,66 @@ def reader_errors(write, graph_json, tmp):
     shape_inference_memory(write, tmp)
 
 
+def damaged_zip_errors(write, tmp):
+    """Issue 44: zips cut short crashed every tool inside LibTorch's reader
+    (SIGSEGV); damaged members were read as they were."""
+    global passed, failed
+    step = subprocess.run([EXPAND] + MLP + ["--optimizer", "adam"], capture_output=True).stdout
+    artifact = os.path.join(tmp, "whole.spmd")
+    subprocess.run([LOWER, "-", "-o", artifact], input=step, capture_output=True, check=True)
+    damaged = r"(not a zip file, or a damaged one|damaged zip file: member '.*' does not match its CRC-32)"
+    for path, extra in ((artifact, []), ("samples/lm.pt", ["--input", "tokens:i64[4,16]", "--input", "targets:i64[4,16]"])):
+        with open(path, "rb") as f:
+            whole = f.read()
+        bad = []
+        for k in range(1, 40):  # cut at 39 lengths through the file
+            cut = write("cut.bin", whole[: len(whole) * k // 40])
+            proc = subprocess.run([BIN, cut, "--stats"] + extra, capture_output=True)
+            err = proc.stderr.decode(errors="replace").strip()
+            if proc.returncode != 1 or "\n" in err or not re.fullmatch(r"spmd-inspect: error: .*/cut\.bin: " + damaged, err):
+                bad.append(f"{len(whole) * k // 40} bytes: exit {proc.returncode}, {err[:120]!r}")
+        name = f"{os.path.basename(path)} cut short at 39 lengths"
+        if bad:
+            failed += 1
+            print(f"FAIL {name}: " + "; ".join(bad[:3]))
+        else:
+            passed += 1
+            print(f"PASS {name}")
+    # One byte changed in a torch.save file's tensor data (a data file here,
+    # as a checkpoint's would be): refused by the member's CRC-32.
+    import torch
+    data = os.path.join(tmp, "data.pt")
+    torch.save({"x": torch.zeros(2, 100, 100)}, data)
+    raw = bytearray(open(data, "rb").read())
+    at = raw.find(b"\0" * 4096) + 2048  # inside the zeros
+    raw[at] ^= 0x40
+    check("damaged tensor data in --data", [artifact, "--data", write("flipped.pt", bytes(raw)), "--steps", "1"], 1,
+          r"spmd-run: error: .*/flipped\.pt: damaged zip file: member 'data/data/0' does not match its CRC-32", tool=RUN)
+
+
+def output_target_errors(tmp):
+    """Issue 44: -o replaced devices and symbolic links with regular files."""
+    global passed, failed
+    expand = [EXPAND] + MLP + ["--optimizer", "sgd", "--lr", "0.1", "-o"]
+    subprocess.run(expand + ["/dev/null"], capture_output=True, check=True)
+    import stat
+    ok = stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    real, link = os.path.join(tmp, "real.json"), os.path.join(tmp, "link.json")
+    os.symlink("real.json", link)
+    subprocess.run(expand + [link], capture_output=True, check=True)
+    ok = ok and os.path.islink(link) and os.path.getsize(real) > 0
+    if ok:
+        passed += 1
+        print("PASS -o writes /dev/null in place and a symbolic link through")
+    else:
+        failed += 1
+        print("FAIL -o writes /dev/null in place and a symbolic link through")
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    check("-o to a FIFO nobody reads", MLP + ["--optimizer", "sgd", "--lr", "0.1", "-o", fifo], 1,
+          r"spmd-expand: error: .*/fifo: cannot write: a FIFO that nobody reads", tool=EXPAND)
+
+
 def rezip(src, dst, edit_header):
     """Copies the artifact `src` to `dst` with header.json edited (and a zip
     rewritten as a user's zip tool would, so that the zip's own CRCs hold)."""
@@ -371,7 +431,7 @@ def main():
     with open("samples/mlp.pt", "rb") as f:
         module = f.read()
     check("truncated zip", [write("cut.pt", module[: len(module) // 2]), "--input", "x:f32[100,100]"], 1,
-          E + r".*/cut\.pt: not a loadable TorchScript module: .*")
+          E + r".*/cut\.pt: not a zip file, or a damaged one")
     check("neither format", [write("x.txt", "hello\n")], 1,
           E + r".*/x\.txt: neither a TorchScript module \(zip\) nor a JSON graph dump")
     check("invalid JSON", [write("bad.json", '{"format": ')], 1, E + r".*/bad\.json: invalid JSON: parse error.*")
@@ -443,6 +503,8 @@ def main():
     unroll_errors(write, graph_json)
     help_and_terminal()
     reader_errors(write, graph_json, tmp)
+    damaged_zip_errors(write, tmp)
+    output_target_errors(tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -326,11 +326,13 @@ TEST_CASE("from bytes as from a file", "[torch_save]") {
 
 TEST_CASE("bad torch.save files are diagnostics", "[torch_save]") {
   const auto& fx = Fixtures::get();
-  checkError([&] { load("truncated.pt"); }, "not a torch.save zip file: ");
-  checkError([&] { load("notzip.pt"); }, "not a torch.save zip file: ");
-  checkError([&] { loadTorchSaveBytes(""); }, "not a torch.save zip file: ");
+  // The zip's structure is checked before LibTorch's reader sees it (a cut
+  // zip crashed that reader).
+  checkError([&] { load("truncated.pt"); }, "not a zip file, or a damaged one");
+  checkError([&] { load("notzip.pt"); }, "not a zip file, or a damaged one");
+  checkError([&] { loadTorchSaveBytes(""); }, "not a zip file, or a damaged one");
   const std::string notZip = readFile(fx.path("notzip.pt"));
-  checkError([&] { loadTorchSaveBytes(notZip); }, "not a torch.save zip file: ");
+  checkError([&] { loadTorchSaveBytes(notZip); }, "not a zip file, or a damaged one");
   checkError([&] { load("legacy.pt"); }, "legacy format");
   checkError([&] { load("device.pt"); }, "unsupported global 'torch.device' at byte 2 of data.pkl");
   checkError([&] { load("custom.pt"); }, "unsupported global '__main__.Point'");

@@ -3,6 +3,7 @@
 #include "spmd/io/artifact.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/torchscript.h"
+#include "spmd/io/zip_members.h"
 #include "spmd/ir/parser.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/mapped_file.h"
@@ -17,6 +18,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 namespace spmd {
@@ -112,6 +114,7 @@ LoadedGraph loadGraphFrom(std::string_view bytes, const std::string& displayName
   loaded.displayName = displayName;
   try {
     if (bytes.empty()) throw Diagnostic("", "empty input");
+    if (isZip(bytes)) checkZipStructure(bytes, ZipCrc::UpTo1MiB);
     if (isZip(bytes) && isArtifact(bytes)) {
       loaded.format = InputFormat::Artifact;
       const bool inMapping = mapping && bytes.data() == mapping->bytes() && bytes.size() == mapping->size();
@@ -136,18 +139,71 @@ LoadedGraph loadGraphFrom(std::string_view bytes, const std::string& displayName
   return loaded;
 }
 
+namespace {
+
+// The file a write to `path` lands in: a symbolic link's target (the link
+// stays a link), else `path` itself.
+std::string writtenPath(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path at = path;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(at)); ++hops) {
+    std::error_code error;
+    const fs::path target = fs::read_symlink(at, error);
+    if (error || hops == 40) {
+      throw Diagnostic("", "cannot write through the link: " + (error ? error.message() : "too many links")).inFile(path);
+    }
+    at = target.is_absolute() ? target : at.parent_path() / target;  // a dangling link's target is created
+  }
+  return at.string();
+}
+
+// Opens an existing target that is not a regular file to be written in
+// place (a character device such as /dev/null, or a FIFO with a reader);
+// -1 with errno set where it cannot be, or is something else.
+int openInPlace(const std::string& path, mode_t mode) {
+  if (S_ISDIR(mode)) {
+    errno = EISDIR;
+    return -1;
+  }
+  if (!S_ISCHR(mode) && !S_ISFIFO(mode)) {
+    errno = EINVAL;  // a socket or block device: not something spmd writes to
+    return -1;
+  }
+  // A FIFO without a reader would block the open: refused instead (ENXIO).
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | (S_ISFIFO(mode) ? O_NONBLOCK : 0));
+  if (fd >= 0 && S_ISFIFO(mode)) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+}  // namespace
+
 OutputFile::OutputFile(const std::string& path) : path_(path) {
   if (path == "-") {
     std::cout.flush();
     fd_ = STDOUT_FILENO;
     return;
   }
-  temp_ = path + ".tmp." + std::to_string(::getpid());
+  const std::string target = writtenPath(path);
+  struct stat st {};
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    fd_ = openInPlace(target, st.st_mode);
+    if (fd_ < 0) {
+      const std::string why = errno == EINVAL ? "not a regular file, a character device or a FIFO"
+                              : errno == ENXIO ? "a FIFO that nobody reads"
+                                               : errnoText();
+      throw Diagnostic("", "cannot write: " + why).inFile(path_);
+    }
+    inPlace_ = true;
+    return;
+  }
+  target_ = target;
+  temp_ = target + ".tmp." + std::to_string(::getpid());
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Diagnostic("", "cannot write: " + errnoText()).inFile(path_);
 }
 
 OutputFile::~OutputFile() {
+  if (inPlace_ && fd_ >= 0) ::close(fd_);
   if (committed_ || temp_.empty()) return;
   if (fd_ >= 0) ::close(fd_);
   std::remove(temp_.c_str());
@@ -170,6 +226,12 @@ void OutputFile::write(const void* data, size_t size) {
 
 void OutputFile::commit() {
   committed_ = true;
+  if (inPlace_) {
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail();
+    return;
+  }
   if (temp_.empty()) return;
   if (::close(fd_) != 0) {
     fd_ = -1;
@@ -177,7 +239,7 @@ void OutputFile::commit() {
     fail();
   }
   fd_ = -1;
-  if (std::rename(temp_.c_str(), path_.c_str()) != 0) {
+  if (std::rename(temp_.c_str(), target_.c_str()) != 0) {
     committed_ = false;
     fail();
   }

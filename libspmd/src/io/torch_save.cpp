@@ -21,6 +21,7 @@
 #include "spmd/io/torch_save.h"
 
 #include "spmd/io/load.h"
+#include "spmd/io/zip_members.h"
 #include "spmd/io/zip_writer.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/mapped_file.h"
@@ -29,11 +30,9 @@
 #include <ATen/core/Tensor.h>
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
-#include <caffe2/serialize/istream_adapter.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string_view>
@@ -90,6 +89,7 @@ c10::IValue readArchive(std::shared_ptr<ReadAdapterInterface> in) {
 c10::IValue loadTorchSaveBytes(const std::string& bytes) {
   try {
     if (!bytes.empty()) rejectLegacy(bytes[0]);
+    checkZipStructure(bytes, ZipCrc::All);
     return readArchive(std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
   } catch (const Diagnostic&) {
     throw;
@@ -103,14 +103,13 @@ c10::IValue loadTorchSaveBytes(const std::string& bytes) {
 c10::IValue loadTorchSave(const std::string& path) {
   try {
     refuseDirectory(path);
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(std::string("cannot open: ") + std::strerror(errno));
-    char first = 0;
-    in.get(first);
-    in.clear();
-    in.seekg(0);
-    rejectLegacy(first);
-    return readArchive(std::make_shared<caffe2::serialize::IStreamAdapter>(&in));
+    // Mapped, not streamed: the structure is checked before LibTorch's reader
+    // sees it, and only a regular file can be (a FIFO or device is refused).
+    const MappedFile file(path);
+    const std::string_view bytes = file.view();
+    if (!bytes.empty()) rejectLegacy(bytes[0]);
+    checkZipStructure(bytes, ZipCrc::All);
+    return readArchive(std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()));
   } catch (Diagnostic& d) {
     throw d.inFile(path);
   } catch (const c10::Error& e) {

@@ -122,6 +122,9 @@ jit::Module importModule(std::shared_ptr<ModuleReadAdapter> adapter) {
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     throw Diagnostic("", "not a loadable TorchScript module: " + what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {  // the TorchScript compiler's ErrorReport for damaged code, say
+    const std::string what = e.what();
+    throw Diagnostic("", "not a loadable TorchScript module: " + what.substr(0, what.find('\n')));
   }
 }
 

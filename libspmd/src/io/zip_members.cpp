@@ -1,10 +1,15 @@
 #include "spmd/io/zip_members.h"
 
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/echo.h"
 #include "spmd/support/little_endian.h"
 #include "spmd/support/mapped_file.h"
 
 #include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <zlib.h>
 
 namespace spmd {
 namespace {
@@ -39,14 +44,16 @@ std::vector<ZipMember> zipMembers(std::string_view zip) {
   uint64_t at = directory;
   for (uint64_t e = 0; e < entries; ++e) {
     if (at > n || n - at < 46 || littleEndian(z + at, 4) != 0x02014b50) notAZip();
+    ZipMember m;
     const uint64_t method = littleEndian(z + at + 10, 2), nameLength = littleEndian(z + at + 28, 2),
                    extraLength = littleEndian(z + at + 30, 2), commentLength = littleEndian(z + at + 32, 2);
+    m.crc32 = static_cast<uint32_t>(littleEndian(z + at + 16, 4));
     uint64_t stored = littleEndian(z + at + 20, 4), size = littleEndian(z + at + 24, 4),
              local = littleEndian(z + at + 42, 4);
     if (n - at - 46 < nameLength + extraLength) notAZip();
-    ZipMember m;
     m.name.assign(z + at + 46, nameLength);
     m.compressed = method != 0;
+    m.method = static_cast<uint16_t>(method);
     // zip64 sizes and offset: in the extra field 0x0001, those that overflowed, in this order.
     const uint64_t extraEnd = at + 46 + nameLength + extraLength;
     for (uint64_t x = at + 46 + nameLength; x + 4 <= extraEnd;) {
@@ -74,6 +81,53 @@ std::vector<ZipMember> zipMembers(std::string_view zip) {
     at += 46 + nameLength + extraLength + commentLength;
   }
   return members;
+}
+
+namespace {
+
+// The CRC-32 of a deflated member's data, inflated a piece at a time;
+// nullopt when it does not inflate to its recorded size.
+std::optional<uint32_t> inflatedCrc(std::string_view zip, const ZipMember& m) {
+  z_stream in{};
+  if (inflateInit2(&in, -MAX_WBITS) != Z_OK) return std::nullopt;  // raw deflate, as zip stores it
+  in.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(zip.data() + m.offset));
+  in.avail_in = static_cast<uInt>(m.storedSize);  // members past 4 GiB are never deflated by torch.save
+  std::vector<Bytef> piece(size_t{1} << 16);
+  uLong sum = crc32_z(0, nullptr, 0);
+  size_t total = 0;
+  int status = Z_OK;
+  while (status == Z_OK && total <= m.size) {
+    in.next_out = piece.data();
+    in.avail_out = static_cast<uInt>(piece.size());
+    status = inflate(&in, Z_NO_FLUSH);
+    const size_t got = piece.size() - in.avail_out;
+    sum = crc32_z(sum, piece.data(), got);
+    total += got;
+    if (status == Z_OK && got == 0 && in.avail_in == 0) break;  // truncated
+  }
+  inflateEnd(&in);
+  if (status != Z_STREAM_END || total != m.size) return std::nullopt;
+  return static_cast<uint32_t>(sum);
+}
+
+std::optional<uint32_t> crcOf(std::string_view zip, const ZipMember& m) {
+  if (m.method == 8) return inflatedCrc(zip, m);
+  return static_cast<uint32_t>(crc32_z(crc32_z(0, nullptr, 0), reinterpret_cast<const Bytef*>(zip.data() + m.offset), m.size));
+}
+
+}  // namespace
+
+void checkZipStructure(std::string_view zip, ZipCrc crc) {
+  constexpr size_t kSmall = size_t{1} << 20;
+  for (const ZipMember& m : zipMembers(zip)) {
+    const std::string name = "member '" + echo(m.name, 200) + "'";
+    if (m.method != 0 && m.method != 8) {
+      throw Diagnostic("", "damaged zip file: " + name + " is compressed with method " + std::to_string(m.method) +
+                               " (only stored and deflated members are read)");
+    }
+    if (crc == ZipCrc::UpTo1MiB && m.size > kSmall) continue;
+    if (crcOf(zip, m) != m.crc32) throw Diagnostic("", "damaged zip file: " + name + " does not match its CRC-32");
+  }
 }
 
 }  // namespace spmd

@@ -61,7 +61,11 @@ std::string displayNameOf(const std::string& path);
 
 // An output written to a temporary file beside `path` and renamed into place
 // by commit(), so that a failure never leaves a partial output; a temporary
-// not committed is removed. "-" writes to stdout as it goes.
+// not committed is removed. "-" writes to stdout as it goes. A symbolic
+// link is written through (its target replaced so, the link kept); an
+// existing character device (/dev/null) or a FIFO with a reader is written
+// in place, as it goes; any other target that is not a regular file (a
+// directory, a socket, a FIFO nobody reads) is refused.
 class OutputFile {
  public:
   explicit OutputFile(const std::string& path);  // throws Diagnostic naming `path`
@@ -74,8 +78,11 @@ class OutputFile {
 
  private:
   [[noreturn]] void fail();
-  std::string path_, temp_;
+  std::string path_;    // as the user named it
+  std::string target_;  // the regular file written (a link's target), through temp_
+  std::string temp_;
   int fd_ = -1;
+  bool inPlace_ = false;  // a device or FIFO, written directly
   bool committed_ = false;
 };
 
