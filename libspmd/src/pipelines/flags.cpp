@@ -164,8 +164,9 @@ void addLowerFlags(CLI::App& app, LowerOptions& options) {
                         "CUDA: keep ATen's kernels (no generated kernels: fuse-dropout, fuse-rows, fuse-pointwise, fuse-cross-entropy, fuse-layer-norm, fuse-column-sum; fp32 attention: efficient, not gemm)");
   app.add_option("--attention-kernel", options.attentionKernel,
                  "CUDA attention kernel: auto (bf16/fp16: cudnn up to head size 128, flash up to 256; fp32: gemm up "
-                 "to 2048 keys; else efficient), efficient, flash, cudnn, gemm (fp32: batched GEMMs and a generated "
-                 "softmax), or math (unfused)")
+                 "to 2048 keys; a mask other than the causal one: efficient; dropout: flash for bf16/fp16; else "
+                 "efficient), efficient, flash, cudnn, gemm (fp32: batched GEMMs and a generated softmax), or math "
+                 "(unfused); one that cannot take an attention gives way to auto's choice")
       ->check(CLI::IsMember({"auto", "efficient", "flash", "cudnn", "gemm", "math"}))
       ->capture_default_str();
 }
