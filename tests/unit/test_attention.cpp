@@ -79,6 +79,15 @@ std::vector<at::Tensor> droppedMath(const at::Tensor& q, const at::Tensor& k, co
 
 const char* kResultNames[] = {"out", "grad q", "grad k", "grad v"};
 
+// out, dq, dk and dv equal bit for bit, shapes included.
+void checkEqualResults(const std::vector<at::Tensor>& ours, const std::vector<at::Tensor>& ref) {
+  for (size_t i = 0; i < ours.size(); ++i) {
+    INFO(kResultNames[i]);
+    CHECK(ours[i].sizes() == ref[i].sizes());
+    CHECK(at::equal(ours[i], ref[i]));
+  }
+}
+
 // q as a model's [batch, length, heads, size] view gives it; k and v with
 // `kvHeads` heads.
 struct Inputs {
@@ -126,11 +135,7 @@ TEST_CASE("spmd::attention as SDPA equals LibTorch's SDPA and autograd bit for b
       if (f.mask && f.causal) reference.causal = false;  // SDPA takes the mask itself
       const auto ours = spmdAttention(in.q, in.k, in.v, in.grad, f);
       const auto ref = atenAttention(in.q, in.k, in.v, in.grad, reference);
-      for (size_t i = 0; i < ours.size(); ++i) {
-        INFO(kResultNames[i]);
-        CHECK(ours[i].sizes() == ref[i].sizes());
-        CHECK(at::equal(ours[i], ref[i]));
-      }
+      checkEqualResults(ours, ref);
     }
   }
 }
@@ -143,11 +148,7 @@ TEST_CASE("spmd::attention as SDPA with enable_gqa equals LibTorch's on the CPU"
   f.causal = true;
   const auto ours = spmdAttention(in.q, in.k, in.v, in.grad, f);
   const auto ref = atenAttention(in.q, in.k, in.v, in.grad, f);
-  for (size_t i = 0; i < ours.size(); ++i) {
-    INFO(kResultNames[i]);
-    CHECK(ours[i].sizes() == ref[i].sizes());
-    CHECK(at::equal(ours[i], ref[i]));
-  }
+  checkEqualResults(ours, ref);
 }
 
 TEST_CASE("spmd::attention's dropout drops on its keep mask, forward and backward alike", "[attention]") {
