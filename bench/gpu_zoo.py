@@ -11,11 +11,15 @@ forward returns the loss, trace it with torch.jit.trace, run
   spmd-run M.spmd --device cuda --steps 3 --data data.pt --save-params ours.pt
 
 and train a copy of the eager model for the same 3 steps with torch.optim.SGD
-on the same batches. Prints one line per model, PASS (parameters within
-rtol 1e-3 / atol 1e-5: cuDNN and cuBLAS pick algorithms per call, so bits
-differ from eager) or FAIL with the stage and its one-line message, and
-writes OUT_DIR/gpu_zoo.json. Needs torch 2.x with CUDA, transformers, timm.
+on the same batches, twice: the second copy's distance from the first is
+the floor, what eager's own kernels (TF32, cuDNN's choice of algorithm and
+its order of sums) make of the same step. Prints one line per model, PASS
+(parameters within rtol 1e-3 / atol 1e-5: cuDNN and cuBLAS pick algorithms
+per call, so bits differ from eager) or FAIL with the stage and its one-line
+message, with the worst relative differences of spmd's and of the floor,
+and writes OUT_DIR/gpu_zoo.json. Needs torch 2.x with CUDA, transformers, timm.
 """
+import copy
 import json
 import os
 import subprocess
@@ -33,6 +37,12 @@ DEVICE = os.environ.get("SPMD_GPU_ZOO_DEVICE", "cuda")  # cpu: both sides on the
 # f64: model and data in float64, where eager's BatchNorm takes the native kernel
 # (cuDNN's is fp32/fp16 only) as ours does, and no TF32 applies.
 FLOAT = os.environ.get("SPMD_GPU_ZOO_DTYPE", "f32")
+# SPMD_GPU_ZOO_STRICT=1: both sides in full fp32 with cuDNN's deterministic algorithms
+# (eager: torch.backends.cudnn.allow_tf32 = False, .deterministic = True; spmd-run:
+# --no-cudnn-tf32 --cudnn-deterministic), so that what is left of a difference is
+# the kernels' own, not TF32's rounding or an algorithm's order of sums.
+STRICT = os.environ.get("SPMD_GPU_ZOO_STRICT") == "1"
+RUN_FLAGS = "--no-cudnn-tf32 --cudnn-deterministic" if STRICT else ""
 LR, MOMENTUM = 0.01, 0.9
 
 
@@ -48,10 +58,13 @@ class ClassifyLoss(nn.Module):
 def hf(config_name, model_name, attn="sdpa", **config):
     """A transformers model with the attention implementation `attn`: "sdpa"
     (transformers' default: F.scaled_dot_product_attention) or "eager" (written out)."""
-    import transformers
-    cfg = getattr(transformers, config_name)(**config)
-    cfg.attn_implementation = attn
-    return lambda: HFLoss(getattr(transformers, model_name)(cfg))
+    def make():
+        import transformers
+        # Through the constructor: transformers reads attn_implementation there, and an
+        # attribute set afterwards is not what the model consults.
+        cfg = getattr(transformers, config_name)(attn_implementation=attn, **config)
+        return HFLoss(getattr(transformers, model_name)(cfg))
+    return make
 
 
 def zoo_model(name, **kw):
@@ -66,8 +79,10 @@ def zoo_model(name, **kw):
 
 
 def timm_model(name, **kw):
-    import timm
-    return lambda: ClassifyLoss(timm.create_model(name, pretrained=False, num_classes=10, **kw))
+    def make():
+        import timm
+        return ClassifyLoss(timm.create_model(name, pretrained=False, num_classes=10, **kw))
+    return make
 
 
 TOKENS = {"input_ids": ("i64", [4, 32], 128), "labels": ("i64", [4, 32], 128)}
@@ -139,31 +154,52 @@ def check(name, bin_dir, out_dir):
         run(f"{bin_dir}/spmd-expand {pt} {specs} --optimizer sgd --lr {LR} --momentum {MOMENTUM} -o {folder}/step.json",
             "spmd-expand")
         run(f"{bin_dir}/spmd-lower {folder}/step.json --device {DEVICE} -o {step}", "spmd-lower")
-        run(f"{bin_dir}/spmd-run {step} --device {DEVICE} --steps {STEPS} --data {folder}/data.pt --save-params {ours}",
-            "spmd-run")
+        run(f"{bin_dir}/spmd-run {step} --device {DEVICE} --steps {STEPS} --data {folder}/data.pt --save-params {ours}"
+            f" {RUN_FLAGS}", "spmd-run")
     except RuntimeError as e:
         return {"name": name, "ok": False, "stage": str(e).split(":")[0], "why": str(e)[:400]}
 
-    eager = model.to(DEVICE)
-    opt = torch.optim.SGD(eager.parameters(), lr=LR, momentum=MOMENTUM)
+    start = copy.deepcopy(model)
+    eager = train_eager(model, data, inputs)
+    # The floor: eager against itself, from the same weights on the same batches.
+    again = train_eager(start, data, inputs)
+    got = torch.load(ours)
+    bad = [n for n, p in eager.items() if not torch.allclose(got[n].to(DEVICE), p, rtol=1e-3, atol=1e-5)]
+    return {"name": name, "ok": not bad, "params": len(got), "mismatched": bad[:5],
+            "worst_rel": worst_relative(got, eager), "eager_vs_eager_rel": worst_relative(again, eager),
+            "attention": attention_of(model)}
+
+
+def train_eager(model, data, inputs):
+    """The eager model after STEPS SGD steps: its parameters by name."""
+    model = model.to(DEVICE)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     for s in range(STEPS):
         opt.zero_grad()
-        eager(*[data[n][s].to(DEVICE) for n in inputs]).backward()
+        model(*[data[n][s].to(DEVICE) for n in inputs]).backward()
         opt.step()
-    got = torch.load(ours)
-    worst, bad = 0.0, []
-    for n, p in eager.named_parameters():
-        diff = (got[n].to(DEVICE) - p.detach()).abs()
-        worst = max(worst, (diff / (p.detach().abs() + 1e-5)).max().item())
-        if not torch.allclose(got[n].to(DEVICE), p.detach(), rtol=1e-3, atol=1e-5):
-            bad.append(n)
-    return {"name": name, "ok": not bad, "params": len(got), "mismatched": bad[:5], "worst_rel": worst}
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def worst_relative(got, want):
+    return max((((got[n].to(DEVICE) - p).abs() / (p.abs() + 1e-5)).max().item() for n, p in want.items()),
+               default=0.0)
+
+
+def attention_of(model):
+    """transformers' attention implementation, as the model reports it (None for others)."""
+    inner = getattr(model, "model", None)
+    config = getattr(inner, "config", None)
+    return getattr(config, "_attn_implementation", None)
 
 
 def main(argv):
     if len(argv) < 2:
         print(__doc__.strip(), file=sys.stderr)
         return 2
+    if STRICT:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.deterministic = True
     bin_dir, out_dir, names = argv[0], argv[1], argv[2:] or list(MODELS)
     results = []
     for name in names:
@@ -174,7 +210,7 @@ def main(argv):
         results.append(r)
         print(("PASS " if r["ok"] else "FAIL ") + json.dumps(r), flush=True)
     with open(os.path.join(out_dir, "gpu_zoo.json"), "w") as f:
-        json.dump({"torch": torch.__version__, "device": DEVICE == "cuda" and torch.cuda.get_device_name() or "cpu",
+        json.dump({"torch": torch.__version__, "strict": STRICT, "device": DEVICE == "cuda" and torch.cuda.get_device_name() or "cpu",
                    "results": results}, f, indent=1)
     return 0
 

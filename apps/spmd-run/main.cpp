@@ -85,6 +85,11 @@ int main(int argc, char** argv) {
                  "CUDA, every kernel, nothing synchronized");
   app.add_flag("--allow-nonfinite", o.allowNonfinite, "keep training after a NaN or infinite loss (else an error naming the step)");
   app.add_flag("--tf32", o.tf32, "allow TF32 matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32)");
+  bool noCudnnTf32 = false;
+  app.add_flag("--no-cudnn-tf32", noCudnnTf32,
+               "cuDNN's convolutions in full fp32 (torch.backends.cudnn.allow_tf32 = False; TF32 is cuDNN's default)");
+  app.add_flag("--cudnn-deterministic", o.cudnnDeterministic,
+               "cuDNN's deterministic algorithms only (torch.backends.cudnn.deterministic = True)");
   app.add_option("--timeout", timeoutSec, "seconds to wait for a peer (joining, or in a collective) before failing")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -92,6 +97,7 @@ int main(int argc, char** argv) {
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutSec * 1000));
+    o.cudnnTf32 = !noCudnnTf32;
     auto rank = spmd::rankFromEnvironment();
     if (!rank && nproc > 1) {
       return spmd::launchLocalRanks(tool, nproc, std::vector<std::string>(argv, argv + argc));

@@ -41,8 +41,14 @@ void RunDevice::makeCurrent() const {
 #endif
 }
 
-void RunDevice::allowTF32(bool on) const {
-  if (isCuda()) at::globalContext().setAllowTF32CuBLAS(on);
+void RunDevice::allowTF32(bool matmuls, bool convolutions) const {
+  if (!isCuda()) return;
+  at::globalContext().setAllowTF32CuBLAS(matmuls);
+  at::globalContext().setAllowTF32CuDNN(convolutions);
+}
+
+void RunDevice::cudnnDeterministic(bool on) const {
+  if (isCuda()) at::globalContext().setDeterministicCuDNN(on);
 }
 
 void RunDevice::synchronize() const {

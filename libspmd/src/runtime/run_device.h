@@ -25,8 +25,11 @@ class RunDevice {
 
   // Makes this rank's GPU the current one (nothing on CPU).
   void makeCurrent() const;
-  // TF32 matmuls on CUDA (torch.backends.cuda.matmul.allow_tf32); nothing on CPU.
-  void allowTF32(bool on) const;
+  // TF32 on CUDA: in matmuls (torch.backends.cuda.matmul.allow_tf32) and in
+  // cuDNN's convolutions (torch.backends.cudnn.allow_tf32); nothing on CPU.
+  void allowTF32(bool matmuls, bool convolutions) const;
+  // cuDNN's algorithms: deterministic ones only (torch.backends.cudnn.deterministic).
+  void cudnnDeterministic(bool on) const;
   // Waits for the work queued on the device (nothing on CPU).
   void synchronize() const;
   // Seeds the generators random ops (dropout's bernoulli) draw from when

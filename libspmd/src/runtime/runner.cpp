@@ -144,7 +144,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   if (o.warmup >= steps - start) {
     throw Diagnostic("--warmup", "must be fewer than the " + std::to_string(steps - start) + " steps to run");
   }
-  device.allowTF32(o.tf32);
+  device.allowTF32(o.tf32, o.cudnnTf32);
+  device.cudnnDeterministic(o.cudnnDeterministic);
   std::optional<OpProfile> profile;
   if (!o.profile.empty()) profile.emplace(device);
   std::optional<StepTrace> trace;

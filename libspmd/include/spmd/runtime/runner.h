@@ -22,6 +22,8 @@ struct RunOptions {
   uint64_t seed = 0;
   bool json = false;
   bool tf32 = false;  // TF32 matmuls on CUDA, as torch.backends.cuda.matmul.allow_tf32
+  bool cudnnTf32 = true;  // TF32 in cuDNN's convolutions, as torch.backends.cudnn.allow_tf32 (on by default there too)
+  bool cudnnDeterministic = false;  // as torch.backends.cudnn.deterministic
   bool eager = false; // no CUDA graphs, even for an artifact lowered with --cudagraphs
   bool allowNonfinite = false;  // --allow-nonfinite: train on after a NaN or infinite loss
   std::string profile;  // --profile: rank 0's time per op, the device synchronized after each node
