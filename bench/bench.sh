@@ -410,7 +410,9 @@ if [ "$BUILD" = 1 ]; then
   fi
   if [ "${BUILD_ONLY:-0}" = 1 ]; then log "built; BUILD_ONLY=1: stop"; exit 0; fi
 fi
-if "$B/spmd-run" --help 2>&1 | grep -q -- '--warmup'; then SPMD_WARMUP=1; fi
+# Not `--help | grep -q`: grep's early exit would fail the pipe (pipefail) on a help text it matched.
+SPMD_HELP=$("$B/spmd-run" --help 2>&1 || true)
+if [[ $SPMD_HELP == *--warmup* ]]; then SPMD_WARMUP=1; fi
 if [ "$SPMD_WARMUP" = 0 ]; then log "note: spmd-run has no --warmup: its timings include the warm-up steps"; fi
 record_machine
 export -f pipeline

@@ -23,6 +23,23 @@ int ownFailure(const std::string& tool, const std::string& message) {
   return 1;
 }
 
+// --timeout: positive seconds, at most a day. A longer wait is a hang by
+// another name, and NaN or inf would make no deadline at all.
+CLI::Validator timeoutBound() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        double seconds = 0;
+        try {
+          seconds = std::stod(text);
+        } catch (const std::exception&) {
+          return "not a number of seconds";
+        }
+        if (!(seconds > 0 && seconds <= 86400)) return "must be more than 0 and at most 86400 seconds (a day)";
+        return "";
+      },
+      "SEC in (0, 86400]");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,7 +108,7 @@ int main(int argc, char** argv) {
   app.add_flag("--cudnn-deterministic", o.cudnnDeterministic,
                "cuDNN's deterministic algorithms only (torch.backends.cudnn.deterministic = True)");
   app.add_option("--timeout", timeoutSec, "seconds to wait for a peer (joining, or in a collective) before failing")
-      ->check(CLI::PositiveNumber)
+      ->check(timeoutBound())
       ->capture_default_str();
   app.add_option("--input", inputSpecs, "NAME:DTYPE[d0,d1,...] for a TorchScript IN");
 

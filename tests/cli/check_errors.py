@@ -329,6 +329,31 @@ def output_target_errors(tmp):
           r"spmd-expand: error: .*/fifo: cannot write: a FIFO that nobody reads", tool=EXPAND)
 
 
+def utf8_and_bounds_errors(tmp):
+    """A file name that is not UTF-8 comes back escaped, whole characters kept: the
+    error line is valid UTF-8. --timeout takes (0, 86400] seconds, NaN and inf refused."""
+    global passed, failed
+    name = os.path.join(os.fsencode(tmp), b"caf\xc3\xa9-\xff\xfe.pt")
+    with open(name, "wb") as f:
+        f.write(b"hello\n")
+    proc = subprocess.run([BIN, name], capture_output=True)
+    try:
+        err = proc.stderr.decode("utf-8")
+    except UnicodeDecodeError:
+        err = None
+    if proc.returncode == 1 and err is not None and err.count("\n") == 1 and \
+            "/caf\u00e9-\\xff\\xfe.pt: neither a TorchScript module" in err:
+        passed += 1
+        print("PASS a file name that is not UTF-8 is escaped")
+    else:
+        failed += 1
+        print(f"FAIL a file name that is not UTF-8 is escaped: exit {proc.returncode}, stderr {proc.stderr!r}")
+    for value in ("nan", "inf", "1e10", "0", "-5", "soon"):
+        check(f"spmd-run --timeout {value}", ["samples/mlp.pt", "--timeout", value], 2,
+              r"--timeout: (must be more than 0 and at most 86400 seconds \(a day\)|not a number of seconds)",
+              tool=RUN)
+
+
 def rezip(src, dst, edit_header):
     """Copies the artifact `src` to `dst` with header.json edited (and a zip
     rewritten as a user's zip tool would, so that the zip's own CRCs hold)."""
@@ -505,6 +530,7 @@ def main():
     reader_errors(write, graph_json, tmp)
     damaged_zip_errors(write, tmp)
     output_target_errors(tmp)
+    utf8_and_bounds_errors(tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
