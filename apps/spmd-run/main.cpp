@@ -7,6 +7,7 @@
 #include "spmd/runtime/run_notes.h"
 #include "spmd/runtime/runner.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/limits.h"
 #include "spmd/support/tool.h"
 
 #include <csignal>
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   app.add_option("IN", in, "artifact from spmd-lower, or a graph (JSON/TorchScript) to lower with defaults")->required();
   app.add_option("--nproc", nproc, "spawn N local ranks (ignored under torchrun, srun or mpirun)")->check(CLI::Range(1, 1024));
-  app.add_option("--steps", o.steps, "training steps (default: spmd-unroll's --iters, else 10)")->check(CLI::Range(1, 100000000));
+  app.add_option("--steps", o.steps, "training steps (default: spmd-unroll's --iters, else 10)")->check(CLI::Range(int64_t{1}, spmd::kMaxRunSteps));
   app.add_option("--warmup", o.warmup, "steps left out of the timing summary (they still train)")
       ->check(CLI::Range(0, 100000000))
       ->capture_default_str();

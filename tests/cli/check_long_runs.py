@@ -192,6 +192,16 @@ def resume_errors(artifacts, adam_artifact, adam_data, adam_root):
     proc = run(adam_artifact, "--steps", "5", "--resume", damaged, check=False)
     report("resume from a damaged checkpoint: names the file", proc.returncode == 1 and
            one_line_error(proc.stderr, "optimizer.pt"), proc.stderr)
+    far = path("far.ckpt")
+    subprocess.run(["cp", "-r", adam_root, far], check=True)
+    manifest_path = os.path.join(far, "step-00000003", "manifest.json")
+    manifest = json.load(open(manifest_path))
+    manifest["step"] = 1000000000000  # once wrapped to a negative int and trained without end
+    json.dump(manifest, open(manifest_path, "w"))
+    proc = run(adam_artifact, "--steps", "5", "--resume", far, check=False)
+    report("resume from a manifest whose step is out of range: refused", proc.returncode == 1 and
+           one_line_error(proc.stderr, "manifest.json: /step: 1000000000000 is outside the steps a run can have"),
+           proc.stderr)
 
 
 def init_from_state_dict(adam_artifact, adam_data):

@@ -5,6 +5,7 @@
 #include "spmd/ir/printer.h"
 #include "spmd/ir/optimizer_state.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/limits.h"
 #include "spmd/support/write_all.h"
 
 #include <ATen/ATen.h>
@@ -200,7 +201,11 @@ CheckpointInfo parseManifest(const std::string& path) {
     info.fingerprint = j.at("fingerprint").get<std::string>();
     info.seed = j.at("seed").get<uint64_t>();
     if (j.contains("lr")) info.lr = j.at("lr").get<double>();
-    if (info.step < 0 || info.worldSize < 1) throw Diagnostic("/step", "negative step or world size");
+    if (info.step < 0 || info.step > kMaxRunSteps) {
+      throw Diagnostic("/step", std::to_string(info.step) + " is outside the steps a run can have (0 to " +
+                                    std::to_string(kMaxRunSteps) + ")");
+    }
+    if (info.worldSize < 1) throw Diagnostic("/world_size", "must be at least 1");
     return info;
   } catch (Diagnostic& d) {
     throw d.inFile(path);

@@ -14,6 +14,8 @@ namespace spmd {
 // Elements of one tensor: 2^48 (1 PiB of bytes at most per tensor), far
 // beyond any device, and its bytes fit in int64 for every dtype.
 constexpr int64_t kMaxTensorElements = int64_t{1} << 48;
+// Steps of one run (spmd-run --steps), and so the step a checkpoint can be at.
+constexpr int64_t kMaxRunSteps = 100000000;
 // Dimensions of one tensor.
 constexpr size_t kMaxTensorRank = 64;
 
