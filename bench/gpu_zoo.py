@@ -101,6 +101,13 @@ MODELS = {
                        num_attention_heads=2, vocab_size=128, max_position_embeddings=64,
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), TOKENS),
     "zoo_llama": (zoo_model("LlamaLM", dim=64, heads=4, kv_heads=2, layers=2, seq=32, vocab=128, hidden=128), TOKENS),
+    # The bench's llama at a small size, with heads of 64 as there: rotary, nn.RMSNorm,
+    # SDPA(is_causal=True, enable_gqa=True).
+    "zoo_llama_gqa": (zoo_model("LlamaLoss", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
+                                max_seq_len=128, hidden=512), {"input_ids": ("i64", [4, 128], 128),
+                                                               "labels": ("i64", [4, 128], 128)}),
+    "zoo_nanogpt": (zoo_model("NanoGPTLoss", vocab_size=128, block_size=128, n_layer=2, n_head=4, n_embd=256),
+                    {"idx": ("i64", [4, 128], 128), "targets": ("i64", [4, 128], 128)}),
     "timm_resnet18": (timm_model("resnet18"), IMAGES),
     "timm_resnet18_no_zero_init": (timm_model("resnet18", zero_init_last=False), IMAGES),
     "tv_resnet18": (lambda: ClassifyLoss(__import__("torchvision").models.resnet18(num_classes=10)), IMAGES),
