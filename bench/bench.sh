@@ -21,7 +21,7 @@
 # recorded as an error line (with its log's tail) and the run goes on; the exit
 # status is 1 if anything failed.
 #
-# Time: the device machine ends a command at 600 s, so on CUDA the run keeps to
+# Time: for GPU machines lent by the 10-minute slot, on CUDA the run keeps to
 # BUDGET=540 seconds, the build included (BUDGET=0: no limit; CPU runs have none).
 # No command runs past it, one that would start with less than MIN_START=30 s of it
 # left is skipped, and the report is still written. Each model's spmd, DDP and
@@ -45,7 +45,7 @@
 # Knobs (environment): MODELS="mlp mlp4096 gpt" (the others too, by name),
 # PRECISIONS="fp32", NPROCS="1 2", SYSTEMS="spmd ddp compile max-autotune", DEVICE=cuda,
 # PYTHON=python3, B=build-gpu (BUILD=0: use it as it is; BUILD_ONLY=1: build and stop,
-# e.g. as a device call of its own), TIMEOUT=180 (seconds per command;
+# e.g. as a command of its own), TIMEOUT=180 (seconds per command;
 # AUTOTUNE_TIMEOUT for max-autotune's), BUDGET, MIN_START, TRACE=1 (device time from
 # traces; the default on CUDA only), QUICK=1 (5 steps + 2 warm-up), TINY=1 (the small
 # models; with DEVICE=cpu BUILD=0 B=build PYTHON=/usr/bin/python3 a smoke test on CPU),

@@ -177,8 +177,7 @@ def check(name, bin_dir, out_dir):
     again = train_eager(nudged, data, inputs)
     got = torch.load(ours)
     bad = mismatched(got, eager)
-    worst_abs = max((got[n].to(DEVICE) - p).abs().max().item() for n, p in eager.items())
-    floor_abs = max((again[n] - p).abs().max().item() for n, p in eager.items())
+    worst_abs, floor_abs = worst_absolute(got, eager), worst_absolute(again, eager)
     # Where eager one ulp away is not within the tolerance either, the tolerance asks
     # more than the model's own rounding allows: spmd passes if it is no farther off.
     return {"name": name, "ok": not bad or worst_abs <= floor_abs, "within_tolerance": not bad,
@@ -202,6 +201,10 @@ def train_eager(model, data, inputs):
 def mismatched(got, want):
     """The parameters of `got` not within rtol 1e-3 / atol 1e-5 of `want`'s."""
     return [n for n, p in want.items() if not torch.allclose(got[n].to(DEVICE), p, rtol=1e-3, atol=1e-5)]
+
+
+def worst_absolute(got, want):
+    return max(((got[n].to(DEVICE) - p).abs().max().item() for n, p in want.items()), default=0.0)
 
 
 def worst_relative(got, want):
