@@ -126,7 +126,7 @@ bool AutocastPass::rewriteWithCasts(Graph& g, const Node& node, const AutocastRu
   for (size_t i = 0; i + 1 < run.calls.size(); ++i) {
     const RecordedCall& c = run.calls[i];
     auto from = valueOf_.find(c.args[0].toTensor().unsafeGetTensorImpl());
-    if (from == valueOf_.end()) throw std::logic_error("autocast: a cast of a tensor that is not in the graph");
+    if (from == valueOf_.end()) throw Diagnostic(where(node), "autocast: a cast of a tensor that is not in the graph");
     const at::Tensor result = c.results[0].toTensor();
     const ValueId v = cast(b, from->second, result.scalar_type());
     valueOf_[result.unsafeGetTensorImpl()] = v;
@@ -141,7 +141,7 @@ bool AutocastPass::rewriteWithCasts(Graph& g, const Node& node, const AutocastRu
   for (size_t i = 0; i < formals.size(); ++i) {
     replacement.args.push_back(argFromIValue(formals[i], main.args[i], [&](const at::Tensor& t) {
       auto it = valueOf_.find(t.unsafeGetTensorImpl());
-      if (it == valueOf_.end()) throw std::logic_error("autocast: the op read a tensor that is not in the graph");
+      if (it == valueOf_.end()) throw Diagnostic(where(node), "autocast: the op read a tensor that is not in the graph");
       return it->second;
     }));
   }
@@ -170,11 +170,13 @@ bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun&
   b.setMeta(meta);
   auto valueOf = [&](const at::Tensor& t) {
     auto it = valueOf_.find(t.unsafeGetTensorImpl());
-    if (it == valueOf_.end()) throw std::logic_error("autocast: a composite read a tensor none of its calls made");
+    if (it == valueOf_.end()) throw Diagnostic(where(node), "autocast: a composite read a tensor none of its calls made");
     return it->second;
   };
   for (const RecordedCall& c : run.calls) {
-    if (isCast(c)) {
+    // A cast that makes one of the node's results (x.float() under autocast is
+    // to -> _to_copy) is written as the call it was, defining that result.
+    if (isCast(c) && !outputOf.count(c.results[0].toTensor().unsafeGetTensorImpl())) {
       const at::Tensor result = c.results[0].toTensor();
       valueOf_[result.unsafeGetTensorImpl()] = cast(b, valueOf(c.args[0].toTensor()), result.scalar_type());
       continue;
@@ -196,7 +198,7 @@ bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun&
       if (values[k] != kNoValue) valueOf_[made[k].unsafeGetTensorImpl()] = values[k];
     }
   }
-  if (!outputOf.empty()) throw std::logic_error("autocast: a composite's calls did not make all its results");
+  if (!outputOf.empty()) throw Diagnostic(where(node), "autocast: a composite's calls did not make all its results");
   return true;
 }
 
