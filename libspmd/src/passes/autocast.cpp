@@ -164,13 +164,14 @@ bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun&
   const size_t at = g.indexOf(node);
   const Node* next = at + 1 < g.nodes().size() ? &g.nodes()[at + 1] : nullptr;
   const NodeMeta meta = node.meta;
+  const std::string place = where(node);  // the node is gone after extract
   g.extract(node);
   GraphBuilder b(g);
   if (next) b.setInsertionPoint(*next);
   b.setMeta(meta);
   auto valueOf = [&](const at::Tensor& t) {
     auto it = valueOf_.find(t.unsafeGetTensorImpl());
-    if (it == valueOf_.end()) throw Diagnostic(where(node), "autocast: a composite read a tensor none of its calls made");
+    if (it == valueOf_.end()) throw Diagnostic(place, "autocast: a composite read a tensor none of its calls made");
     return it->second;
   };
   for (const RecordedCall& c : run.calls) {
@@ -198,7 +199,7 @@ bool AutocastPass::replaceByCalls(Graph& g, const Node& node, const AutocastRun&
       if (values[k] != kNoValue) valueOf_[made[k].unsafeGetTensorImpl()] = values[k];
     }
   }
-  if (!outputOf.empty()) throw Diagnostic(where(node), "autocast: a composite's calls did not make all its results");
+  if (!outputOf.empty()) throw Diagnostic(place, "autocast: a composite's calls did not make all its results");
   return true;
 }
 
