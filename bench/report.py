@@ -408,8 +408,31 @@ def memory_target(res, model, ranks, precision="fp32"):
         None if not a or not b else a <= b, numbers)
 
 
+# Issue #39: the models as people write them, each precision.
+MODELS_39 = ("gpt", "llama", "hf_gpt2", "hf_llama", "vit_b_16", "resnet50")
+
+
+def device_target(res, model, ranks, precision, most=0.9):
+    """Met when spmd-run's device time a step is at most MOST times torch.compile(DDP)'s."""
+    mine = (res.device_time(model, "spmd", ranks, precision) or {}).get("device_ms")
+    theirs = (res.device_time(model, "compile", ranks, precision) or {}).get("device_ms")
+    r = ratio(mine, theirs)
+    numbers = "spmd-run %s ms / torch.compile(DDP) %s ms = %s (need <= %gx)" % (ms(mine), ms(theirs), times(r), most)
+    return Target("%s %s at %s: device time at most %gx torch.compile(DDP)'s" % (
+        model, precision, gpus(ranks), most)).line(None if r is None else r <= most, numbers)
+
+
+def compile_memory_target(res, model, ranks, precision):
+    """Met when spmd-run's peak memory is at most torch.compile(DDP)'s."""
+    a = (res.run(model, "spmd", ranks, precision) or {}).get("peak_bytes")
+    b = (res.run(model, "compile", ranks, precision) or {}).get("peak_bytes")
+    numbers = "spmd-run %s MiB, torch.compile(DDP) %s MiB = %s" % (mib(a), mib(b), times(ratio(a, b)))
+    return Target("%s %s at %s: peak memory at most torch.compile(DDP)'s" % (model, precision, gpus(ranks))).line(
+        None if not a or not b else a <= b, numbers)
+
+
 def targets(res, ranks):
-    """Issue #6's targets, then issue #14's, for the models (and precisions) the run has;
+    """Issue #6's targets, then issue #14's and #39's, for the models (and precisions) the run has;
     the others are named in one line at the end."""
     at = "at %s" % gpus(ranks)
     # (model, precision, make the line)
@@ -436,6 +459,10 @@ def targets(res, ranks):
     for model in ("mlp", "mlp4096", "gpt", "resnet50"):
         for precision in res.precisions(model) or ["fp32"]:
             wanted.append((model, precision, lambda m=model, p=precision: memory_target(res, m, ranks, p)))
+    for model in MODELS_39:
+        for precision in res.precisions(model) or ["fp32"]:
+            wanted.append((model, precision, lambda m=model, p=precision: device_target(res, m, ranks, p)))
+            wanted.append((model, precision, lambda m=model, p=precision: compile_memory_target(res, m, ranks, p)))
     lines, left_out = ["### Targets", ""] + compile_time_targets(res), []
     for model, precision, make in wanted:
         if not res.has(model, precision):
@@ -454,9 +481,12 @@ def gpus(n):
 
 
 def cause(log_tail):
-    """The log lines that name the failure (at most 3), else the last line."""
+    """The log lines that name the failure (at most 3; not the empty input later stages of a
+    pipeline saw), else the last line."""
     lines = [t.strip() for t in log_tail if t.strip()]
     named = [t for t in lines if CAUSE.search(t)]
+    # In a pipeline the stages after the failing one only report its empty output.
+    named = [t for t in named if not t.endswith("<stdin>: empty input")] or named
     return [t[:200] for t in (named[-3:] or lines[-1:])]
 
 
