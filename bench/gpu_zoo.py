@@ -106,6 +106,11 @@ MODELS = {
     "zoo_llama_gqa": (zoo_model("LlamaLoss", dim=256, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
                                 max_seq_len=128, hidden=512), {"input_ids": ("i64", [4, 128], 128),
                                                                "labels": ("i64", [4, 128], 128)}),
+    # The bench's llama at its own sequence length, width and vocabulary (2 layers, batch 2):
+    # the kernels spmd picks at the bench's shapes, against eager.
+    "zoo_llama_seq1024": (zoo_model("LlamaLoss", dim=768, n_layers=2, n_heads=12, n_kv_heads=4, vocab_size=32000,
+                                    max_seq_len=1024, hidden=2048), {"input_ids": ("i64", [2, 1024], 32000),
+                                                                     "labels": ("i64", [2, 1024], 32000)}),
     "zoo_nanogpt": (zoo_model("NanoGPTLoss", vocab_size=128, block_size=128, n_layer=2, n_head=4, n_embd=256),
                     {"idx": ("i64", [4, 128], 128), "targets": ("i64", [4, 128], 128)}),
     "timm_resnet18": (timm_model("resnet18"), IMAGES),
