@@ -47,9 +47,20 @@ struct Probe {
   c10::DispatchKeySet keys;
   std::vector<RecordedCall> calls;
 
-  at::Tensor standIn(const at::Tensor& meta) const {
-    if (!meta.defined() || !meta.is_meta()) return meta;
-    return at::detail::make_tensor<StandInImpl>(meta, device, keys);
+  at::Tensor standIn(const at::Tensor& t) const {
+    if (!t.defined()) return t;
+    return at::detail::make_tensor<StandInImpl>(onMeta(t), device, keys);
+  }
+
+  // A factory that names a device (a trace's arange(..., device="cpu")) makes a
+  // real tensor; every value of the step lives on the run's one device, so it
+  // stands in as the others do. Were it left a CPU tensor, CUDA autocast would
+  // not cast what is made from it, as it does in the run.
+  static at::Tensor onMeta(const at::Tensor& t) {
+    if (t.is_meta()) return t;
+    c10::impl::ExcludeDispatchKeyGuard unrecorded(
+        c10::DispatchKeySet({c10::DispatchKey::Fake, c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA}));
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
   }
 };
 

@@ -16,6 +16,13 @@
 // PyTorch sums them. Parameters, buffers and optimizer state stay fp32; the
 // backward of a cast, which autodiff gets from LibTorch, casts back. Runs
 // before autodiff, on the forward only.
+//
+// One rule is not eager's: what depends on no data and no parameter (tables
+// made from buffers and factories, as rotary embeddings' cos and sin) stays
+// in full precision. Models compute such tables inside
+// `torch.autocast(enabled=False)` (transformers' rotary embeddings), a
+// region a trace does not keep; without the rule, bf16 would round the
+// positions past 256 and so the tables.
 #include "spmd/ir/boxing.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ops/autocast_probe.h"
@@ -31,6 +38,7 @@
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace spmd {
 namespace {
@@ -49,6 +57,27 @@ bool writesInPlace(const RecordedCall& call) {
 
 std::string where(const Node& node) {
   return node.qualifiedName() + (node.meta.source.empty() ? "" : " at " + node.meta.source);
+}
+
+std::unordered_set<ValueId> buffers(const Graph& g) {
+  std::unordered_set<ValueId> out;
+  for (const GraphInput& in : g.inputs()) {
+    if (in.kind == InputKind::Buffer) out.insert(in.value);
+  }
+  return out;
+}
+
+// Whether every tensor the node reads is in `values` (a factory reads none).
+bool readsOnly(const Node& node, const std::unordered_set<ValueId>& values) {
+  for (const Arg& a : node.args) {
+    if (a.kind == Arg::Kind::Value && !values.count(a.value)) return false;
+    if (a.kind == Arg::Kind::Values) {
+      for (ValueId v : a.values) {
+        if (v != kNoValue && !values.count(v)) return false;
+      }
+    }
+  }
+  return true;
 }
 
 std::string firstLine(const std::string& s) { return s.substr(0, s.find('\n')); }
@@ -261,9 +290,15 @@ bool AutocastPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   if (!options_.enabled) return false;
   policy_ = AutocastPolicy{options_.device == "cpu" ? c10::DeviceType::CPU : c10::DeviceType::CUDA, options_.dtype};
   bool changed = false;
+  std::unordered_set<ValueId> tables = buffers(g);  // values that depend on no data or parameter
   for (const Node* node : snapshot(g.nodes())) {
     const std::optional<c10::OperatorHandle> op = findOperator(*node);
     if (!op) continue;  // the verifier has reported it
+    if (readsOnly(*node, tables)) {
+      for (ValueId out : node->outputs) tables.insert(out);
+      retype(g, *node, inferNodeOnMeta(*node, *op, [&](ValueId v) { return metaOf(g, v); }));
+      continue;
+    }
     if (node->op == "spmd::attention") {
       changed = castAttentionInputs(g, *node) || changed;
       continue;
