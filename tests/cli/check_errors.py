@@ -26,7 +26,12 @@ passed = failed = 0
 def check(name, args, code, pattern, stdin=None, tool=BIN):
     """Runs TOOL ARGS; stderr must be one line matching `pattern`."""
     global passed, failed
-    proc = subprocess.run([tool] + args, input=stdin, capture_output=True)
+    try:
+        proc = subprocess.run([tool] + args, input=stdin, capture_output=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        failed += 1
+        print(f"FAIL {name}: no exit within 120 s")
+        return
     err = proc.stderr.decode(errors="replace")
     problems = []
     if proc.returncode != code:
@@ -329,6 +334,25 @@ def output_target_errors(tmp):
           r"spmd-expand: error: .*/fifo: cannot write: a FIFO that nobody reads", tool=EXPAND)
 
 
+def stream_and_fifo_errors(tmp):
+    """Issue 44: reading /dev/zero grew without bound; FIFOs given to --data,
+    --tokens and --metrics hung."""
+    check("input from /dev/zero", ["/dev/zero"], 1,
+          r"spmd-inspect: error: /dev/zero: more than 2 GiB from a pipe or device: write it to a file, "
+          r"which is mapped at any size")
+    lm = ["samples/lm.pt"] + open("samples/lm.inputs").read().split()
+    step = subprocess.run([EXPAND] + lm + ["--optimizer", "sgd", "--lr", "0.1"], capture_output=True, check=True).stdout
+    artifact = os.path.join(tmp, "lm.spmd")
+    subprocess.run([LOWER, "-", "-o", artifact], input=step, capture_output=True, check=True)
+    fifo = os.path.join(tmp, "input-fifo")
+    os.mkfifo(fifo)
+    for flag in ("--data", "--tokens"):
+        check(f"{flag} a FIFO", [artifact, "--steps", "1", flag, fifo], 1,
+              r"spmd-run: error: .*/input-fifo: not a regular file", tool=RUN)
+    check("--metrics to a FIFO nobody reads", [artifact, "--steps", "1", "--metrics", fifo], 1,
+          r"spmd-run: error: .*--metrics .*/input-fifo: cannot write: a FIFO that nobody reads", tool=RUN)
+
+
 def utf8_and_bounds_errors(tmp):
     """A file name that is not UTF-8 comes back escaped, whole characters kept: the
     error line is valid UTF-8. --timeout takes (0, 86400] seconds, NaN and inf refused."""
@@ -530,6 +554,7 @@ def main():
     reader_errors(write, graph_json, tmp)
     damaged_zip_errors(write, tmp)
     output_target_errors(tmp)
+    stream_and_fifo_errors(tmp)
     utf8_and_bounds_errors(tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -6,6 +6,7 @@
 #include "spmd/io/zip_members.h"
 #include "spmd/ir/parser.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/limits.h"
 #include "spmd/support/mapped_file.h"
 #include "spmd/support/phase_times.h"
 #include "spmd/support/write_all.h"
@@ -31,7 +32,8 @@ bool isRegularFile(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// Reads all of `fd` (stdin, a pipe, a FIFO) in large blocks.
+// Reads all of `fd` (stdin, a pipe, a FIFO, a device) in large blocks, up
+// to kMaxStreamBytes.
 std::string readStream(int fd) {
   std::string bytes;
   std::vector<char> block(1 << 20);
@@ -40,6 +42,10 @@ std::string readStream(int fd) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw Diagnostic("", std::string("cannot read: ") + std::strerror(errno));
     if (n == 0) return bytes;
+    if (static_cast<int64_t>(bytes.size()) + n > kMaxStreamBytes) {
+      throw Diagnostic("", "more than " + std::to_string(kMaxStreamBytes >> 30) +
+                               " GiB from a pipe or device: write it to a file, which is mapped at any size");
+    }
     bytes.append(block.data(), static_cast<size_t>(n));
   }
 }

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,8 +59,26 @@ void saveParameters(const Graph& g, const TensorMap& state, const std::string& p
   writeOutput(path, saveTorchSave(params));
 }
 
+namespace {
+
+// A FIFO is opened without waiting for a reader (the open would block until
+// one came): one that nobody reads is refused; with a reader, lines stream.
+std::FILE* openFifoForAppending(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 && errno == ENXIO) throw Diagnostic("--metrics " + path, "cannot write: a FIFO that nobody reads");
+  if (fd < 0) return nullptr;
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::FILE* file = ::fdopen(fd, "a");
+  if (!file) ::close(fd);
+  return file;
+}
+
+}  // namespace
+
 MetricsLog::MetricsLog(const std::string& path, int64_t samplesPerStep) : path_(path), samplesPerStep_(samplesPerStep) {
-  file_ = std::fopen(path.c_str(), "a");
+  struct stat st {};
+  const bool fifo = ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+  file_ = fifo ? openFifoForAppending(path) : std::fopen(path.c_str(), "a");
   if (!file_) throw Diagnostic("--metrics " + path, std::string("cannot open for appending: ") + std::strerror(errno));
 }
 

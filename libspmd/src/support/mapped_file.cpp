@@ -13,6 +13,11 @@
 namespace spmd {
 
 MappedFile::MappedFile(const std::string& path, Access access) {
+  // Checked before the open, which would wait for a FIFO's writer.
+  struct stat before {};
+  if (::stat(path.c_str(), &before) == 0 && !S_ISREG(before.st_mode)) {
+    throw Diagnostic("", S_ISDIR(before.st_mode) ? "is a directory, not a file" : "not a regular file").inFile(path);
+  }
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw Diagnostic("", std::string("cannot open: ") + std::strerror(errno)).inFile(path);
   struct stat st {};

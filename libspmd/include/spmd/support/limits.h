@@ -16,6 +16,10 @@ namespace spmd {
 constexpr int64_t kMaxTensorElements = int64_t{1} << 48;
 // Steps of one run (spmd-run --steps), and so the step a checkpoint can be at.
 constexpr int64_t kMaxRunSteps = 100000000;
+// Bytes read from stdin, a pipe, a FIFO or a device (/dev/zero never ends);
+// a regular file of any size is mapped instead. Graph dumps are weight-free,
+// so only an artifact or module piped whole comes near it.
+constexpr int64_t kMaxStreamBytes = int64_t{2} << 30;
 // Dimensions of one tensor.
 constexpr size_t kMaxTensorRank = 64;
 
