@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -85,11 +86,35 @@ void removeTree(const std::string& path) {
   ::rmdir(path.c_str());
 }
 
-void syncPath(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
+// Syncs a folder's entries to disk: a failure (EIO, ENOSPC) is an error, as
+// the checkpoint might not survive a crash; a file system that cannot sync
+// folders (EINVAL) has nothing to do.
+void syncFolder(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw Diagnostic("--checkpoint", "cannot open " + path + " to sync it: " + errnoText());
+  const bool synced = ::fsync(fd) == 0 || errno == EINVAL;
+  const std::string why = synced ? "" : errnoText();
   ::close(fd);
+  if (!synced) throw Diagnostic("--checkpoint", "cannot sync " + path + ": " + why);
+}
+
+// Puts the complete folder `temp` at `folder`. Where one is there already,
+// the two are exchanged in one step (renameat2), so that `folder` is never
+// missing; the old one is then at `temp`, to be removed. A file system
+// without the exchange gets two renames.
+void putFolder(const std::string& temp, const std::string& folder) {
+  if (!isDirectory(folder)) {
+    if (::rename(temp.c_str(), folder.c_str()) == 0) return;
+  } else if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, folder.c_str(), RENAME_EXCHANGE) == 0) {
+    return;
+  } else if (errno == EINVAL || errno == ENOSYS) {
+    const std::string old = temp + ".old";
+    if (::rename(folder.c_str(), old.c_str()) == 0 && ::rename(temp.c_str(), folder.c_str()) == 0 &&
+        ::rename(old.c_str(), temp.c_str()) == 0) {
+      return;
+    }
+  }
+  throw Diagnostic("--checkpoint", "cannot put " + temp + " at " + folder + ": " + errnoText());
 }
 
 // Writes `bytes` to a new file and syncs it; a short write (a full disk, a
@@ -183,6 +208,7 @@ std::string manifestText(const CheckpointInfo& info) {
                               {"step", info.step},          {"world_size", info.worldSize},
                               {"fingerprint", info.fingerprint}, {"seed", info.seed}};
   if (info.lr) j["lr"] = *info.lr;
+  if (!info.data.empty()) j["data"] = info.data;
   return j.dump(2) + "\n";
 }
 
@@ -201,6 +227,7 @@ CheckpointInfo parseManifest(const std::string& path) {
     info.fingerprint = j.at("fingerprint").get<std::string>();
     info.seed = j.at("seed").get<uint64_t>();
     if (j.contains("lr")) info.lr = j.at("lr").get<double>();
+    if (j.contains("data")) info.data = j.at("data").get<std::string>();
     if (info.step < 0 || info.step > kMaxRunSteps) {
       throw Diagnostic("/step", std::to_string(info.step) + " is outside the steps a run can have (0 to " +
                                     std::to_string(kMaxRunSteps) + ")");
@@ -275,6 +302,36 @@ void requireSameType(const std::string& name, const at::Tensor& have, const Valu
 
 }  // namespace
 
+namespace {
+
+// Bytes of a file, or of the files directly in a folder (a folder of .npy).
+uint64_t bytesOf(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return 0;
+  if (!S_ISDIR(st.st_mode)) return static_cast<uint64_t>(st.st_size);
+  uint64_t total = 0;
+  for (const std::string& name : entriesOf(path)) {
+    struct stat member {};
+    if (::stat((path + "/" + name).c_str(), &member) == 0 && S_ISREG(member.st_mode)) total += member.st_size;
+  }
+  return total;
+}
+
+std::string baseName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+std::string dataIdentity(const std::string& dataFile, const std::string& tokens) {
+  const std::string& path = dataFile.empty() ? tokens : dataFile;
+  if (path.empty()) return "random inputs";
+  return std::string(dataFile.empty() ? "--tokens " : "--data ") + baseName(path) + " (" +
+         std::to_string(bytesOf(path)) + " bytes)";
+}
+
 std::string stepFingerprint(const Artifact& artifact) {
   // Where the weights were first read from is no part of the step.
   Graph step = artifact.graph;
@@ -293,9 +350,25 @@ CheckpointWriter::CheckpointWriter(std::string root, int keep) : root_(std::move
     throw Diagnostic("--checkpoint " + root_, "cannot create the folder: " + errnoText());
   }
   if (::access(root_.c_str(), W_OK) != 0) throw Diagnostic("--checkpoint " + root_, "cannot write to it: " + errnoText());
+  // Two runs writing one folder would remove each other's temporary folders.
+  lock_ = ::open((root_ + "/.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_ < 0) throw Diagnostic("--checkpoint " + root_, "cannot create .lock: " + errnoText());
+  if (::flock(lock_, LOCK_EX | LOCK_NB) != 0) {
+    const bool busy = errno == EWOULDBLOCK;
+    const std::string why = errnoText();
+    ::close(lock_);
+    lock_ = -1;
+    throw Diagnostic("--checkpoint " + root_, busy ? "another run is writing checkpoints here (it holds " + root_ +
+                                                         "/.lock); give each run its own folder"
+                                                   : "cannot lock .lock: " + why);
+  }
   for (const std::string& name : entriesOf(root_)) {
     if (startsWith(name, kTempPrefix)) removeTree(root_ + "/" + name);
   }
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (lock_ >= 0) ::close(lock_);
 }
 
 void CheckpointWriter::write(const Graph& g, const TensorMap& state, const CheckpointInfo& info) const {
@@ -313,38 +386,44 @@ void CheckpointWriter::write(const Graph& g, const TensorMap& state, const Check
     writeSynced(temp + "/optimizer.pt", saveTorchSaveValue(optimizerStateDict(g, state, info.lr)));
     writeSynced(temp + "/extra.pt", saveTorchSave(extra));
     writeSynced(temp + "/manifest.json", manifestText(info));
-    syncPath(temp);
+    syncFolder(temp);
   } catch (...) {
     removeTree(temp);
     throw;
   }
   // A folder of this step from an earlier run goes only once the new one is complete.
-  const std::string folder = root_ + "/" + name, old = temp + ".old";
-  const bool replacing = isDirectory(folder);
-  if (replacing && ::rename(folder.c_str(), old.c_str()) != 0) {
-    const std::string why = errnoText();
+  const std::string folder = root_ + "/" + name;
+  try {
+    putFolder(temp, folder);
+  } catch (...) {
     removeTree(temp);
-    throw Diagnostic("--checkpoint", "cannot move " + folder + " aside: " + why);
+    throw;
   }
-  if (::rename(temp.c_str(), folder.c_str()) != 0) {
-    const std::string why = errnoText();
-    if (replacing) ::rename(old.c_str(), folder.c_str());
-    removeTree(temp);
-    throw Diagnostic("--checkpoint", "cannot rename " + temp + " to " + folder + ": " + why);
-  }
-  if (replacing) removeTree(old);
+  removeTree(temp);  // the earlier folder, if there was one
   writeSynced(root_ + "/" + kTempPrefix + "latest", name + "\n");
   if (::rename((root_ + "/" + kTempPrefix + "latest").c_str(), (root_ + "/latest").c_str()) != 0) {
     throw Diagnostic("--checkpoint", "cannot update " + root_ + "/latest: " + errnoText());
   }
-  syncPath(root_);
+  syncFolder(root_);
+  prune(name);
+}
+
+// Keeps the newest: `newest` and the keep - 1 before it (names sort by
+// step). A folder is first renamed out of the step-* names, so that one
+// half removed never looks like a checkpoint.
+void CheckpointWriter::prune(const std::string& newest) const {
   std::vector<std::string> folders;
   for (const std::string& entry : entriesOf(root_)) {
-    if (startsWith(entry, kFolderPrefix) && entry != name) folders.push_back(entry);
+    if (startsWith(entry, kFolderPrefix) && entry != newest) folders.push_back(entry);
   }
-  // Keep the newest: this one and the keep - 1 before it (names sort by step).
   const size_t older = static_cast<size_t>(keep_ - 1);
-  for (size_t i = 0; i + older < folders.size(); ++i) removeTree(root_ + "/" + folders[i]);
+  for (size_t i = 0; i + older < folders.size(); ++i) {
+    const std::string doomed = root_ + "/" + kTempPrefix + "pruned-" + folders[i];
+    if (::rename((root_ + "/" + folders[i]).c_str(), doomed.c_str()) != 0) {
+      throw Diagnostic("--checkpoint", "cannot remove " + root_ + "/" + folders[i] + ": " + errnoText());
+    }
+    removeTree(doomed);
+  }
 }
 
 Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsOnly) {

@@ -35,7 +35,12 @@ struct CheckpointInfo {
   std::string fingerprint;  // stepFingerprint() of the artifact
   uint64_t seed = 0;        // spmd-run --seed (random inputs, dropout)
   std::optional<double> lr;  // the last step's scheduled learning rate
+  std::string data;          // what the run trained on (dataIdentity()), "" when not recorded
 };
+
+// What a run's data is, as a resume compares it: "random inputs", or the
+// flag, the file's or folder's name and its size in bytes.
+std::string dataIdentity(const std::string& dataFile, const std::string& tokens);
 
 // A digest of what a step computes: the artifact's graph (as its canonical
 // JSON) and device. Artifacts lowered again from the same graph agree; any
@@ -44,18 +49,28 @@ std::string stepFingerprint(const Artifact& artifact);
 
 class CheckpointWriter {
  public:
-  // Creates `root` if needed, refuses one it cannot write (Diagnostic naming
+  // Creates `root` if needed, refuses one it cannot write or that another
+  // run writes to (it holds root/.lock while it lives; Diagnostic naming
   // --checkpoint), and removes temporary folders a crashed writer left.
   // `keep`: how many checkpoints stay (older ones are removed), >= 1.
   CheckpointWriter(std::string root, int keep);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
   // Writes the checkpoint of `state` after `info.step` steps. Throws
   // Diagnostic when it cannot; the previous checkpoints are then intact.
+  // A kill at any point leaves `latest` naming a whole checkpoint, and every
+  // step-* folder whole: a folder is replaced by an atomic exchange, and
+  // pruned by first moving it to a temporary name.
   void write(const Graph& g, const TensorMap& state, const CheckpointInfo& info) const;
 
  private:
+  void prune(const std::string& newest) const;
+
   std::string root_;
   int keep_;
+  int lock_ = -1;  // root/.lock, flock()ed for the writer's life
 };
 
 struct Checkpoint {

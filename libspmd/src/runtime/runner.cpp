@@ -75,6 +75,22 @@ Iteration iterationOf(int step, int start, int steps, int every) {
 // The state a run starts from: the artifact's, with --init-from's weights,
 // or a checkpoint's (--resume). Returns the step it starts at; `seed` becomes
 // the checkpoint's (its random inputs and dropout masks go on as they were).
+// A resume continues the checkpoint's seed and the data position its step
+// implies; a run that names another seed or data is told (one write per
+// note: ranks share the terminal).
+void noteResumeChanges(const Checkpoint& c, const RunOptions& o) {
+  if (o.seed != c.info.seed) {
+    std::cerr << ("spmd-run: note: --resume " + c.folder + ": continues the checkpoint's seed " +
+                  std::to_string(c.info.seed) + ", not --seed " + std::to_string(o.seed) + "\n");
+  }
+  const std::string data = dataIdentity(o.dataFile, o.tokens);
+  if (!c.info.data.empty() && c.info.data != data) {
+    std::cerr << ("spmd-run: note: --resume " + c.folder + ": the checkpoint was written training on " +
+                  c.info.data + "; this run trains on " + data + ", from the position step " +
+                  std::to_string(c.info.step) + " implies\n");
+  }
+}
+
 int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo& info, TensorMap& state,
                   uint64_t& seed) {
   const Graph& g = artifact.graph;
@@ -104,6 +120,7 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
                                                  "; --resume-weights-only takes its weights alone");
   }
   restoreState(g, c, /*weightsOnly=*/false, state);
+  if (info.rank == 0) noteResumeChanges(c, o);
   seed = c.info.seed;
   return static_cast<int>(c.info.step);
 }
@@ -128,6 +145,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   if (lead && !o.checkpoint.empty()) checkpoints.emplace(o.checkpoint, o.keep);
   const int every = o.checkpoint.empty() ? 0 : o.checkpointEvery;
   const std::string fingerprint = checkpoints ? stepFingerprint(artifact) : "";
+  const std::string dataName = checkpoints ? dataIdentity(o.dataFile, o.tokens) : "";
 
   device.makeCurrent();
   // Compiled at lower time: a launch finds them instead of compiling them.
@@ -189,7 +207,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (metrics) metrics->write(step + 1, report, device.peakBytes());
     const bool segmentEnds = iteration == Iteration::Last || iteration == Iteration::Only;
     if (checkpoints && segmentEnds) {
-      checkpoints->write(g, state, CheckpointInfo{step + 1, info.worldSize, fingerprint, seed, lr});
+      checkpoints->write(g, state, CheckpointInfo{step + 1, info.worldSize, fingerprint, seed, lr, dataName});
     }
   }
   if (trace) trace->write();
