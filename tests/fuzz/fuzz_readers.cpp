@@ -1,7 +1,7 @@
 // A bounded, deterministic mutation fuzzer over spmd's readers (issue #19):
 // the JSON graph dump (read and verified, as every tool does), the artifact,
 // a file as the tools read it (artifact or TorchScript module, told from its
-// content), torch.save files and --input specs. Each target's seeds come
+// content), torch.save files, --input specs and --data's NumPy files. Each target's seeds come
 // from tests/fuzz/ (the artifact's are lowered here from the JSON seeds;
 // the module is samples/lm.pt); zip seeds are first cut short at
 // kTruncations lengths each (issue 44: cut zips crashed LibTorch's reader),
@@ -21,6 +21,7 @@
 #include "spmd/io/torch_save.h"
 #include "spmd/ir/verify.h"
 #include "spmd/pipelines/lower.h"
+#include "spmd/runtime/data_files.h"
 #include "spmd/support/diagnostic.h"
 
 #include <algorithm>
@@ -227,6 +228,19 @@ std::vector<Bytes> lines(const Bytes& text) {
   return out;
 }
 
+// --data as spmd-run reads it: the bytes written as a file (a folder of one
+// .npy, or a .npz), opened, and every tensor's data read, which a header
+// that claims more than the file holds would turn into SIGBUS.
+void readDataFile(const Bytes& b, const std::string& name) {
+  static const fs::path dir = fs::temp_directory_path() / ("spmd-fuzz-data-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / name, std::ios::binary) << b;
+  const std::string path = name.size() > 4 && name.substr(name.size() - 4) == ".npz" ? (dir / name).string()
+                                                                                       : dir.string();
+  for (const auto& [input, tensor] : spmd::openDataTensors(path)) (void)tensor.clone();
+}
+
 std::vector<Target> targets(const Options& o) {
   const fs::path dir(o.corpus);
   const std::vector<Bytes> json = filesIn(dir / "json");
@@ -239,6 +253,9 @@ std::vector<Target> targets(const Options& o) {
        true},
       {"torch.save", filesIn(dir / "torch_save"), [](const Bytes& b) { spmd::loadTorchSaveBytes(b); }, true},
       {"--input", lines(readFile(dir / "input_specs.txt")), [](const Bytes& b) { spmd::parseInputSpec(b); }},
+      {"--data .npy", {readFile(dir / "numpy/x.npy"), readFile(dir / "numpy/tokens.npy")},
+       [](const Bytes& b) { readDataFile(b, "x.npy"); }, true},
+      {"--data .npz", {readFile(dir / "numpy/pair.npz")}, [](const Bytes& b) { readDataFile(b, "data.npz"); }, true},
   };
 }
 

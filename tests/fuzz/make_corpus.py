@@ -27,3 +27,11 @@ torch.save(collections.OrderedDict([
 ]), OUT + "dtypes.pt")
 torch.save({"step": 3, "lr": 0.5, "name": "adam", "none": None, "flags": [True, False],
             "pair": (1, "a"), "nested": {"t": torch.ones(2)}}, OUT + "mixed.pt")
+
+# --data seeds: NumPy arrays as .npy (one array) and an uncompressed .npz (two).
+import numpy as np  # noqa: E402
+
+NUMPY = "tests/fuzz/numpy/"
+np.save(NUMPY + "x.npy", np.arange(12, dtype=np.float32).reshape(3, 4))
+np.save(NUMPY + "tokens.npy", np.arange(8, dtype=np.int64).reshape(2, 4))
+np.savez(NUMPY + "pair.npz", x=np.ones((2, 3), dtype=np.float32), y=np.array([1, 0], dtype=np.int64))

@@ -1,8 +1,9 @@
-#include "data_files.h"
+#include "spmd/runtime/data_files.h"
 
 #include "spmd/io/torch_save.h"
 #include "spmd/io/zip_members.h"
 #include "spmd/support/diagnostic.h"
+#include "spmd/support/echo.h"
 #include "spmd/support/little_endian.h"
 #include "spmd/support/mapped_file.h"
 
@@ -80,7 +81,7 @@ at::Tensor npyTensor(const std::shared_ptr<MappedFile>& file, size_t offset, siz
     const std::string descr = headerField(header, "descr", bad);
     const auto dtype = npyDtype(descr.substr(1, descr.size() - 2));
     if (!dtype) {
-      throw Diagnostic("descr", "dtype " + descr + " has no torch tensor type here (little-endian float16/32/64, "
+      throw Diagnostic("descr", "dtype " + echo(descr) + " has no torch tensor type here (little-endian float16/32/64, "
                                 "int8/16/32/64, uint8 or bool; token ids go to --tokens)");
     }
     if (headerField(header, "fortran_order", bad) != "False") {
@@ -127,11 +128,11 @@ std::map<std::string, at::Tensor> npzTensors(const std::string& path) {
   for (const ZipMember& m : members) {
     if (!endsWith(m.name, ".npy")) continue;
     if (m.compressed) {
-      throw Diagnostic(m.name, "the member is compressed (numpy.savez_compressed): save with numpy.savez, "
+      throw Diagnostic(echo(m.name), "the member is compressed (numpy.savez_compressed): save with numpy.savez, "
                                "which spmd-run maps without reading it whole").inFile(path);
     }
     const std::string name = m.name.substr(0, m.name.size() - 4);
-    out[name] = npyTensor(file, m.offset, m.size, path + ":" + m.name);
+    out[name] = npyTensor(file, m.offset, m.size, path + ":" + echo(m.name));
   }
   return out;
 }

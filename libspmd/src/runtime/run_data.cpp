@@ -1,6 +1,6 @@
 #include "run_data.h"
 
-#include "data_files.h"
+#include "spmd/runtime/data_files.h"
 
 #include "spmd/ir/printer.h"
 #include "spmd/support/diagnostic.h"
