@@ -353,6 +353,16 @@ def stream_and_fifo_errors(tmp):
           r"spmd-run: error: .*--metrics .*/input-fifo: cannot write: a FIFO that nobody reads", tool=RUN)
 
 
+def huge_batch_errors():
+    """Issue 44: a module traced on CPU tensors (its meta trace fails) given a huge
+    batch was refused with the meta trace's reason alone ("uses a tensor constant")."""
+    check("cnn with a batch of 1,000,000", ["samples/cnn.pt", "--input", "x:f32[1000000,3,16,16]", "--input",
+                                          "y:f32[1000000,4]", "--optimizer", "sgd", "--lr", "0.1"], 1,
+          r"spmd-expand: error: samples/cnn\.pt: forward: the per-rank inputs take 2944 MiB, more than the 512 MiB "
+          r"a trace on CPU tensors may take, which this module needs \(on the meta device, .*\): give smaller "
+          r"per-rank shapes", tool=EXPAND)
+
+
 def utf8_and_bounds_errors(tmp):
     """A file name that is not UTF-8 comes back escaped, whole characters kept: the
     error line is valid UTF-8. --timeout takes (0, 86400] seconds, NaN and inf refused."""
@@ -555,6 +565,7 @@ def main():
     damaged_zip_errors(write, tmp)
     output_target_errors(tmp)
     stream_and_fifo_errors(tmp)
+    huge_batch_errors()
     utf8_and_bounds_errors(tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -124,6 +124,17 @@ std::string reportOf(const std::exception& e) {
   return c10error ? c10error->what_without_backtrace() : e.what();
 }
 
+// The forward could not be traced on the meta device, and the inputs are
+// too large to trace it on CPU tensors: the shapes are what the user can
+// change, so the message leads with them, then says why meta failed.
+Diagnostic inputsTooLargeForCpu(int64_t inputBytes, const Diagnostic& metaFailure) {
+  return Diagnostic("forward", "the per-rank inputs take " + std::to_string(inputBytes >> 20) +
+                                   " MiB, more than the " + std::to_string(kMaxStandInBytes >> 20) +
+                                   " MiB a trace on CPU tensors may take, which this module needs (on the meta "
+                                   "device, " + metaFailure.where() + ": " + metaFailure.message() +
+                                   "): give smaller per-rank shapes");
+}
+
 }  // namespace
 
 Graph importTorchScript(std::string_view bytes, const std::string& fileName,
@@ -144,7 +155,7 @@ Graph importTorchScript(std::string_view bytes, const std::string& fileName,
     // beyond the bound shape inference keeps to (issue #19).
     int64_t inputBytes = 0;
     for (const auto& spec : p.ordered) inputBytes += *boundedNumel(spec.shape) * static_cast<int64_t>(c10::elementSize(spec.dtype));
-    if (inputBytes > kMaxStandInBytes) throw forwardFailure(metaFailure);
+    if (inputBytes > kMaxStandInBytes) throw inputsTooLargeForCpu(inputBytes, forwardFailure(metaFailure));
   }
   // The module is loaded again, with its weights: the trace on CPU tensors
   // computes with them.
