@@ -256,6 +256,28 @@ def main():
                               capture_output=True, text=True, timeout=60)
         report("busy port", proc.returncode == 1 and one_line_error(proc.stderr, "busy"), proc.stderr)
 
+    # Another job's port (issue 44): a rank of job B given the MASTER_PORT of job A,
+    # whose store answers and whose ranks have joined, says so within its --timeout,
+    # naming the address, the port and both jobs.
+    port = free_port()
+    job_a = [subprocess.Popen([tool("spmd-run"), step, "--steps", "100000", "--timeout", "30"],
+                              env=dict(rank_env(r, 2, port), TORCHELASTIC_RUN_ID="job-a"),
+                              stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for r in range(2)]
+    wait_for_step(job_a[0], 2)
+    start = time.time()
+    proc = subprocess.run([tool("spmd-run"), step, "--steps", "2", "--timeout", "5"],
+                          env=dict(rank_env(1, 2, port), TORCHELASTIC_RUN_ID="job-b"), capture_output=True, text=True,
+                          timeout=60)
+    took = time.time() - start
+    for p in job_a:
+        p.kill()
+        p.wait()
+    report("another job's port", proc.returncode == 1 and took < 7.5 and one_line_error(
+        proc.stderr, f"MASTER_ADDR:MASTER_PORT 127.0.0.1:{port}: the store there serves another job "
+        "(TORCHELASTIC_RUN_ID=job-a; this rank's is TORCHELASTIC_RUN_ID=job-b): give each job its own MASTER_PORT"),
+        f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
+
     check_supervision(step)
     check_oddities()
     check_newcomer(step)

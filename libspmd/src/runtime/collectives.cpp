@@ -258,6 +258,49 @@ bool storeAnswers(const RankInfo& info, std::chrono::steady_clock::time_point de
   }
 }
 
+// The job this rank belongs to, as its launcher names it (the same in every
+// rank of a job): spmd's own SPMD_RUN_ID, torchrun's --rdzv-id, Slurm's job
+// and step, Open MPI's PMIx namespace; "" where none is set.
+std::string jobIdentity() {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  if (!env("SPMD_RUN_ID").empty()) return "SPMD_RUN_ID=" + env("SPMD_RUN_ID");
+  const std::string elastic = env("TORCHELASTIC_RUN_ID");
+  if (!elastic.empty() && elastic != "none") return "TORCHELASTIC_RUN_ID=" + elastic;  // torchrun's default is "none"
+  if (!env("SLURM_JOB_ID").empty()) return "SLURM_JOB_ID=" + env("SLURM_JOB_ID") + "." + env("SLURM_STEP_ID");
+  if (!env("PMIX_NAMESPACE").empty()) return "PMIX_NAMESPACE=" + env("PMIX_NAMESPACE");
+  return "";
+}
+
+constexpr const char* kJobKey = "spmd/job";
+
+// Rank 0 writes its job into the store; every other rank reads it before it
+// joins, so that a rank given another job's MASTER_PORT (whose store
+// answers, and whose ranks have joined) says so at once instead of joining
+// a group that is not its own.
+void requireOwnJob(c10d::Store& store, const RankInfo& info, std::chrono::milliseconds timeout,
+                   const std::string& where) {
+  const std::string mine = jobIdentity();
+  if (info.rank == 0) {
+    store.set(kJobKey, std::vector<uint8_t>(mine.begin(), mine.end()));
+    return;
+  }
+  try {
+    store.wait({kJobKey}, timeout);
+  } catch (const std::exception&) {
+    throw JoinError(where, "the store there did not say which job it serves within " + secondsText(timeout) +
+                               ": is it another program's port?");
+  }
+  const std::vector<uint8_t> bytes = store.get(kJobKey);
+  const std::string theirs(bytes.begin(), bytes.end());
+  if (!mine.empty() && theirs != mine) {
+    throw JoinError(where, "the store there serves another job (" + (theirs.empty() ? "unnamed" : theirs) +
+                               "; this rank's is " + mine + "): give each job its own MASTER_PORT");
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout) {
   const std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
   if (info.rank == 0) requirePortFree(info);
@@ -279,6 +322,7 @@ c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milli
     throw JoinError(where, "rank 0's store did not answer within " + secondsText(timeout) + ": " + firstLine(e.what()));
   }
   try {
+    requireOwnJob(*store, info, timeout, where);
     waitForPeers(*store, info, timeout, where);
   } catch (const JoinError&) {
     throw;
