@@ -297,6 +297,12 @@ def failed_write(artifacts):
                preexec_fn=small_files)
     report("a failed checkpoint write: one-line error", proc.returncode == 1 and
            one_line_error(proc.stderr, "cannot write") and "File too large" in proc.stderr, proc.stderr)
+    metrics = path("full_disk.metrics.jsonl")
+    proc = run(artifact, "--steps", "2", "--data", data, "--metrics", metrics, check=False, preexec_fn=lambda: (
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN), resource.setrlimit(resource.RLIMIT_FSIZE, (40, 40))))
+    report("a --metrics log that cannot take its first line: one-line error, no file left",
+           proc.returncode == 1 and one_line_error(proc.stderr, "--metrics") and "File too large" in proc.stderr and
+           not os.path.exists(metrics), proc.stderr)
     report("a failed checkpoint write leaves the previous one", folders(root) == ["step-00000002"] and
            open(os.path.join(root, "latest")).read().strip() == "step-00000002" and
            not [f for f in os.listdir(root) if f.startswith(".tmp")], os.listdir(root))

@@ -77,7 +77,9 @@ std::FILE* openFifoForAppending(const std::string& path) {
 
 MetricsLog::MetricsLog(const std::string& path, int64_t samplesPerStep) : path_(path), samplesPerStep_(samplesPerStep) {
   struct stat st {};
-  const bool fifo = ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  const bool fifo = exists && S_ISFIFO(st.st_mode);
+  created_ = !exists;
   file_ = fifo ? openFifoForAppending(path) : std::fopen(path.c_str(), "a");
   if (!file_) throw Diagnostic("--metrics " + path, std::string("cannot open for appending: ") + std::strerror(errno));
 }
@@ -107,8 +109,15 @@ void MetricsLog::write(int step, const StepReport& r, int64_t peakBytes) {
   if (peakBytes > 0) line += ", \"peak_bytes\": " + std::to_string(peakBytes);
   line += "}\n";
   if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) {
-    throw Diagnostic("--metrics " + path_, std::string("cannot write: ") + std::strerror(errno));
+    const std::string why = std::strerror(errno);
+    if (created_ && !wroteLine_) {  // no empty or partial log left behind
+      std::fclose(file_);
+      file_ = nullptr;
+      ::unlink(path_.c_str());
+    }
+    throw Diagnostic("--metrics " + path_, "cannot write: " + why);
   }
+  wroteLine_ = true;
 }
 
 void RunRecord::addStep(const StepReport& step, bool timed) {

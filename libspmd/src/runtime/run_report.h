@@ -39,13 +39,16 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  // Step `step` (1-based); throws Diagnostic when the line cannot be written.
+  // Step `step` (1-based); throws Diagnostic when the line cannot be written
+  // (a file this log created and could not write a line to is removed).
   void write(int step, const StepReport& report, int64_t peakBytes);
 
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
   int64_t samplesPerStep_;
+  bool created_ = false;  // the file did not exist before
+  bool wroteLine_ = false;
 };
 
 // Each step's loss and time, and what the summary says about the run.
