@@ -300,10 +300,6 @@ void requireSameType(const std::string& name, const at::Tensor& have, const Valu
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Bytes of a file, or of the files directly in a folder (a folder of .npy).
 uint64_t bytesOf(const std::string& path) {
   struct stat st {};

@@ -72,9 +72,6 @@ Iteration iterationOf(int step, int start, int steps, int every) {
   return iterationAt(step - first, end - first);
 }
 
-// The state a run starts from: the artifact's, with --init-from's weights,
-// or a checkpoint's (--resume). Returns the step it starts at; `seed` becomes
-// the checkpoint's (its random inputs and dropout masks go on as they were).
 // A resume continues the checkpoint's seed and the data position its step
 // implies; a run that names another seed or data is told (one write per
 // note: ranks share the terminal).
@@ -91,6 +88,9 @@ void noteResumeChanges(const Checkpoint& c, const RunOptions& o) {
   }
 }
 
+// The state a run starts from: the artifact's, with --init-from's weights,
+// or a checkpoint's (--resume). Returns the step it starts at; `seed` becomes
+// the checkpoint's (its random inputs and dropout masks go on as they were).
 int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo& info, TensorMap& state,
                   uint64_t& seed) {
   const Graph& g = artifact.graph;
