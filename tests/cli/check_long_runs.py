@@ -11,6 +11,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,6 +203,20 @@ def resume_errors(artifacts, adam_artifact, adam_data, adam_root):
     report("resume from a manifest whose step is out of range: refused", proc.returncode == 1 and
            one_line_error(proc.stderr, "manifest.json: /step: 1000000000000 is outside the steps a run can have"),
            proc.stderr)
+    # An edited step (issue 44: 0, 3 or 5 resumed with other results): refused against the
+    # folder's name, and, in a folder renamed by hand ("best"), against Adam's step counts.
+    for edited, folder_name, fragment in ((2, "step-00000003", "/step: 2, but the folder is step-00000003"),
+                                          (5, "best", "/step: 5, but optimizer.pt's Adam has taken 3 steps")):
+        folder = os.path.join(path(f"edited-{edited}.ckpt"), folder_name)
+        os.makedirs(os.path.dirname(folder))
+        shutil.copytree(os.path.join(adam_root, "step-00000003"), folder)
+        manifest_path = os.path.join(folder, "manifest.json")
+        manifest = json.load(open(manifest_path))
+        manifest["step"] = edited
+        json.dump(manifest, open(manifest_path, "w"))
+        proc = run(adam_artifact, "--steps", "8", "--resume", folder, check=False)
+        report(f"resume from a manifest whose step was edited to {edited}: refused", proc.returncode == 1 and
+               one_line_error(proc.stderr, fragment), proc.stderr)
 
 
 def init_from_state_dict(adam_artifact, adam_data):

@@ -422,6 +422,33 @@ void CheckpointWriter::prune(const std::string& newest) const {
   }
 }
 
+namespace {
+
+// The manifest's step against what else records it: the folder's name
+// (where it is still step-NNNNNNNN) and Adam's step counts, which count the
+// steps done. An edited manifest would resume the schedule, the data and
+// the random streams at another step than the weights were trained to.
+void requireConsistentStep(const Checkpoint& c) {
+  const std::string manifest = c.folder + "/manifest.json";
+  const std::string name = c.folder.substr(c.folder.find_last_of('/') + 1);
+  if (name.size() == folderName(0).size() && startsWith(name, kFolderPrefix) &&
+      name.find_first_not_of("0123456789", std::string(kFolderPrefix).size()) == std::string::npos &&
+      name != folderName(c.info.step)) {
+    throw Diagnostic("/step", std::to_string(c.info.step) + ", but the folder is " + name).inFile(manifest);
+  }
+  const std::string suffix = "." + std::string(torchOptimKey(OptimizerState::Step));
+  for (const auto& [stateName, t] : c.optimizer) {
+    const bool isStep = stateName.size() > suffix.size() &&
+                        stateName.compare(stateName.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (isStep && t.numel() == 1 && t.item<double>() != static_cast<double>(c.info.step)) {
+      throw Diagnostic("/step", std::to_string(c.info.step) + ", but optimizer.pt's Adam has taken " +
+                                    std::to_string(static_cast<int64_t>(t.item<double>())) + " steps").inFile(manifest);
+    }
+  }
+}
+
+}  // namespace
+
 Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsOnly) {
   Checkpoint c;
   c.folder = checkpointFolder(path);
@@ -430,6 +457,7 @@ Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsO
   if (weightsOnly) return c;
   c.optimizer = optimizerTensors(g, c.folder + "/optimizer.pt");
   c.extra = tensorDict(c.folder + "/extra.pt");
+  requireConsistentStep(c);
   return c;
 }
 
