@@ -299,10 +299,18 @@ def write_model(bench, out):
     return sum(p.numel() for p in module.parameters()), how, seconds
 
 
+def rank_inputs(bench, rank):
+    """Rank rank's batch, one tensor per input: torch_step.py's draw, so that every system trains on
+    the same data and their first losses can be compared."""
+    g = torch.Generator().manual_seed(rank)
+    return [random_input(i, 1, g) for i in bench.inputs]
+
+
 def write_data(bench, out, nproc):
-    """One batch for nproc ranks, shaped [1, nproc*B, ...] as spmd-run's --data takes it."""
-    g = torch.Generator().manual_seed(1000 + nproc)
-    data = {i.name: random_input(i, nproc, g).unsqueeze(0) for i in bench.inputs}
+    """One batch for nproc ranks, shaped [1, nproc*B, ...] as spmd-run's --data takes it: rank r's
+    rows are rank_inputs(bench, r)."""
+    per_rank = [rank_inputs(bench, r) for r in range(nproc)]
+    data = {i.name: torch.cat([batch[k] for batch in per_rank]).unsqueeze(0) for k, i in enumerate(bench.inputs)}
     torch.save(data, os.path.join(out, "%s.data%d.pt" % (bench.name, nproc)))
 
 

@@ -72,6 +72,11 @@ def machine(args):
     emit(row)
 
 
+# Each result row keeps its first few steps' losses: systems that start from the same weights on
+# the same batch agree there up to rounding, so a disagreement names a numerics bug, not chaos.
+LOSSES_HEAD = 5
+
+
 def spmd(args):
     text = sys.stdin.read()
     run = json.loads(text.strip().splitlines()[-1])
@@ -80,7 +85,8 @@ def spmd(args):
     row = {"kind": "result", "system": "spmd", "model": args.model, "ranks": run.get("ranks", args.ranks),
            "device": run.get("device"), "steps": args.steps, "warmup": args.warmup, "precision": args.precision,
            "warmup_excluded": args.warmup_excluded, "median_ms": ms["median"], "min_ms": ms["min"],
-           "max_ms": ms["max"], "peak_bytes": run.get("peak_bytes"), "loss_last": losses[-1] if losses else None}
+           "max_ms": ms["max"], "peak_bytes": run.get("peak_bytes"), "loss_last": losses[-1] if losses else None,
+           "losses_head": losses[:LOSSES_HEAD]}
     if args.expand_flags:
         row["expand_flags"] = args.expand_flags
     # Whatever else spmd-run reports (notes on partial lowering, say) travels along.

@@ -226,6 +226,7 @@ def tables(res, name):
     for precision in precisions:
         rows, included = precision_table(res, name, precision)
         lines += ["", "#### %s, %s" % (name, PRECISION_TITLE.get(precision, precision)), ""] + rows
+        lines += first_losses(res, name, precision)
         warm_included = warm_included or included
     if warm_included:
         lines += ["", "\\* spmd-run's timings include the warm-up steps (this spmd-run has no `--warmup`)."]
@@ -263,6 +264,18 @@ def precision_table(res, name, precision):
                 "—" if mine else times(ratio(spmd_device.get("device_ms"), device.get("device_ms"))),
                 "—" if mine else times(ratio(spmd.get("peak_bytes"), row.get("peak_bytes")))))
     return lines, warm_included
+
+
+def first_losses(res, name, precision):
+    """The first steps' losses of each system at the smallest GPU count: from the same weights on the
+    same batch they agree up to rounding, so where they part the step's numerics differ."""
+    ranks = min(res.rank_counts(name) or [1])
+    parts = []
+    for system, label in res.systems():
+        head = (res.run(name, system, ranks, precision) or {}).get("losses_head")
+        if head:
+            parts.append("%s %s" % (label, ", ".join("%.4g" % x for x in head)))
+    return ["", "First steps' losses (%s): %s." % (gpus(ranks), "; ".join(parts))] if parts else []
 
 
 def against_compile(res):

@@ -22,13 +22,14 @@ attention and torch.optim's default. The models with attention of their own (gpt
 llama, the transformers models, vit_b_16) call F.scaled_dot_product_attention
 themselves in every precision; --attention leaves them as they are ("attention":
 models.py's note, e.g. "sdpa (the model's own)").
-Inputs are drawn once per rank on the device. Each step (zero_grad(set_to_none=True),
-forward, backward, opt.step()) is timed between two device synchronizations, as
-spmd-run times its steps; the first W steps are left out. --profile and --trace
-profile 3 more steps after them (bench/trace_kernels.py sums the trace's kernels).
-Rank 0 prints one JSON line: {"kind": "result", "system", "model", "ranks",
-"precision", "median_ms", "min_ms", "max_ms", "peak_bytes" (max_memory_allocated
-after the timed steps, as spmd-run reports its own), "compile_s" (compile and
+Inputs are drawn once per rank (models.rank_inputs: the batch bench.sh gives spmd-run
+too). Each step (zero_grad(set_to_none=True), forward, backward, opt.step()) is timed
+between two device synchronizations, as spmd-run times its steps; the first W steps are
+left out. --profile and --trace profile 3 more steps after them (bench/trace_kernels.py
+sums the trace's kernels). Rank 0 prints one JSON line: {"kind": "result", "system",
+"model", "ranks", "precision", "median_ms", "min_ms", "max_ms", "losses_head" (the
+first 5 steps' losses), "peak_bytes" (max_memory_allocated after the timed steps, as
+spmd-run reports its own), "compile_s" (compile and
 max-autotune: the first step, which compiles), "attention", "optimizer",
 "optimizer_impl", ...}.
 """
@@ -176,8 +177,7 @@ def make_step(bench, args, device, rank):
     ddp = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
     fn = torch.compile(ddp, mode=COMPILE_MODES[args.system]) if args.system in COMPILE_MODES else ddp
     opt, impl = make_optimizer(bench, ddp.parameters(), args.optimizer_impl)
-    g = torch.Generator().manual_seed(rank)
-    inputs = [bench_models.random_input(i, 1, g).to(device) for i in bench.inputs]
+    inputs = [x.to(device) for x in bench_models.rank_inputs(bench, rank)]
     if args.precision == "bf16":
         def forward(*a):
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
@@ -191,9 +191,9 @@ def make_step(bench, args, device, rank):
 
 
 def time_steps(fn, opt, inputs, device, count):
-    """Runs count steps; returns (ms per step, last loss)."""
+    """Runs count steps; returns (ms per step, each step's loss)."""
     ms = []
-    loss = None
+    losses = []
     for _ in range(count):
         synchronize(device)
         begin = time.perf_counter()
@@ -203,7 +203,8 @@ def time_steps(fn, opt, inputs, device, count):
         opt.step()
         synchronize(device)
         ms.append((time.perf_counter() - begin) * 1000.0)
-    return ms, loss.item()
+        losses.append(loss.detach())
+    return ms, [x.item() for x in losses]
 
 
 PROFILED_STEPS = 3
@@ -244,12 +245,13 @@ def peak_bytes(device):
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
 
 
-def summary(args, bench, ms, loss, peak, notes):
+def summary(args, bench, ms, losses, peak, notes):
     timed = ms[args.warmup:]
     row = {"kind": "result", "system": args.system, "model": args.model, "ranks": args.nproc,
            "device": args.device, "steps": args.steps, "warmup": args.warmup, "precision": args.precision,
            "median_ms": statistics.median(timed), "min_ms": min(timed), "max_ms": max(timed),
-           "peak_bytes": peak, "first_step_ms": ms[0], "loss_last": loss, "torch": torch.__version__,
+           "peak_bytes": peak, "first_step_ms": ms[0], "loss_last": losses[-1],
+           "losses_head": losses[:5], "torch": torch.__version__,
            "optimizer": bench.optimizer, "cudnn_benchmark": args.cudnn_benchmark}
     if args.precision == "bf16":
         row["autocast"] = "%s:bf16" % args.device
@@ -265,14 +267,14 @@ def worker(rank, args, port):
     device = setup(rank, args, port)
     bench = bench_models.benches(args.tiny)[args.model]
     fn, opt, inputs, notes = make_step(bench, args, device, rank)
-    ms, loss = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
+    ms, losses = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
     peak = peak_bytes(device)
     if (args.profile or args.trace) and rank == 0:
         profile_steps(fn, opt, inputs, device, args.profile, args.trace)
     elif args.profile or args.trace:
         time_steps(fn, opt, inputs, device, PROFILED_STEPS)  # rank 0's profiled steps all-reduce with these
     if rank == 0:
-        print(json.dumps(summary(args, bench, ms, loss, peak, notes)), flush=True)
+        print(json.dumps(summary(args, bench, ms, losses, peak, notes)), flush=True)
     teardown(rank, device)
 
 

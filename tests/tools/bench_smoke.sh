@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/bench.sh end to end on CPU with the tiny models (2 ranks, Gloo): the
 # script, models.py, torch_step.py, allreduce.py, record.py and report.py
-# must run without a failure and report every table.
+# must run without a failure and report every table, and spmd-run's first losses
+# must be DDP eager's (both train on the same weights and batch).
 #   tests/tools/bench_smoke.sh BIN_DIR PYTHON
 set -euo pipefail
 bin=$1 py=$2
@@ -23,4 +24,23 @@ for want in "### mlp" "### gpt" "| 2 | spmd-run |" "| 2 | DDP eager |" "### Scal
     exit 1
   fi
 done
+# The oracle: PyTorch DDP's losses on the same batch, step by step.
+if ! "$py" - "$tmp/out/results.jsonl" <<'EOF2'
+import json, math, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+head = {(r["model"], r["ranks"], r["system"]): r.get("losses_head") for r in rows if r.get("kind") == "result"}
+bad = 0
+for (model, ranks, system), losses in sorted(head.items()):
+    if system != "spmd":
+        continue
+    ddp = head.get((model, ranks, "ddp"))
+    if not losses or not ddp or len(losses) != len(ddp) or not all(
+            math.isclose(a, b, rel_tol=1e-5) for a, b in zip(losses, ddp)):
+        print("FAIL: %s at %d ranks: spmd-run's first losses %s, DDP eager's %s" % (model, ranks, losses, ddp))
+        bad += 1
+sys.exit(1 if bad else 0)
+EOF2
+then
+  exit 1
+fi
 echo "PASS bench smoke"
