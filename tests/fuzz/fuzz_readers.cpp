@@ -1,7 +1,8 @@
 // A bounded, deterministic mutation fuzzer over spmd's readers (issue #19):
 // the JSON graph dump (read and verified, as every tool does), the artifact,
 // a file as the tools read it (artifact or TorchScript module, told from its
-// content), torch.save files, --input specs and --data's NumPy files. Each target's seeds come
+// content), torch.save files, --input specs, --data's NumPy files and a
+// checkpoint's manifest.json, model.pt and optimizer.pt as --resume reads them. Each target's seeds come
 // from tests/fuzz/ (the artifact's are lowered here from the JSON seeds;
 // the module is samples/lm.pt); zip seeds are first cut short at
 // kTruncations lengths each (issue 44: cut zips crashed LibTorch's reader),
@@ -21,7 +22,9 @@
 #include "spmd/io/torch_save.h"
 #include "spmd/ir/verify.h"
 #include "spmd/pipelines/lower.h"
+#include "spmd/runtime/checkpoint.h"
 #include "spmd/runtime/data_files.h"
+#include "spmd/runtime/run_state.h"
 #include "spmd/support/diagnostic.h"
 
 #include <algorithm>
@@ -32,6 +35,8 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -241,10 +246,62 @@ void readDataFile(const Bytes& b, const std::string& name) {
   for (const auto& [input, tensor] : spmd::openDataTensors(path)) (void)tensor.clone();
 }
 
+// A checkpoint of the training step in json/step.json, as spmd-run writes
+// it, whose members are swapped for fuzzed bytes one at a time: resuming
+// reads the folder (manifest against the files, CRCs, tensors) and puts
+// every value into the step's state, as spmd-run --resume does.
+class CheckpointFuzz {
+ public:
+  explicit CheckpointFuzz(const fs::path& stepJson)
+      : loaded_(spmd::loadGraphFrom(readFile(stepJson), stepJson.string(), {})),
+        artifact_(spmd::artifactOf(loaded_, "cpu")),
+        state_(spmd::placeState(artifact_, at::Device(at::kCPU))),
+        root_(fs::temp_directory_path() / ("spmd-fuzz-checkpoint-" + std::to_string(::getpid()))) {
+    fs::remove_all(root_);
+    spmd::CheckpointInfo info;  // step 0: the state is the artifact's, before any step
+    info.fingerprint = spmd::stepFingerprint(artifact_);
+    info.lr = 0.01;
+    spmd::CheckpointWriter(root_.string(), 1).write(graph(), state_, info);
+    folder_ = root_ / "step-00000000";
+    for (const char* member : {"manifest.json", "model.pt", "optimizer.pt", "extra.pt"}) {
+      members_[member] = readFile(folder_ / member);
+    }
+  }
+  ~CheckpointFuzz() { fs::remove_all(root_); }
+
+  const Bytes& member(const std::string& name) const { return members_.at(name); }
+
+  // Resumes from the checkpoint with `member` replaced by `bytes`.
+  void resume(const std::string& member, const Bytes& bytes) const {
+    for (const auto& [name, seed] : members_) std::ofstream(folder_ / name, std::ios::binary) << (name == member ? bytes : seed);
+    const spmd::Checkpoint c = spmd::readCheckpoint(graph(), root_.string(), /*weightsOnly=*/false);
+    spmd::TensorMap state = state_;
+    spmd::restoreState(graph(), c, /*weightsOnly=*/false, state);
+  }
+
+ private:
+  const spmd::Graph& graph() const { return artifact_.graph; }
+
+  spmd::LoadedGraph loaded_;
+  spmd::Artifact artifact_;
+  spmd::TensorMap state_;
+  fs::path root_, folder_;
+  std::map<std::string, Bytes> members_;
+};
+
+Target checkpointTarget(const std::shared_ptr<CheckpointFuzz>& c, const std::string& member) {
+  const bool zip = member != "manifest.json";
+  return {"checkpoint " + member, {c->member(member)}, [c, member](const Bytes& b) { c->resume(member, b); }, zip};
+}
+
 std::vector<Target> targets(const Options& o) {
   const fs::path dir(o.corpus);
   const std::vector<Bytes> json = filesIn(dir / "json");
+  const auto checkpoint = std::make_shared<CheckpointFuzz>(dir / "json" / "step.json");
   return {
+      checkpointTarget(checkpoint, "manifest.json"),
+      checkpointTarget(checkpoint, "model.pt"),
+      checkpointTarget(checkpoint, "optimizer.pt"),
       {"json", json, readAndVerify},
       {"artifact", artifactSeeds(json), [](const Bytes& b) { spmd::readArtifact(b); }, true},
       // As the tools read a file: its kind told from its content first.

@@ -1,4 +1,4 @@
-#include "checkpoint.h"
+#include "spmd/runtime/checkpoint.h"
 
 #include "spmd/io/graph_json.h"
 #include "spmd/io/torch_save.h"

@@ -1,4 +1,4 @@
-#include "run_state.h"
+#include "spmd/runtime/run_state.h"
 
 #include "spmd/support/diagnostic.h"
 

@@ -6,7 +6,7 @@
 #include "spmd/runtime/runner.h"
 #include "spmd/ops/fused_kernels.h"
 
-#include "checkpoint.h"
+#include "spmd/runtime/checkpoint.h"
 #include "iteration_plans.h"
 #include "op_profile.h"
 #include "step_trace.h"
@@ -14,7 +14,7 @@
 #include "run_device.h"
 #include "run_progress.h"
 #include "run_report.h"
-#include "run_state.h"
+#include "spmd/runtime/run_state.h"
 
 #include "spmd/io/load.h"
 #include "spmd/ir/iter_graph.h"
