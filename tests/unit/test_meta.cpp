@@ -107,3 +107,28 @@ TEST_CASE("layer norm on meta tensors has the CPU's strides", "[meta]") {
   CHECK(mGw.sizes() == gw.sizes());
   CHECK(mGb.sizes() == gb.sizes());
 }
+
+// where (SDPA's math calls it for an is_causal mask; its meta function is
+// Python's): the CPU kernel's shapes and dtypes, broadcast and promoted, for
+// the op and its out= form.
+TEST_CASE("where on meta tensors has the CPU's shapes and dtypes", "[meta]") {
+  MetaFallbackScope scope;
+  struct Case {
+    std::vector<int64_t> condition, self, other;
+    c10::ScalarType selfType, otherType;
+  };
+  for (const Case& c : {Case{{4, 1}, {1, 5}, {5}, at::kFloat, at::kFloat},
+                        Case{{3, 1, 1}, {2, 1}, {1, 7}, at::kBFloat16, at::kFloat},
+                        Case{{6}, {}, {6}, at::kDouble, at::kLong}}) {
+    const auto cpu = [](const std::vector<int64_t>& s, c10::ScalarType t) { return at::zeros(s, at::TensorOptions().dtype(t)); };
+    const auto meta = [](const std::vector<int64_t>& s, c10::ScalarType t) { return metaTensor(t, s); };
+    const at::Tensor want = at::where(cpu(c.condition, at::kBool), cpu(c.self, c.selfType), cpu(c.other, c.otherType));
+    const at::Tensor got = at::where(meta(c.condition, at::kBool), meta(c.self, c.selfType), meta(c.other, c.otherType));
+    CHECK(got.is_meta());
+    CHECK(got.sizes() == want.sizes());
+    CHECK(got.scalar_type() == want.scalar_type());
+    at::Tensor out = metaTensor(want.scalar_type(), {1});
+    at::where_out(out, meta(c.condition, at::kBool), meta(c.self, c.selfType), meta(c.other, c.otherType));
+    CHECK(out.sizes() == want.sizes());
+  }
+}

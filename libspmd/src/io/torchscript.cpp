@@ -145,12 +145,16 @@ Graph importTorchScript(std::string_view bytes, const std::string& fileName,
     std::optional<jit::Module> module = loadModule(bytes, WeightValues::Skip);
     if (!module) module = loadModule(bytes, WeightValues::Read);
     Prepared p = prepare(*module, specs);
+    takeStandInRefusal();  // only this trace's refusal counts
     try {
       return traceOnMeta(p, fileName);
     } catch (const std::exception& e) {
       if (traceOn == TraceOn::Meta) throw;
       metaFailure = reportOf(e);
     }
+    // An op's stand-ins beyond the bound: on CPU tensors the same op would
+    // take at least as much, after minutes of computing the layers before it.
+    if (std::optional<std::string> refusal = takeStandInRefusal()) throw Diagnostic("forward", *refusal);
     // Tracing again on CPU inputs allocates them whole: not for inputs
     // beyond the bound shape inference keeps to (issue #19).
     int64_t inputBytes = 0;

@@ -143,8 +143,8 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 
 // LibTorch 2.x has C++ meta kernels for most ops, but not for those whose
 // meta function PyTorch writes in Python (relu, batch norm, layer norm and
-// its backward, embedding and its gradient, the _foreach ops: measured on
-// 2.6). While a MetaFallbackScope lives, those get shape functions of ours,
+// its backward, embedding and its gradient, where, the _foreach ops:
+// measured on 2.6). While a MetaFallbackScope lives, those get shape functions of ours,
 // with the shapes and dtypes their CPU kernels give, or run on zero-filled
 // CPU stand-ins of a batch of 2 (meta_standins.h), so that tracing and shape
 // checks on the meta device need no memory that grows with the step; any
@@ -276,6 +276,36 @@ void foreachMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->emplace_back(results);
 }
 
+// The shape where(condition, self, other) broadcasts its three to.
+std::vector<int64_t> whereShape(const at::ArrayRef<c10::IValue>& args) {
+  return at::infer_size(at::infer_size(args[0].toTensor().sizes(), args[1].toTensor().sizes()), args[2].toTensor().sizes());
+}
+
+// where(condition, self, other): self's and other's dtypes promoted. SDPA's
+// math (an is_causal mask) calls it, and its meta function is Python's.
+void whereMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 3);
+  const std::vector<int64_t> shape = whereShape(args);
+  const at::Tensor self = args[1].toTensor();
+  const c10::ScalarType dtype = at::result_type(self, args[2].toTensor());
+  torch::jit::drop(*stack, 3);
+  c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);
+  stack->emplace_back(at::empty(shape, self.options().dtype(dtype)));
+}
+
+// where(condition, self, other, out=): into `out`, resized.
+void whereOutMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 4);
+  at::Tensor out = args[3].toTensor();
+  const std::vector<int64_t> shape = whereShape(args);
+  torch::jit::drop(*stack, 4);
+  {
+    c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);
+    out.resize_(shape);
+  }
+  stack->emplace_back(out);
+}
+
 // Whether `name` (an aten overload) has no Meta kernel in the linked
 // LibTorch: only those get our shape functions, so that none replaces one.
 bool lacksMetaKernel(const std::string& full) {
@@ -311,6 +341,8 @@ struct MetaRegistrations {
     shapesFor<&embeddingBackwardMeta>("embedding_dense_backward");
     shapesFor<&indexSelectMeta>("index_select");
     shapesFor<&embeddingMeta>("embedding");
+    shapesFor<&whereMeta>("where.self");
+    shapesFor<&whereOutMeta>("where.self_out");
     if (convolutionFailsOnMeta()) {
       shapes.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolutionMeta>());
       shapes.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&standInsOnCpu>());

@@ -1,5 +1,7 @@
 #include "meta_standins.h"
 
+#include "spmd/ops/meta.h"
+
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
 
@@ -80,6 +82,9 @@ int64_t metaBytes(const at::Tensor& t) {
 
 }  // namespace
 
+// Set where checkStandInBudget refuses, read by takeStandInRefusal.
+static thread_local std::optional<std::string> lastRefusal;
+
 void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
   int64_t bytes = 0;
   // Each term is at most 2^52 bytes: capped at 2^62, the sum cannot overflow.
@@ -96,11 +101,18 @@ void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IV
     }
   }
   if (bytes <= kMaxStandInBytes) return;
+  lastRefusal = "shape inference for " + op.schema().name() + " would need " + std::to_string(bytes >> 20) +
+                " MiB of zero-filled CPU tensors (this LibTorch has no meta kernel for it; the bound is " +
+                std::to_string(kMaxStandInBytes >> 20) + " MiB): give smaller per-rank shapes";
   // A Diagnostic, not a c10::Error: the input is too large, nothing is
   // wrong inside; callers name the file and node.
-  throw Diagnostic("", "shape inference for " + op.schema().name() + " would need " + std::to_string(bytes >> 20) +
-                           " MiB of zero-filled CPU tensors (this LibTorch has no meta kernel for it; the bound is " +
-                           std::to_string(kMaxStandInBytes >> 20) + " MiB): give smaller per-rank shapes");
+  throw Diagnostic("", *lastRefusal);
+}
+
+std::optional<std::string> takeStandInRefusal() {
+  std::optional<std::string> out;
+  out.swap(lastRefusal);
+  return out;
 }
 
 bool runOnSmallBatch(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack,

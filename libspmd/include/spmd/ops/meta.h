@@ -5,6 +5,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace spmd {
@@ -43,5 +45,11 @@ at::Tensor metaTensor(c10::ScalarType dtype, const std::vector<int64_t>& shape);
 // on zero-filled CPU tensors.
 // Throws what the op throws when all fail.
 std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::vector<c10::IValue>& stack);
+
+// The message of the last refusal on this thread to stand in zero-filled
+// CPU tensors beyond the bound (support/limits.h), cleared when taken. A
+// trace that failed for it would need at least as much memory on CPU
+// tensors, so callers report it instead of trying those.
+std::optional<std::string> takeStandInRefusal();
 
 }  // namespace spmd
