@@ -357,7 +357,7 @@ record_machine() {
   if [ "$DEVICE" = cuda ]; then comm=NCCL; fi
   if [ "$SPMD_WARMUP" = 1 ]; then warmup_flag=" --warmup WARMUP"; fi
   notes=(--note "spmd: \`$(tr -s ' ' <<< "$pipe")\`, then \`spmd-run --nproc N --device $DEVICE $RUN_FLAGS
---steps STEPS+WARMUP$warmup_flag --data\` (one batch of random inputs, drawn as torch_step.py draws its own)"
+--steps STEPS+WARMUP$warmup_flag --data\` (the batch of random inputs torch_step.py draws: models.rank_inputs)"
          --note "PyTorch: \`bench/torch_step.py\` (DDP over $comm, also for 1 GPU; inputs drawn once per rank;
 each step timed between two synchronizations; torch.compile in its default mode, and as the system
 max-autotune with mode=\"max-autotune-no-cudagraphs\"${TORCH_FLAGS:+; $TORCH_FLAGS})"

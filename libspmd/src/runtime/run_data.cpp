@@ -63,6 +63,18 @@ void checkSteps(const at::Tensor& t, const Value& v, const RankInfo& rank, int64
   }
 }
 
+// Host rows on the device, a copy (they may lie in a read-only mapping of
+// the file). On CUDA through a pinned staging buffer and an asynchronous
+// copy on the step's stream: from pageable memory the copy runs at a
+// fraction of the link's speed and holds the host until it ends. The
+// caching host allocator keeps the buffer until the copy has read it.
+at::Tensor onDevice(const at::Tensor& rows, at::Device device) {
+  if (!device.is_cuda()) return rows.to(device, false, /*copy=*/true).contiguous();
+  at::Tensor staged = at::empty(rows.sizes(), rows.options().pinned_memory(true));
+  staged.copy_(rows);
+  return staged.to(device, /*non_blocking=*/true);
+}
+
 }  // namespace
 
 StepData::StepData(const Graph& g, const DataSource& source, uint64_t seed, const RankInfo& rank, at::Device device)
@@ -107,8 +119,8 @@ TensorMap StepData::forStep(int step) const {
     const int64_t rows = pair[0]->shape[0], length = pair[0]->shape[1];
     const at::Tensor offsets = at::randint(tokens_->size() - length, {rows}, gen, at::kLong);
     const std::vector<int64_t> starts(offsets.data_ptr<int64_t>(), offsets.data_ptr<int64_t>() + rows);
-    inputs[pair[0]->name] = tokens_->windows(starts, length, 0).to(pair[0]->dtype).to(device_);
-    inputs[pair[1]->name] = tokens_->windows(starts, length, 1).to(pair[1]->dtype).to(device_);
+    inputs[pair[0]->name] = onDevice(tokens_->windows(starts, length, 0).to(pair[0]->dtype), device_);
+    inputs[pair[1]->name] = onDevice(tokens_->windows(starts, length, 1).to(pair[1]->dtype), device_);
     return inputs;
   }
   if (data_.empty()) {
@@ -121,9 +133,7 @@ TensorMap StepData::forStep(int step) const {
   }
   for (const auto& d : data_) {
     const int64_t rows = d.all.size(1) / rank_.worldSize;
-    // A copy: the rows may lie in a read-only mapping of the file.
-    inputs[d.name] = d.all[step % d.all.size(0)].narrow(0, rank_.rank * rows, rows).to(device_, false, /*copy=*/true)
-                         .contiguous();
+    inputs[d.name] = onDevice(d.all[step % d.all.size(0)].narrow(0, rank_.rank * rows, rows), device_);
   }
   return inputs;
 }
