@@ -144,12 +144,12 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
 // LibTorch 2.x has C++ meta kernels for most ops, but not for those whose
 // meta function PyTorch writes in Python (relu, batch norm, layer norm and
 // its backward, embedding and its gradient, where, the _foreach ops:
-// measured on 2.6). While a MetaFallbackScope lives, those get shape functions of ours,
-// with the shapes and dtypes their CPU kernels give, or run on zero-filled
-// CPU stand-ins of a batch of 2 (meta_standins.h), so that tracing and shape
-// checks on the meta device need no memory that grows with the step; any
-// other op without a meta kernel takes inferOnMeta's retry on zero-filled
-// CPU tensors, within a bound.
+// measured on 2.6). While a MetaFallbackScope lives, those get shape
+// functions of ours, with the shapes and dtypes their CPU kernels give, or
+// run on zero-filled CPU stand-ins of a batch of 2 (meta_standins.h), so
+// that tracing and shape checks on the meta device need no memory that
+// grows with the step; any other op without a meta kernel takes
+// inferOnMeta's retry on zero-filled CPU tensors, within a bound.
 namespace spmd {
 namespace {
 
