@@ -54,8 +54,8 @@ def time_allreduce(buf, device, iters, warmup):
     return statistics.median(ms)
 
 
-def worker(rank, args, port):
-    device = setup(rank, args, port)
+def worker(rank, args, rendezvous):
+    device = setup(rank, args, rendezvous)
     for mb in args.sizes:
         numel = int(mb * 1024 * 1024) // 4
         buf = torch.ones(numel, dtype=torch.float32, device=device)

@@ -13,9 +13,9 @@ line: {"system": ..., "ranks": N, "median_ms": ..., "min_ms": ..., "max_ms": ...
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -35,16 +35,13 @@ def model_for(sample, device):
     return model.train().to(device), specs
 
 
-def worker(rank, args, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # The store of a torch built without libuv (Debian's) refuses the libuv
-    # server PyTorch asks for by default; for a few local ranks either will do.
-    os.environ.setdefault("USE_LIBUV", "0")
+def worker(rank, args, rendezvous):
     torch.cuda.set_device(rank)
     # TF32 for timing (as every system in the benchmark); full fp32 for parity.
     torch.backends.cuda.matmul.allow_tf32 = not args.data
     torch.backends.cudnn.allow_tf32 = not args.data
-    dist.init_process_group("nccl", rank=rank, world_size=args.nproc)
+    # A file store, as bench/torch_step.py's: no port another job could take.
+    dist.init_process_group("nccl", init_method="file://" + rendezvous, rank=rank, world_size=args.nproc)
     device = torch.device("cuda", rank)
     model, specs = model_for(args.sample, device)
     if args.sdpa:
@@ -107,10 +104,8 @@ def main():
     p.add_argument("--autocast", action="store_true", help="the forward under torch.autocast('cuda', bfloat16)")
     p.add_argument("--sdpa", action="store_true", help="attention by F.scaled_dot_product_attention (lm)")
     args = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(args, port), nprocs=args.nproc, join=True)
+    with tempfile.TemporaryDirectory(prefix="spmd-bench-") as tmp:
+        mp.spawn(worker, args=(args, os.path.join(tmp, "rendezvous")), nprocs=args.nproc, join=True)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ max-autotune: the first step, which compiles), "attention", "optimizer",
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -94,12 +94,6 @@ def parse_args(argv=None):
     return args
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def enable_tf32(cudnn_benchmark=False):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -137,18 +131,17 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
-def setup(rank, args, port):
-    """Joins the process group; returns this rank's device."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    # The store of a torch built without libuv (Debian's) refuses the libuv
-    # server PyTorch asks for by default; for a few local ranks either will do.
-    os.environ.setdefault("USE_LIBUV", "0")
+def setup(rank, args, rendezvous):
+    """Joins the process group through the file `rendezvous` (local ranks only: a file
+    store takes no port, so no other job on the machine can take it between choosing
+    and binding); returns this rank's device."""
     if args.device == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=args.nproc)
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method="file://" + rendezvous,
+                            rank=rank, world_size=args.nproc)
     return device
 
 
@@ -159,13 +152,15 @@ def teardown(rank, device):
 
 
 def spawn(worker, args):
-    """Runs worker(rank, args, port) on args.nproc local ranks that meet at a free port; one
-    rank runs in this process (a spawned interpreter would import torch, and the model's
-    libraries, again: seconds a run)."""
-    if args.nproc == 1:
-        worker(0, args, free_port())
-    else:
-        mp.spawn(worker, args=(args, free_port()), nprocs=args.nproc, join=True)
+    """Runs worker(rank, args, rendezvous) on args.nproc local ranks that meet through a
+    fresh file; one rank runs in this process (a spawned interpreter would import torch,
+    and the model's libraries, again: seconds a run)."""
+    with tempfile.TemporaryDirectory(prefix="spmd-bench-") as tmp:
+        rendezvous = os.path.join(tmp, "rendezvous")
+        if args.nproc == 1:
+            worker(0, args, rendezvous)
+        else:
+            mp.spawn(worker, args=(args, rendezvous), nprocs=args.nproc, join=True)
 
 
 def make_step(bench, args, device, rank):
@@ -262,9 +257,9 @@ def summary(args, bench, ms, losses, peak, notes):
     return row
 
 
-def worker(rank, args, port):
+def worker(rank, args, rendezvous):
     enable_tf32(args.cudnn_benchmark)
-    device = setup(rank, args, port)
+    device = setup(rank, args, rendezvous)
     bench = bench_models.benches(args.tiny)[args.model]
     fn, opt, inputs, notes = make_step(bench, args, device, rank)
     ms, losses = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
