@@ -3,9 +3,11 @@
 
 Each libspmd directory is a layer; a file may include spmd headers only from
 its own layer and the layers listed for it below, so that dependencies run
-one way. Also: no libspmd source over 600 lines. Prints one line per
-violation and exits 1 if there is any.
+one way. Inside a layer, modules (a header and the sources of the same stem)
+include each other without a cycle. Also: no libspmd source over 600 lines.
+Prints one line per violation and exits 1 if there is any.
 """
+import collections
 import pathlib
 import re
 import sys
@@ -23,6 +25,8 @@ ALLOWED = {
 }
 MAX_LINES = 600
 INCLUDE = re.compile(r'^\s*#\s*include\s+"spmd/([a-z_]+)/')
+# Any project header: "spmd/<layer>/<stem>.h", or "<stem>.h" beside the source.
+MODULE_INCLUDE = re.compile(r'^\s*#\s*include\s+"(?:spmd/([a-z_]+)/)?([a-z_0-9]+)\.h"')
 
 
 def layer_of(path, root):
@@ -31,12 +35,44 @@ def layer_of(path, root):
     return parts[3] if parts[1] == "include" else parts[2]
 
 
+def cycles(edges):
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
 def main():
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
     problems = []
     files = sorted(p for p in (root / "libspmd").rglob("*") if p.suffix in (".h", ".cpp"))
     if not files:
         problems.append(f"{root}/libspmd: no sources found")
+    edges = collections.defaultdict(set)  # (layer, stem) -> modules of the same layer it includes
     for path in files:
         layer = layer_of(path, root)
         rel = path.relative_to(root)
@@ -50,6 +86,12 @@ def main():
             m = INCLUDE.match(line)
             if m and m.group(1) != layer and m.group(1) not in ALLOWED[layer]:
                 problems.append(f"{rel}:{number}: {layer} includes spmd/{m.group(1)}/ (a layer above it)")
+            m = MODULE_INCLUDE.match(line)
+            if m and (m.group(1) or layer) == layer and m.group(2) != path.stem:
+                edges[(layer, path.stem)].add((layer, m.group(2)))
+    for component in cycles(edges):
+        problems.append(f"libspmd/*/{component[0][0]}: an include cycle among " +
+                        ", ".join(stem for _, stem in component))
     for p in problems:
         print(p)
     return 1 if problems else 0

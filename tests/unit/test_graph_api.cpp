@@ -140,6 +140,30 @@ TEST_CASE("reorder takes a permutation; copies keep their own links", "[graph]")
   CHECK(copy.users(m.y).empty());
 }
 
+TEST_CASE("soleReader counts every read: arguments, outputs, updates, gradient records", "[graph]") {
+  MulRelu m;
+  CHECK(m.g.soleReader(m.y) == &m.node(m.z));  // relu alone reads %mul
+  CHECK(m.g.soleReader(m.z) == nullptr);       // a graph output only, no node
+  GraphBuilder b(m.g);
+  const ValueId twice = b.call("aten::abs", {Arg::tensor(m.x)});
+  b.call("aten::add.Tensor", {Arg::tensor(twice), Arg::tensor(twice), Arg::ofInt(1)});
+  CHECK_FALSE(m.g.hasOneReader(twice));  // one node, two arguments
+  m.g.addOutput(m.y);
+  CHECK(m.g.soleReader(m.y) == nullptr);  // relu and the graph's outputs
+  const ValueId kept = b.call("aten::neg", {Arg::tensor(m.x)});
+  const ValueId read = b.call("aten::exp", {Arg::tensor(kept)});
+  CHECK(m.g.soleReader(kept) == m.g.producer(read));
+  const ValueId w = m.g.addInput({"w", c10::ScalarType::Float, {4}}, InputKind::Parameter);
+  m.g.addGradient(Gradient{w, kept});
+  CHECK(m.g.soleReader(kept) == nullptr);  // a gradient record reads it too
+  const ValueId s = m.g.addInput({"s", c10::ScalarType::Float, {4}}, InputKind::Buffer);
+  const ValueId updated = b.call("aten::sin", {Arg::tensor(m.x)});
+  b.call("aten::cos", {Arg::tensor(updated)});
+  CHECK(m.g.hasOneReader(updated));
+  m.g.addUpdate(StateUpdate{s, updated});
+  CHECK_FALSE(m.g.hasOneReader(updated));  // and a state update
+}
+
 TEST_CASE("eliminateDeadNodes erases what reaches no output, readers first", "[graph]") {
   MulRelu m;
   GraphBuilder b(m.g);

@@ -1,7 +1,7 @@
 #include "spmd/io/artifact.h"
 
 #include "spmd/io/graph_json.h"
-#include "spmd/io/load.h"
+#include "spmd/io/output_file.h"
 #include "spmd/io/zip_writer.h"
 #include "spmd/ops/dtype.h"
 #include "spmd/support/diagnostic.h"

@@ -286,8 +286,16 @@ std::vector<const Node*> Graph::users(ValueId v) const {
   return readers;
 }
 
+bool Graph::isGraphOutput(ValueId v) const { return std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end(); }
+
+const Node* Graph::soleReader(ValueId v) const {
+  const std::vector<const Node*>& reads = users_.at(v);  // one entry per argument
+  if (reads.size() != 1 || readBeyondNodes(v)) return nullptr;
+  return reads[0];
+}
+
 bool Graph::readBeyondNodes(ValueId v) const {
-  if (std::find(outputs_.begin(), outputs_.end(), v) != outputs_.end()) return true;
+  if (isGraphOutput(v)) return true;
   for (const StateUpdate& u : updates_) {
     if (u.value == v) return true;
   }

@@ -1,5 +1,7 @@
 #include "spmd/ir/optimizer_state.h"
 
+#include "spmd/support/text.h"
+
 namespace spmd {
 namespace {
 
@@ -14,10 +16,6 @@ const char* suffixOf(OptimizerState state) {
   return "";
 }
 
-bool endsWith(const std::string& s, const std::string& suffix) {
-  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
 
 std::string optimizerStateName(const std::string& param, OptimizerState state) { return param + suffixOf(state); }
@@ -27,7 +25,9 @@ std::optional<OptimizerState> optimizerStateOf(const std::string& inputName) {
   // keep the order safe for additions.
   for (OptimizerState s : {OptimizerState::MaxExpAvgSq, OptimizerState::ExpAvgSq, OptimizerState::ExpAvg,
                            OptimizerState::MomentumBuffer, OptimizerState::Step}) {
-    if (endsWith(inputName, suffixOf(s))) return s;
+    // A parameter's name before the suffix: ".exp_avg" alone is no state.
+    const std::string_view suffix = suffixOf(s);
+    if (inputName.size() > suffix.size() && endsWith(inputName, suffix)) return s;
   }
   return std::nullopt;
 }

@@ -11,17 +11,6 @@
 
 namespace spmd {
 
-std::string floatText(double f) {
-  if (std::isnan(f)) return "nan";
-  if (std::isinf(f)) return f > 0 ? "inf" : "-inf";
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof buf, f);
-  std::string s(buf, res.ptr);
-  // Keep floats visibly floats: 1 -> 1.0
-  if (s.find_first_of(".einf") == std::string::npos) s += ".0";
-  return s;
-}
-
 std::string typeText(const Value& v) {
   std::string s = dtypeShortName(v.dtype) + "[";
   for (size_t i = 0; i < v.shape.size(); ++i) s += (i ? "," : "") + std::to_string(v.shape[i]);

@@ -1,6 +1,6 @@
 #include "spmd/ir/training.h"
 
-#include "spmd/ir/printer.h"
+#include "spmd/support/text.h"
 #include "spmd/support/diagnostic.h"
 
 #include <cmath>

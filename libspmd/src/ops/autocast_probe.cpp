@@ -109,6 +109,20 @@ void runOnMeta(Probe& probe, const c10::OperatorHandle& op, torch::jit::Stack* s
 
 // Restores the thread's autocast state, the recording key and the probe on
 // every way out.
+// The recording key's first handler while a probe is live on this thread:
+// the call runs on the stand-ins' meta twins and is recorded in the probe.
+bool handledByAutocastProbe(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  Probe* probe = activeProbe;
+  if (!probe) return false;
+  const size_t argc = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(argc), stack->end());
+  runOnMeta(*probe, op, stack, args);
+  const size_t retc = op.schema().returns().size();
+  std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(retc), stack->end());
+  probe->calls.push_back(RecordedCall{op, std::move(args), std::move(results)});
+  return true;
+}
+
 class ProbeScope {
  public:
   ProbeScope(Probe& probe, AutocastPolicy policy)
@@ -117,13 +131,15 @@ class ProbeScope {
         device_(policy.device),
         oldDtype_(at::autocast::get_autocast_dtype(policy.device)),
         oldCache_(at::autocast::is_autocast_cache_enabled()),
-        previous_(activeProbe) {
+        previous_(activeProbe),
+        previousHandler_(setRecordingKeyHandler(&handledByAutocastProbe)) {
     c10::impl::tls_set_dispatch_key_excluded(key_, false);
     at::autocast::set_autocast_dtype(device_, policy.dtype);
     at::autocast::set_autocast_cache_enabled(false);
     activeProbe = &probe;
   }
   ~ProbeScope() {
+    setRecordingKeyHandler(previousHandler_);
     activeProbe = previous_;
     at::autocast::set_autocast_cache_enabled(oldCache_);
     at::autocast::set_autocast_dtype(device_, oldDtype_);
@@ -139,6 +155,7 @@ class ProbeScope {
   c10::ScalarType oldDtype_;
   bool oldCache_;
   Probe* previous_;
+  RecordingKeyHandler previousHandler_;
   // Factory calls inside composites (zeros, empty) reach the recording key.
   c10::impl::IncludeDispatchKeyGuard record_{c10::DispatchKey::Fake};
   MetaFallbackScope metaFallback_;
@@ -157,18 +174,6 @@ AutocastEntry autocastEntry(const c10::OperatorHandle& op, c10::DeviceType devic
   if (op.hasKernelForDispatchKey(autocastKey(device))) return AutocastEntry::Kernel;
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return AutocastEntry::Composite;
   return AutocastEntry::Untouched;
-}
-
-bool handledByAutocastProbe(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  Probe* probe = activeProbe;
-  if (!probe) return false;
-  const size_t argc = op.schema().arguments().size();
-  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(argc), stack->end());
-  runOnMeta(*probe, op, stack, args);
-  const size_t retc = op.schema().returns().size();
-  std::vector<c10::IValue> results(stack->end() - static_cast<std::ptrdiff_t>(retc), stack->end());
-  probe->calls.push_back(RecordedCall{op, std::move(args), std::move(results)});
-  return true;
 }
 
 AutocastRun runUnderAutocast(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,

@@ -1,6 +1,5 @@
 #include "spmd/ops/autograd_trace.h"
 
-#include "spmd/ops/autocast_probe.h"
 #include "spmd/ops/meta.h"
 
 #include <ATen/ATen.h>
@@ -25,8 +24,10 @@ bool noKernelFor(const c10::Error& e) {
          std::string(e.what()).find("meta") != std::string::npos;
 }
 
+thread_local RecordingKeyHandler firstHandler = nullptr;
+
 void recordAndRun(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  if (handledByAutocastProbe(op, stack)) return;  // the key serves ops/autocast_probe.h too
+  if (firstHandler && firstHandler(op, stack)) return;
   const size_t argc = op.schema().arguments().size();
   const size_t base = stack->size() - argc;
   std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
@@ -54,6 +55,12 @@ void recordAndRun(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch
 TORCH_LIBRARY_IMPL(_, Fake, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&recordAndRun>()); }
 
 }  // namespace
+
+RecordingKeyHandler setRecordingKeyHandler(RecordingKeyHandler handler) {
+  RecordingKeyHandler previous = firstHandler;
+  firstHandler = handler;
+  return previous;
+}
 
 struct DispatchTrace::Guards {
   c10::impl::IncludeDispatchKeyGuard record{kRecordKey};

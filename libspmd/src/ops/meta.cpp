@@ -371,4 +371,6 @@ MetaFallbackScope::~MetaFallbackScope() {
   if (--liveScopes == 0) registrations.reset();
 }
 
+std::optional<std::string> takeStandInRefusal() { return takeLastStandInRefusal(); }
+
 }  // namespace spmd

@@ -1,7 +1,5 @@
 #include "meta_standins.h"
 
-#include "spmd/ops/meta.h"
-
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
 
@@ -82,7 +80,7 @@ int64_t metaBytes(const at::Tensor& t) {
 
 }  // namespace
 
-// Set where checkStandInBudget refuses, read by takeStandInRefusal.
+// Set where checkStandInBudget refuses, read by takeLastStandInRefusal.
 static thread_local std::optional<std::string> lastRefusal;
 
 void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
@@ -109,7 +107,7 @@ void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IV
   throw Diagnostic("", *lastRefusal);
 }
 
-std::optional<std::string> takeStandInRefusal() {
+std::optional<std::string> takeLastStandInRefusal() {
   std::optional<std::string> out;
   out.swap(lastRefusal);
   return out;

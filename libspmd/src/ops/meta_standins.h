@@ -8,6 +8,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,9 @@ namespace spmd {
 // filled CPU copies of the meta tensors on `args` would exceed
 // kMaxStandInBytes (support/limits.h).
 void checkStandInBudget(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
+// The last refusal's message on this thread, cleared (meta.h's
+// takeStandInRefusal answers with it).
+std::optional<std::string> takeLastStandInRefusal();
 
 // For the ops whose results' shapes follow their batch (dimension 0 of some
 // arguments and results, everything else independent of it): runs `run` on

@@ -13,6 +13,8 @@ constexpr uint32_t kMayAlias = bit(OpTrait::MayCopyOrAlias);
 constexpr uint32_t kListViews = bit(OpTrait::ViewsEachListElement);
 constexpr uint32_t kView = bit(OpTrait::ViewOfFirstArgument);
 constexpr uint32_t kRandom = bit(OpTrait::Random);
+constexpr uint32_t kStrided = bit(OpTrait::StridedView);
+constexpr uint32_t kOwn = bit(OpTrait::OwnResults);
 
 // Every op with a trait, sorted by name.
 const std::map<std::string, uint32_t>& traitTable() {
@@ -23,14 +25,17 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"aten::_unique2", kHostSync},
       {"aten::_unsafe_view", kView},
       {"aten::alpha_dropout", kMayAlias | kRandom},
+      {"aten::as_strided", kStrided},
       {"aten::bernoulli", kRandom},
       {"aten::broadcast_tensors", kListViews},
       {"aten::cauchy", kRandom},
       {"aten::contiguous", kMayAlias},
+      {"aten::diagonal", kStrided},
       {"aten::dropout", kMayAlias | kRandom},
       // Counts the distinct indices on the host to size its segments.
       {"aten::embedding_backward", kHostSync},
       {"aten::embedding_dense_backward", kHostSync},
+      {"aten::expand", kStrided},
       {"aten::exponential", kRandom},
       {"aten::feature_alpha_dropout", kMayAlias | kRandom},
       {"aten::feature_dropout", kMayAlias | kRandom},
@@ -41,9 +46,11 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"aten::masked_select", kHostSync},
       {"aten::meshgrid", kListViews},
       {"aten::multinomial", kRandom},
+      {"aten::narrow", kStrided},
       {"aten::native_dropout", kRandom},
       {"aten::nonzero", kHostSync},
       {"aten::normal", kRandom},
+      {"aten::permute", kStrided},
       {"aten::poisson", kRandom},
       {"aten::rand", kRandom},
       {"aten::rand_like", kRandom},
@@ -58,9 +65,14 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"aten::resolve_neg", kMayAlias},
       {"aten::rrelu", kRandom},
       {"aten::rrelu_with_noise", kRandom},
+      {"aten::select", kStrided},
+      {"aten::slice", kStrided},
+      {"aten::split", kStrided},
+      {"aten::split_with_sizes", kStrided},
       // Returns its input unchanged when the shape already fits.
       {"aten::sum_to_size", kMayAlias},
       {"aten::to", kMayAlias},
+      {"aten::transpose", kStrided},
       {"aten::type_as", kMayAlias},
       {"aten::uniform", kRandom},
       {"aten::unique", kHostSync},
@@ -71,6 +83,7 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"spmd::bucket_start", kCollective},
       {"spmd::bucket_wait", kCollective},
       {"spmd::dropout_seed", kRandom},
+      {"spmd::fused_adam", kOwn},
   };
   return table;
 }
@@ -80,6 +93,23 @@ const std::map<std::string, uint32_t>& traitTable() {
 bool hasTrait(const std::string& op, OpTrait trait) {
   auto it = traitTable().find(op);
   return it != traitTable().end() && (it->second & bit(trait)) != 0;
+}
+
+CollectiveKind collectiveKind(const std::string& op) {
+  static const std::map<std::string, CollectiveKind> kinds = {
+      {"spmd::all_reduce", CollectiveKind::AllReduce},
+      {"spmd::broadcast", CollectiveKind::Broadcast},
+      {"spmd::bucket_start", CollectiveKind::BucketStart},
+      {"spmd::bucket_wait", CollectiveKind::BucketWait},
+  };
+  auto it = kinds.find(op);
+  return it == kinds.end() ? CollectiveKind::None : it->second;
+}
+
+std::vector<size_t> listsWrittenInPlace(const std::string& op) {
+  if (op.rfind("aten::_foreach_", 0) == 0) return {0};
+  if (op == "spmd::fused_adam") return {0, 2, 3, 4};
+  return {};
 }
 
 }  // namespace spmd

@@ -75,10 +75,7 @@ struct Chain {
 // The node making `v` when it is `op` and `v` has no other reader.
 const Node* soleProducer(const Graph& g, ValueId v, const char* op) {
   const Node* n = g.producer(v);
-  if (!n || n->qualifiedName() != op || g.users(v).size() != 1) return nullptr;
-  for (ValueId o : g.outputs()) {
-    if (o == v) return nullptr;
-  }
+  if (!n || n->qualifiedName() != op || !g.hasOneReader(v)) return nullptr;
   return n;
 }
 
@@ -418,8 +415,7 @@ class AttentionPass final : public Pass {
       replace(g, *chain);
       changed = true;
     }
-    if (changed) eliminateDeadNodes(g);  // the transposed key and the scale's 0-dim tensor, when nothing else reads them
-    return changed;
+    return changed;  // the transposed key and the scale's 0-dim tensor are left to dce
   }
 
  private:

@@ -221,8 +221,7 @@ std::unique_ptr<Pass> createAutodiffPass(const PipelineOptions& options) {
 bool AutodiffPass::run(Graph& g, DiagnosticEngine&) {
   const ValueId loss = scaledLoss(g, checkedLoss(g), microBatches_);
   const Activity activity = analyse(g, loss);
-  appendBackward(g, activity, loss);
-  eliminateDeadNodes(g);  // backward results no gradient needed
+  appendBackward(g, activity, loss);  // backward results no gradient needs are left to dce
   return true;  // the backward's seed at least
 }
 

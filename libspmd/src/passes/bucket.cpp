@@ -72,7 +72,7 @@ bool hasExternalOutput(const Graph& g, const PlanBucket& b, const std::set<size_
   for (size_t i : b.nodes) {
     for (ValueId o : g.nodes()[i].outputs) {
       if (o == kNoValue) continue;
-      if (std::find(g.outputs().begin(), g.outputs().end(), o) != g.outputs().end()) return true;
+      if (g.isGraphOutput(o)) return true;
       for (const Node* reader : g.users(o)) {
         const size_t u = g.indexOf(*reader);
         if (forward.count(u) && !b.nodes.count(u)) return true;

@@ -22,19 +22,10 @@ namespace {
 double scalarOf(const Arg& a) { return a.kind == Arg::Kind::Int ? static_cast<double>(a.i) : a.f; }
 bool isScalar(const Arg& a) { return a.kind == Arg::Kind::Int || a.kind == Arg::Kind::Float; }
 
-// How many times `v` is read: node arguments, graph outputs, state updates.
-size_t readCount(const Graph& g, ValueId v) {
-  size_t reads = 0;
-  for (const Node* n : g.users(v)) forEachTensorArg(*n, [&](ValueId a) { reads += a == v; });
-  reads += std::count(g.outputs().begin(), g.outputs().end(), v);
-  for (const auto& u : g.updates()) reads += u.value == v;
-  return reads;
-}
-
 // The optimizer node making `v` when it is `op` and `v` has no other reader.
 const Node* soleUse(const Graph& g, ValueId v, const char* op) {
   const Node* n = g.producer(v);
-  if (!n || readCount(g, v) != 1) return nullptr;
+  if (!n || !g.hasOneReader(v)) return nullptr;
   return n->qualifiedName() == op && n->meta.role == NodeRole::Optimizer ? n : nullptr;
 }
 

@@ -8,8 +8,6 @@
 #include <c10/core/MemoryFormat.h>
 #include <c10/core/ScalarType.h>
 
-#include <vector>
-
 namespace spmd {
 
 // aten::_to_copy(x, dtype) that only changes the dtype to `to` (strided,
@@ -25,14 +23,6 @@ inline bool isCastTo(const Node& n, c10::ScalarType to) {
          (nonBlocking.kind == Arg::Kind::None || !nonBlocking.b) &&
          (format.kind == Arg::Kind::None || (format.kind == Arg::Kind::MemoryFormat &&
                                              format.i == static_cast<int64_t>(c10::MemoryFormat::Preserve)));
-}
-
-// The one node that reads `v`, when nothing else does (no other node, not
-// the graph's outputs), else nullptr.
-inline const Node* onlyReader(const Graph& g, ValueId v) {
-  const std::vector<const Node*> users = g.users(v);
-  if (users.size() != 1 || g.readBeyondNodes(v)) return nullptr;
-  return users[0];
 }
 
 }  // namespace spmd

@@ -12,7 +12,7 @@
 //        %g = aten::view(%cat, [B, T, 3 H D])
 //
 // so the cat reads the strided tensors itself and the clones, each a copy
-// of a whole gradient, are gone (erased when nothing else reads them). The
+// of a whole gradient, are gone (dce erases them when nothing else reads them). The
 // values are the same, bit for bit. Not done here: cats along other
 // dimensions, or of inputs that are not such reshapes.
 #include "spmd/ir/builder.h"
@@ -49,23 +49,6 @@ std::optional<ValueId> reshapedFrom(const Graph& g, ValueId v) {
   return source;
 }
 
-// Erases `v`'s producer chain (a reshape, and a clone before it) where nothing else reads it.
-void eraseIfUnread(Graph& g, ValueId v) {
-  while (const Node* n = g.producer(v)) {
-    if (!g.users(v).empty() || n->outputs.size() != 1) return;
-    const std::string op = n->qualifiedName();
-    if (op != "aten::_unsafe_view" && op != "aten::clone" && op != "aten::_reshape_alias" && op != "aten::view" &&
-        op != "aten::reshape") {
-      return;
-    }
-    const ValueId input = n->args[0].value;
-    const auto& outs = g.outputs();
-    if (std::find(outs.begin(), outs.end(), v) != outs.end()) return;
-    g.erase(*n);
-    v = input;
-  }
-}
-
 // Rewrites `cat`, returning whether it did.
 bool rewrite(Graph& g, const Node& cat) {
   if (cat.args.size() != 2 || cat.args[0].kind != Arg::Kind::Values || cat.args[1].kind != Arg::Kind::Int) return false;
@@ -94,7 +77,6 @@ bool rewrite(Graph& g, const Node& cat) {
   shape.kind = Arg::Kind::Ints;
   shape.ints = out.shape;
   b.replace(cat, "aten::view", {Arg::tensor(wide), shape});
-  for (ValueId p : parts) eraseIfUnread(g, p);
   return true;
 }
 

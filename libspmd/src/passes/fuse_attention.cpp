@@ -204,9 +204,7 @@ class FuseAttentionPass final : public Pass {
                        (kernel == "gemm" ? std::string("batched GEMMs around a generated softmax (gemm)")
                                          : "ATen's " + kernel + " attention kernel"));
     }
-    if (fused.empty()) return false;
-    eliminateDeadNodes(g);  // the keep masks spmd-expand drew for dropout
-    return true;
+    return !fused.empty();  // the keep masks spmd-expand drew for dropout are left to dce
   }
 
  private:

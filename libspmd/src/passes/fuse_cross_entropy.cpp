@@ -49,11 +49,6 @@ struct CrossEntropy {
 
 bool isValue(const Arg& a, ValueId v) { return a.kind == Arg::Kind::Value && a.value == v; }
 
-bool isOutput(const Graph& g, ValueId v) {
-  const auto& outs = g.outputs();
-  return std::find(outs.begin(), outs.end(), v) != outs.end();
-}
-
 // Whether `n`'s arguments from `first` on are the loss's target, weights,
 // reduction and ignore index (nll_loss_backward's start at 2, the forward's at 1).
 bool sameLoss(const Node& n, size_t first, const Node& loss) {
@@ -96,12 +91,12 @@ bool takeBackwardReader(CrossEntropy& ce, const Node& u, ValueId lp, ValueId pro
 bool backwardChains(const Graph& g, CrossEntropy& ce, c10::ScalarType logits) {
   ValueId grad = ce.lossBackward->outputs[0];
   if (logits != c10::ScalarType::Float) {
-    const Node* cast = onlyReader(g, grad);
+    const Node* cast = g.soleReader(grad);
     if (!cast || !isCastTo(*cast, logits)) return false;
     ce.downcast = cast;
     grad = cast->outputs[0];
   }
-  return onlyReader(g, grad) == ce.logSoftmaxBackward && isValue(ce.logSoftmaxBackward->args[0], grad);
+  return g.soleReader(grad) == ce.logSoftmaxBackward && isValue(ce.logSoftmaxBackward->args[0], grad);
 }
 
 // The cross entropy that log_softmax `f` starts, or why it is not one this
@@ -147,8 +142,8 @@ std::optional<CrossEntropy> match(const Graph& g, const Node& f, std::string& wh
     why = "its backward is not nll_loss_backward read only by _log_softmax_backward_data";
     return std::nullopt;
   }
-  if (isOutput(g, lp) || isOutput(g, probs)) {
-    why = "the log probabilities are an output of the graph";
+  if (g.readBeyondNodes(lp) || g.readBeyondNodes(probs)) {
+    why = "the log probabilities are read beyond the nodes (an output of the graph)";
     return std::nullopt;
   }
   return ce;
@@ -174,13 +169,13 @@ const Node* onesSeed(const Graph& g, const CrossEntropy& ce) {
   const Arg& grad = ce.lossBackward->args[0];
   const Node* seed = grad.kind == Arg::Kind::Value ? g.producer(grad.value) : nullptr;
   if (!seed || seed->op != "aten::ones_like" || !isValue(seed->args[0], ce.loss->outputs[0]) ||
-      g.users(grad.value).size() != 1) {
+      !g.hasOneReader(grad.value)) {
     return nullptr;
   }
   for (size_t k = 1; k < seed->args.size(); ++k) {
     if (seed->args[k].kind != Arg::Kind::None) return nullptr;  // a dtype, layout, device or format of its own
   }
-  return isOutput(g, grad.value) ? nullptr : seed;
+  return seed;
 }
 
 // Erases the casts (if any) and log_softmax once the ops reading them are gone.

@@ -78,13 +78,13 @@ class DropoutMatcher {
     Dropout d;
     d.bernoulli = &n;
     d.keep = scalarOf(a[1]);
-    const std::vector<const Node*> readers = g_.users(mask);
-    if (readers.size() != 1 || g_.readBeyondNodes(mask) || readers[0]->qualifiedName() != "aten::div.Scalar" ||
-        readers[0]->args.size() != 2 || readers[0]->args[0].kind != Arg::Kind::Value || !isScalar(readers[0]->args[1])) {
+    const Node* reader = g_.soleReader(mask);
+    if (!reader || reader->qualifiedName() != "aten::div.Scalar" || reader->args.size() != 2 ||
+        reader->args[0].kind != Arg::Kind::Value || !isScalar(reader->args[1])) {
       why = "the mask is read other than by one division by a number";
       return std::nullopt;
     }
-    d.divide = readers[0];
+    d.divide = reader;
     d.divisor = scalarOf(d.divide->args[1]);
     if (!takeProducts(d, why)) return std::nullopt;
     return d;

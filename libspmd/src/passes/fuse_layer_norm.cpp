@@ -110,7 +110,7 @@ void fuseForward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts&
     ++counts.residualAdds;
   }
   c10::ScalarType dtype = c10::ScalarType::Float;
-  const Node* cast = outputs[0] == kNoValue ? nullptr : onlyReader(g, outputs[0]);
+  const Node* cast = outputs[0] == kNoValue ? nullptr : g.soleReader(outputs[0]);
   if (cast && isCastTo(*cast, c10::ScalarType::BFloat16) && sameSchedule(*cast, n)) {
     dtype = c10::ScalarType::BFloat16;
     outputs[0] = cast->outputs[0];
@@ -133,13 +133,13 @@ void fuseBackward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts
   }
   Arg grad = n.args[0];
   const Node* gradCast = isTensor(grad) ? g.producer(grad.value) : nullptr;
-  const bool castIn = gradCast && isCastTo(*gradCast, c10::ScalarType::Float) && onlyReader(g, grad.value) == &n &&
+  const bool castIn = gradCast && isCastTo(*gradCast, c10::ScalarType::Float) && g.soleReader(grad.value) == &n &&
                       g.value(gradCast->args[0].value).dtype == c10::ScalarType::BFloat16 && sameSchedule(*gradCast, n);
   if (castIn) grad = gradCast->args[0];
 
   std::vector<ValueId> outputs = n.outputs;
   Arg residual;  // None
-  const Node* add = outputs[0] == kNoValue ? nullptr : onlyReader(g, outputs[0]);
+  const Node* add = outputs[0] == kNoValue ? nullptr : g.soleReader(outputs[0]);
   if (add && add->qualifiedName() == "aten::add.Tensor" && add->args.size() == 3 && add->args[2].kind == Arg::Kind::Int &&
       add->args[2].i == 1 && sameSchedule(*add, n)) {
     const Arg& other = add->args[0].value == outputs[0] ? add->args[1] : add->args[0];

@@ -21,6 +21,7 @@
 // tensors, random ops other than fuse-dropout's masks, and views between
 // members.
 #include "pointwise_groups.h"
+#include "spmd/ops/op_traits.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -49,9 +50,6 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape) {
 // transposes (autograd's t(t(mm)) for a Linear's weight gradient). Only a
 // matter of speed: spmd::fused makes a strided input contiguous first.
 bool laidOutDense(const Graph& g, ValueId v) {
-  static const std::set<std::string> kStridedViews = {
-      "aten::transpose.int", "aten::permute",    "aten::expand",           "aten::slice.Tensor", "aten::select.int",
-      "aten::narrow",        "aten::as_strided", "aten::split.Tensor",     "aten::split_with_sizes", "aten::diagonal"};
   int transposes = 0;
   while (const Node* p = g.producer(v)) {
     const std::string op = p->qualifiedName();
@@ -62,7 +60,7 @@ bool laidOutDense(const Graph& g, ValueId v) {
       if (transposes % 2 || p->args.size() < 3 || p->args[2].ints != contiguousStrides(g.value(v).shape)) return false;
     } else if (op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape") {
       if (transposes % 2) return false;
-    } else if (kStridedViews.count(op)) {
+    } else if (hasTrait(p->op, OpTrait::StridedView)) {
       return false;
     } else {
       return transposes % 2 == 0;

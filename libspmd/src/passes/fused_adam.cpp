@@ -263,7 +263,6 @@ class FusedAdamPass final : public Pass {
       emit(g, group);
       fused += group.size();
     }
-    eliminateDeadNodes(g);
     diagnostics.note("fused-adam: " + std::to_string(fused) + " parameters' updates in " + std::to_string(groups.size()) +
                      " spmd::fused_adam call(s)" +
                      (left.empty() ? "" : "; kept per parameter: " + std::to_string(left.size()) + " (" + left.front() +

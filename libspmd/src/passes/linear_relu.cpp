@@ -31,7 +31,7 @@ std::string whyNot(const Graph& g, const Node& linear, ValueId pre) {
               &b = g.value(linear.args[2].value);
   if (x.shape.size() != 2 || w.shape.size() != 2 || b.shape.size() != 1) return "an input that is not 2-D";
   if (x.dtype != w.dtype || x.dtype != b.dtype) return "inputs of different dtypes";
-  if (g.users(pre).size() != 1 || g.readBeyondNodes(pre)) return "the Linear's result is read by more than the ReLU";
+  if (!g.hasOneReader(pre)) return "the Linear's result is read by more than the ReLU";
   return "";
 }
 

@@ -59,6 +59,10 @@ const std::vector<PassInfo>& registeredPasses() {
       {"check-capture", "notes what keeps the step out of a CUDA graph; spmd-lower runs it for --cudagraphs on CUDA", createCheckCapturePass},
       {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration",
        createUnrollPass},
+      {"cse", "a node computing what an earlier one did (same op, values, constants and place in the step) reads the earlier's results; not for random ops or collectives",
+       createCsePass},
+      {"dce", "nodes whose results reach no output, state update or gradient record removed; the pipelines run it after the rewriting passes",
+       createDcePass},
   };
   return passes;
 }

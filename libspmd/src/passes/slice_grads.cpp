@@ -52,12 +52,6 @@ std::optional<SliceGrad> sliceGrad(const Graph& g, ValueId v) {
   return s;
 }
 
-// Read by `reader` alone.
-bool onlyFor(const Graph& g, ValueId v, const Node& reader) {
-  const auto users = g.users(v);
-  return users.size() == 1 && users[0] == &reader && !g.readBeyondNodes(v);
-}
-
 class SliceGradsPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
@@ -84,7 +78,7 @@ class SliceGradsPass final : public Pass {
     }
     const ValueId x = add.args[0].value, y = add.args[1].value;
     std::optional<SliceGrad> a = sliceGrad(g, x), b = sliceGrad(g, y);
-    if (!a || !b || x == y || !onlyFor(g, x, add) || !onlyFor(g, y, add)) return false;
+    if (!a || !b || x == y || g.soleReader(x) != &add || g.soleReader(y) != &add) return false;
     if (a->start > b->start) std::swap(a, b);
     const Value& out = g.value(add.outputs[0]);
     const bool splits = a->sizes == b->sizes && a->dim == b->dim && a->start == 0 && a->end == b->start &&

@@ -6,6 +6,7 @@
 #include "spmd/ir/optimizer_state.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
+#include "spmd/support/text.h"
 #include "spmd/support/write_all.h"
 
 #include <ATen/ATen.h>
@@ -56,7 +57,6 @@ std::string folderName(int64_t step) {
   return name;
 }
 
-bool startsWith(const std::string& s, const std::string& prefix) { return s.compare(0, prefix.size(), prefix) == 0; }
 
 std::vector<std::string> entriesOf(const std::string& dir) {
   std::vector<std::string> names;

@@ -1,5 +1,6 @@
 #include "spmd/runtime/collectives.h"
 
+#include "spmd/ops/op_traits.h"
 #include "spmd/runtime/errors.h"
 #include "spmd/support/diagnostic.h"
 
@@ -90,30 +91,35 @@ class GroupCollectives : public Collectives {
 
  private:
   std::vector<at::Tensor> runNode(const Node& node, const std::vector<at::Tensor>& tensors, bool mayReuseInput) {
-    if (node.op == "spmd::broadcast") {
-      std::vector<at::Tensor> t = {tensors.at(0).clone()};
-      c10d::BroadcastOptions opts;
-      opts.rootRank = node.args.at(1).i;
-      group_->broadcast(t, opts)->wait();
-      return t;
+    switch (collectiveKind(node.op)) {
+      case CollectiveKind::Broadcast: {
+        std::vector<at::Tensor> t = {tensors.at(0).clone()};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = node.args.at(1).i;
+        group_->broadcast(t, opts)->wait();
+        return t;
+      }
+      case CollectiveKind::AllReduce: {
+        std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
+        group_->allreduce(t)->wait();
+        return t;
+      }
+      case CollectiveKind::BucketStart: {
+        std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
+        inFlight_[node.args.back().i] = {group_->allreduce(t), t[0]};
+        return t;
+      }
+      case CollectiveKind::BucketWait: {
+        auto it = inFlight_.find(node.args.back().i);
+        if (it == inFlight_.end()) throw std::logic_error("bucket_wait without bucket_start");
+        it->second.first->wait();
+        at::Tensor reduced = it->second.second;
+        inFlight_.erase(it);
+        return {reduced};
+      }
+      case CollectiveKind::None: break;
     }
-    if (node.op == "spmd::all_reduce") {
-      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
-      group_->allreduce(t)->wait();
-      return t;
-    }
-    const int64_t bucket = node.args.back().i;
-    if (node.op == "spmd::bucket_start") {
-      std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
-      inFlight_[bucket] = {group_->allreduce(t), t[0]};
-      return t;
-    }
-    auto it = inFlight_.find(bucket);  // spmd::bucket_wait
-    if (it == inFlight_.end()) throw std::logic_error("bucket_wait without bucket_start");
-    it->second.first->wait();
-    at::Tensor reduced = it->second.second;
-    inFlight_.erase(it);
-    return {reduced};
+    throw std::logic_error("not a collective: " + node.qualifiedName());
   }
 
   // The tensor the group reduces in place: the input itself when it may be

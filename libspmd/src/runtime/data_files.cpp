@@ -6,6 +6,7 @@
 #include "spmd/support/echo.h"
 #include "spmd/support/little_endian.h"
 #include "spmd/support/mapped_file.h"
+#include "spmd/support/text.h"
 
 #include <ATen/ATen.h>
 
@@ -106,10 +107,6 @@ at::Tensor npyTensor(const std::shared_ptr<MappedFile>& file, size_t offset, siz
 }
 
 // ---- .npz: an uncompressed zip of .npy members -----------------------------------
-
-bool endsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 bool isDirectory(const std::string& path) {
   struct stat st {};

@@ -47,7 +47,7 @@ class ReusePlanner {
     const std::string& op = producer->op;
     // spmd::fused_adam's results are its own copies, or (in place) inputs
     // that owned theirs; so are a collective's (runNode below).
-    const bool fresh = op.rfind("aten::", 0) == 0 || op == "spmd::fused_adam" || isCollective(op);
+    const bool fresh = op.rfind("aten::", 0) == 0 || hasTrait(op, OpTrait::OwnResults) || isCollective(op);
     if (!fresh || mayCopyOrAlias(op) || hasTrait(op, OpTrait::ViewOfFirstArgument)) return false;
     const auto& returns = ops_[g_.indexOf(*producer)].schema().returns();
     const auto& outs = producer->outputs;
@@ -65,17 +65,9 @@ class ReusePlanner {
     return !isInput(v) && diesAt(v, i) && ownsStorage(v);
   }
 
-  // The list arguments a node would write in its in-place form, whose
-  // values become its results in order: a _foreach op's first list, and
-  // spmd::fused_adam's parameters, moments and steps.
-  static std::vector<size_t> listsWrittenInPlace(const Node& node) {
-    if (node.op.rfind("aten::_foreach_", 0) == 0) return {0};
-    if (node.op == "spmd::fused_adam") return {0, 2, 3, 4};
-    return {};
-  }
-
-  // The node may run in place over those lists when each of their tensors
-  // dies there, owns its storage and has its result's type.
+  // The node may run in place over `lists` (the arguments its in-place form
+  // writes, ops/op_traits.h) when each of their tensors dies there, owns its
+  // storage and has its result's type.
   bool mayRunInPlace(size_t i, const std::vector<size_t>& lists) const {
     const Node& node = g_.nodes()[i];
     std::vector<ValueId> targets;
@@ -111,7 +103,7 @@ void Interpreter::planInPlace(const std::vector<int>& lastUse) {
       reusesInput_[i] = planner.collectiveMayReuse(i);
       continue;
     }
-    std::vector<size_t> lists = ReusePlanner::listsWrittenInPlace(node);
+    std::vector<size_t> lists = listsWrittenInPlace(node.op);  // ops/op_traits.h
     if (lists.empty() || !planner.mayRunInPlace(i, lists)) continue;
     auto op = c10::Dispatcher::singleton().findSchema({node.op + "_", node.overload});
     if (!op) continue;

@@ -1,6 +1,5 @@
 #include "run_device.h"
 
-#include "spmd/runtime/runner.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -24,11 +23,6 @@ std::string resolveDevice(const Artifact& a, const std::string& requested) {
 }
 
 }  // namespace
-
-std::string loweringDevice(const std::string& requested) {
-  if (requested != "auto") return requested;
-  return torch::cuda::is_available() ? "cuda" : "cpu";
-}
 
 RunDevice::RunDevice(const Artifact& artifact, const std::string& requested, int localRank)
     : name_(resolveDevice(artifact, requested)),

@@ -22,6 +22,7 @@
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <chrono>
 #include <cmath>
@@ -126,6 +127,11 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
 }
 
 }  // namespace
+
+std::string loweringDevice(const std::string& requested) {
+  if (requested != "auto") return requested;
+  return torch::cuda::is_available() ? "cuda" : "cpu";
+}
 
 void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankInfo, const RunOptions& o,
                  std::ostream& out) {

@@ -1,10 +1,11 @@
 // Reading any stage's input: a TorchScript module, a JSON graph dump, a
 // listing (ir/parser.h) or an artifact, from a file or stdin, told apart by
-// content (zip magic, '{', or a first line starting with `graph`); and
-// writing a stage's output without ever leaving a partial file.
+// content (zip magic, '{', or a first line starting with `graph`). Outputs
+// are written through io/output_file.h, which this header includes.
 #pragma once
 
 #include "spmd/io/input_spec.h"
+#include "spmd/io/output_file.h"
 #include "spmd/ir/graph.h"
 
 #include <cstddef>
@@ -55,38 +56,5 @@ std::string readInput(const std::string& path);
 
 // Throws Diagnostic (where "", no file) when `path` is a directory.
 void refuseDirectory(const std::string& path);
-
-// The display name diagnostics use for `path`.
-std::string displayNameOf(const std::string& path);
-
-// An output written to a temporary file beside `path` and renamed into place
-// by commit(), so that a failure never leaves a partial output; a temporary
-// not committed is removed. "-" writes to stdout as it goes. A symbolic
-// link is written through (its target replaced so, the link kept); an
-// existing character device (/dev/null) or a FIFO with a reader is written
-// in place, as it goes; any other target that is not a regular file (a
-// directory, a socket, a FIFO nobody reads) is refused.
-class OutputFile {
- public:
-  explicit OutputFile(const std::string& path);  // throws Diagnostic naming `path`
-  ~OutputFile();
-  OutputFile(const OutputFile&) = delete;
-  OutputFile& operator=(const OutputFile&) = delete;
-
-  void write(const void* data, size_t size);  // throws Diagnostic naming `path`
-  void commit();                              // throws Diagnostic naming `path`
-
- private:
-  [[noreturn]] void fail();
-  std::string path_;    // as the user named it
-  std::string target_;  // the regular file written (a link's target), through temp_
-  std::string temp_;
-  int fd_ = -1;
-  bool inPlace_ = false;  // a device or FIFO, written directly
-  bool committed_ = false;
-};
-
-// `content` to `path` through an OutputFile.
-void writeOutput(const std::string& path, const std::string& content);
 
 }  // namespace spmd

@@ -306,6 +306,14 @@ class Graph {
   // Whether `v` is read beyond the nodes: a graph output, the new value of a
   // state update, or a gradient record's value (a fusion must keep it).
   bool readBeyondNodes(ValueId v) const;
+  // Whether `v` is one of the graph's outputs.
+  bool isGraphOutput(ValueId v) const;
+  // The node reading `v` when that is the only read of `v` of any kind: one
+  // argument of one node (a node reading it twice reads it twice), and no
+  // graph output, state update or gradient record. nullptr otherwise. What
+  // a rewrite asks before it folds `v` away into its reader or producer.
+  const Node* soleReader(ValueId v) const;
+  bool hasOneReader(ValueId v) const { return soleReader(v) != nullptr; }
   // Every read of `from` becomes a read of `to`: node arguments, graph
   // outputs and the new values of state updates. Gradient records are
   // annotations, not reads, and stay.

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "spmd/ir/graph.h"
+#include "spmd/support/text.h"  // floatText, which the listing writes numbers with
 
 #include <string>
 
@@ -23,8 +24,5 @@ std::string printBucketsJson(const Graph& graph);
 
 // "f32[100,100]"
 std::string typeText(const Value& v);
-
-// Shortest text that reads back as the same double ("0.1", "1e-05", "-inf").
-std::string floatText(double f);
 
 }  // namespace spmd

@@ -47,8 +47,4 @@ struct AutocastRun {
 AutocastRun runUnderAutocast(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args,
                              AutocastPolicy policy, bool decompose);
 
-// For the recording key's fallback (ops/autograd_trace.cpp): handles the
-// call and returns true when a runUnderAutocast is live on this thread.
-bool handledByAutocastProbe(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
 }  // namespace spmd

@@ -31,6 +31,13 @@ struct RecordedCall {
   std::vector<c10::IValue> results;  // as the kernel returned them
 };
 
+// What the recording key's fallback asks first, on this thread: returns true
+// when it took the call (ops/autocast_probe.cpp installs one while it
+// probes, so that the key serves it without this file knowing it).
+// setRecordingKeyHandler returns the handler it replaces (nullptr: none).
+using RecordingKeyHandler = bool (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+RecordingKeyHandler setRecordingKeyHandler(RecordingKeyHandler handler);
+
 class DispatchTrace {
  public:
   DispatchTrace();

@@ -5,6 +5,7 @@
 // (golden tests read it) and needs no headers, so NVRTC compiles it as is.
 #pragma once
 
+#include "spmd/ops/cuda_emitter.h"  // the bf16 and f16 helpers every kernel family writes
 #include "spmd/ops/pointwise_program.h"
 
 #include <c10/core/ScalarType.h>
@@ -45,14 +46,6 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
 // when every data pointer is 16-byte aligned.
 int fusedVectorWidth(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs);
 
-// The device functions spmd_bf16_to_f32(unsigned short),
-// spmd_f32_to_bf16(float) (round to nearest even: the hardware's conversion
-// from sm_80, as ATen's CUDA kernels use there; c10::BFloat16's integer
-// rounding before it), which every generated source that reads or writes
-// bf16 as 16-bit words shares.
-std::string bfloat16Helpers();
-// The same for f16: spmd_f16_to_f32 and spmd_f32_to_f16 (round to nearest even).
-std::string float16Helpers();
 
 // Blocks to launch for a row program over `rows` rows (one warp each).
 int64_t fusedRowBlocks(int64_t rows);

@@ -4,8 +4,10 @@
 // hasTrait() where it matters; nothing else matches op names.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spmd {
 
@@ -33,12 +35,29 @@ enum class OpTrait : uint32_t {
   // different results (dropout's mask), so no pass may share one call's
   // result for another.
   Random = 1u << 5,
+  // Its result is a view with strides of its own (a transpose, an expand,
+  // a slice): not laid out densely in its input's order, so a generated
+  // kernel reading it reads strided.
+  StridedView = 1u << 6,
+  // An spmd op whose results are tensors it made (or, run in place, inputs
+  // that owned theirs), never views: what the runtime may overwrite.
+  OwnResults = 1u << 7,
 };
 
 // Whether `op` ("aten::reshape", without the overload) has `trait`.
 bool hasTrait(const std::string& op, OpTrait trait);
 
 inline bool isCollective(const std::string& op) { return hasTrait(op, OpTrait::Collective); }
+
+// Which collective an op with the Collective trait is (runtime/collectives.h).
+enum class CollectiveKind { None, AllReduce, Broadcast, BucketStart, BucketWait };
+CollectiveKind collectiveKind(const std::string& op);
+
+// The list arguments the op's in-place form (its name with a trailing `_`)
+// writes, whose tensors become its results in order; empty when it has no
+// such form. Every `_foreach_` op: its first list; spmd::fused_adam: its
+// parameters, moments and steps.
+std::vector<size_t> listsWrittenInPlace(const std::string& op);
 inline bool syncsWithHost(const std::string& op) { return hasTrait(op, OpTrait::SyncsWithHost); }
 inline bool isRandom(const std::string& op) { return hasTrait(op, OpTrait::Random); }
 inline bool mayCopyOrAlias(const std::string& op) { return hasTrait(op, OpTrait::MayCopyOrAlias); }
