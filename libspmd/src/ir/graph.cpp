@@ -183,9 +183,11 @@ const Node& Graph::insertAt(size_t position, Node node) {
   forEachTensorArg(added, [&](ValueId v) {
     if (v < 0 || static_cast<size_t>(v) >= values_.size()) throw std::logic_error("Graph: node argument is no value");
   });
+  owned->name_ = OpName::of(owned->op, owned->overload);
   nodes_.insert(nodes_.begin() + static_cast<std::ptrdiff_t>(position), std::move(owned));
   link(added);
   positionsStale_ = true;
+  if (listener_) listener_->nodeInserted(added);
   return added;
 }
 
@@ -205,6 +207,7 @@ void Graph::erase(const Node& node) {
     }
   }
   const size_t at = positionForEdit(node);
+  if (listener_) listener_->nodeErased(node);
   unlink(node);
   nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(at));
   positionsStale_ = true;
@@ -212,10 +215,12 @@ void Graph::erase(const Node& node) {
 
 Node Graph::extract(const Node& node) {
   const size_t at = positionForEdit(node);
+  if (listener_) listener_->nodeErased(node);
   std::unique_ptr<Node> removed = std::move(nodes_[at]);
   nodes_.erase(nodes_.begin() + static_cast<std::ptrdiff_t>(at));
   unlink(*removed);
   positionsStale_ = true;
+  removed->name_ = OpName();  // out of the graph, its op may change
   return std::move(*removed);
 }
 
@@ -230,6 +235,12 @@ const Node& Graph::replaceNode(const Node& old, Node replacement) {
     }
   }
   return insertAt(at, std::move(replacement));
+}
+
+GraphListener* Graph::setListener(GraphListener* listener) {
+  GraphListener* previous = listener_;
+  listener_ = listener;
+  return previous;
 }
 
 void Graph::reorder(const std::vector<const Node*>& order) {

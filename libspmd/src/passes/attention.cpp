@@ -57,6 +57,27 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName transpose_int = OpName::known("aten::transpose.int");
+  OpName slice_Tensor = OpName::known("aten::slice.Tensor");
+  OpName scalar_tensor = OpName::known("aten::scalar_tensor");
+  OpName matmul = OpName::known("aten::matmul");
+  OpName scaled_dot_product_attention = OpName::known("aten::scaled_dot_product_attention");
+  OpName to_dtype = OpName::known("aten::to.dtype");
+  OpName softmax_int = OpName::known("aten::softmax.int");
+  OpName add_Tensor = OpName::known("aten::add.Tensor");
+  OpName mul_Scalar = OpName::known("aten::mul.Scalar");
+  OpName div_Scalar = OpName::known("aten::div.Scalar");
+  OpName mul_Tensor = OpName::known("aten::mul.Tensor");
+  OpName div_Tensor = OpName::known("aten::div.Tensor");
+  OpName tril = OpName::known("aten::tril");
+  OpName triu = OpName::known("aten::triu");
+  OpName ones = OpName::known("aten::ones");
+  OpName full = OpName::known("aten::full");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 struct Chain {
   const Node* scores;   // matmul(q, kT)
   const Node* scaled;   // mul or div by a number
@@ -73,9 +94,9 @@ struct Chain {
 };
 
 // The node making `v` when it is `op` and `v` has no other reader.
-const Node* soleProducer(const Graph& g, ValueId v, const char* op) {
+const Node* soleProducer(const Graph& g, ValueId v, OpName op) {
   const Node* n = g.producer(v);
-  if (!n || n->qualifiedName() != op || !g.hasOneReader(v)) return nullptr;
+  if (!n || !n->is(op) || !g.hasOneReader(v)) return nullptr;
   return n;
 }
 
@@ -90,7 +111,7 @@ std::optional<double> number(const Arg& a) {
 // k from k.transpose(-2, -1) (either order, or the last two dimensions by number).
 std::optional<ValueId> transposedKey(const Graph& g, ValueId kt) {
   const Node* n = g.producer(kt);
-  if (!n || n->qualifiedName() != "aten::transpose.int" || !isTensor(n->args[0])) return std::nullopt;
+  if (!n || !n->is(ops().transpose_int) || !isTensor(n->args[0])) return std::nullopt;
   const int64_t rank = static_cast<int64_t>(g.value(kt).shape.size());
   auto norm = [&](int64_t d) { return d < 0 ? d + rank : d; };
   const int64_t a = norm(n->args[1].i), b = norm(n->args[2].i);
@@ -105,12 +126,12 @@ bool isComputedCausalMask(const Graph& g, ValueId mask) {
   if (!n || !isTensor(n->args[0])) return false;
   const Node* filled = g.producer(n->args[0].value);
   if (!filled) return false;
-  const std::string op = n->qualifiedName(), fillOp = filled->qualifiedName();
-  if (op == "aten::tril" && n->args[1].i == 0 && g.value(mask).dtype == c10::ScalarType::Bool) {
-    if (fillOp == "aten::ones") return true;
-    return fillOp == "aten::full" && number(filled->args[1]) == 1.0;
+  const Ops& o = ops();
+  if (n->is(o.tril) && n->args[1].i == 0 && g.value(mask).dtype == c10::ScalarType::Bool) {
+    if (filled->is(o.ones)) return true;
+    return filled->is(o.full) && number(filled->args[1]) == 1.0;
   }
-  if (op != "aten::triu" || n->args[1].i != 1 || fillOp != "aten::full") return false;
+  if (!n->is(o.triu) || n->args[1].i != 1 || !filled->is(o.full)) return false;
   const std::optional<double> fill = number(filled->args[1]);
   return fill && std::isinf(*fill) && *fill < 0;
 }
@@ -128,7 +149,7 @@ bool isBufferCausalMask(const Graph& g, ValueId mask, BufferValues* buffers) {
   std::vector<const Node*> slices;
   ValueId v = mask;
   while (const Node* n = g.producer(v)) {
-    if (n->qualifiedName() != "aten::slice.Tensor" || !isTensor(n->args[0]) || n->args[1].kind != Arg::Kind::Int) {
+    if (!n->is(ops().slice_Tensor) || !isTensor(n->args[0]) || n->args[1].kind != Arg::Kind::Int) {
       return false;
     }
     slices.push_back(n);
@@ -215,22 +236,22 @@ bool isCausalMask(const Graph& g, ValueId mask, BufferValues* buffers) {
 std::optional<double> scalarTensorNumber(const Graph& g, const Arg& a) {
   if (!isTensor(a)) return std::nullopt;
   const Node* n = g.producer(a.value);
-  if (!n || n->qualifiedName() != "aten::scalar_tensor") return std::nullopt;
+  if (!n || !n->is(ops().scalar_tensor)) return std::nullopt;
   return number(n->args[0]);
 }
 
 // scores * c or scores / c, c a number or a constant 0-dim tensor.
 bool matchScale(const Graph& g, ValueId x, Chain& c) {
-  for (const char* op : {"aten::mul.Scalar", "aten::div.Scalar", "aten::mul.Tensor", "aten::div.Tensor"}) {
+  const Ops& o = ops();
+  for (OpName op : {o.mul_Scalar, o.div_Scalar, o.mul_Tensor, o.div_Tensor}) {
     const Node* n = soleProducer(g, x, op);
     if (!n || !isTensor(n->args[0])) continue;
-    const std::string name = n->qualifiedName();
-    const bool tensorForm = name == "aten::mul.Tensor" || name == "aten::div.Tensor";
+    const bool tensorForm = op == o.mul_Tensor || op == o.div_Tensor;
     const std::optional<double> scale = tensorForm ? scalarTensorNumber(g, n->args[1]) : number(n->args[1]);
     if (!scale) return false;
     c.scaled = n;
     c.scale = *scale;
-    c.divide = name == "aten::div.Scalar" || name == "aten::div.Tensor";
+    c.divide = op == o.div_Scalar || op == o.div_Tensor;
     return true;
   }
   return false;
@@ -238,7 +259,7 @@ bool matchScale(const Graph& g, ValueId x, Chain& c) {
 
 // probs.to(dtype) when dtype is v's: what the op does to the probabilities anyway.
 const Node* castToValueDtype(const Graph& g, ValueId probs, ValueId v) {
-  const Node* n = soleProducer(g, probs, "aten::to.dtype");
+  const Node* n = soleProducer(g, probs, ops().to_dtype);
   if (!n || !isTensor(n->args[0]) || n->args[1].kind != Arg::Kind::DType) return nullptr;
   if (static_cast<c10::ScalarType>(n->args[1].i) != g.value(v).dtype || n->args[3].b) return nullptr;
   return n;
@@ -269,20 +290,20 @@ bool dependsOnParameter(const Graph& g, ValueId v) {
 }
 
 std::optional<Chain> matchChain(const Graph& g, const Node& out, BufferValues* buffers) {
-  if (out.qualifiedName() != "aten::matmul" || !isTensor(out.args[0]) || !isTensor(out.args[1])) return std::nullopt;
+  if (!out.is(ops().matmul) || !isTensor(out.args[0]) || !isTensor(out.args[1])) return std::nullopt;
   Chain c{};
   c.out = &out;
   c.v = out.args[1].value;
   ValueId probs = out.args[0].value;
   c.cast = castToValueDtype(g, probs, c.v);
   if (c.cast) probs = c.cast->args[0].value;
-  c.softmax = soleProducer(g, probs, "aten::softmax.int");
+  c.softmax = soleProducer(g, probs, ops().softmax_int);
   if (!c.softmax || !isTensor(c.softmax->args[0])) return std::nullopt;
   c.softmaxDtype = c.softmax->args[2];
   const int64_t rank = static_cast<int64_t>(g.value(c.softmax->outputs[0]).shape.size());
   if (c.softmax->args[1].i != -1 && c.softmax->args[1].i != rank - 1) return std::nullopt;
   ValueId x = c.softmax->args[0].value;
-  c.masked = soleProducer(g, x, "aten::add.Tensor");
+  c.masked = soleProducer(g, x, ops().add_Tensor);
   if (c.masked) {
     if (!isTensor(c.masked->args[0]) || !isTensor(c.masked->args[1]) || number(c.masked->args[2]) != 1.0) {
       return std::nullopt;
@@ -291,7 +312,7 @@ std::optional<Chain> matchChain(const Graph& g, const Node& out, BufferValues* b
     x = c.masked->args[0].value;
   }
   if (!matchScale(g, x, c)) return std::nullopt;
-  c.scores = soleProducer(g, c.scaled->args[0].value, "aten::matmul");
+  c.scores = soleProducer(g, c.scaled->args[0].value, ops().matmul);
   if (!c.scores || !isTensor(c.scores->args[0]) || !isTensor(c.scores->args[1])) return std::nullopt;
   c.q = c.scores->args[0].value;
   const std::optional<ValueId> k = transposedKey(g, c.scores->args[1].value);
@@ -399,7 +420,7 @@ class AttentionPass final : public Pass {
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
     bool changed = false;
     for (const Node* n : snapshot(g.nodes())) {
-      if (n->op == "aten::scaled_dot_product_attention") {
+      if (n->is(ops().scaled_dot_product_attention)) {
         const std::variant<SdpaCall, std::string> call = readSdpaCall(g, *n);
         if (const std::string* why = std::get_if<std::string>(&call)) {
           diagnostics.note(where(*n), "attention: left as SDPA's math: " + *why);
@@ -409,7 +430,7 @@ class AttentionPass final : public Pass {
         changed = true;
         continue;
       }
-      if (n->op != "aten::matmul") continue;
+      if (!n->is(ops().matmul)) continue;
       const std::optional<Chain> chain = matchChain(g, *n, buffers_);
       if (!chain) continue;
       replace(g, *chain);

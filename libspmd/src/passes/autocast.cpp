@@ -43,6 +43,12 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName spmd_attention = OpName::known("spmd::attention");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 bool isCast(const RecordedCall& call) {
   const std::string& name = call.op.schema().name();
   return (name == "aten::to" || name == "aten::_to_copy") && call.results.size() == 1 && call.args[0].isTensor();
@@ -299,7 +305,7 @@ bool AutocastPass::run(Graph& g, DiagnosticEngine& diagnostics) {
       retype(g, *node, inferNodeOnMeta(*node, *op, [&](ValueId v) { return metaOf(g, v); }));
       continue;
     }
-    if (node->op == "spmd::attention") {
+    if (node->is(ops().spmd_attention)) {
       changed = castAttentionInputs(g, *node) || changed;
       continue;
     }

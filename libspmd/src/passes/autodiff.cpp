@@ -24,6 +24,12 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName broadcast_tensors = OpName::known("aten::broadcast_tensors");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 bool isFloating(const Value& v) { return c10::isFloatingType(v.dtype); }
 
 // Ops whose results take only the shape, dtype or device of their tensor
@@ -60,7 +66,7 @@ Activity analyse(const Graph& g, ValueId loss) {
       ValueId o = n.outputs[k];
       if (o == kNoValue) continue;
       // broadcast_tensors' k-th result depends on its k-th input only.
-      bool depends = n.qualifiedName() == "aten::broadcast_tensors" ? a.requiresGrad[n.args[0].values.at(k)] : any;
+      bool depends = n.is(ops().broadcast_tensors) ? a.requiresGrad[n.args[0].values.at(k)] : any;
       a.requiresGrad[o] = depends && isFloating(g.value(o));
     }
   }

@@ -30,6 +30,13 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName _to_copy = OpName::known("aten::_to_copy");
+  OpName spmd_bucket_start = OpName::known("spmd::bucket_start");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 // Indices of the nodes the loss (first output) depends on, in graph order.
 std::vector<size_t> forwardNodes(const Graph& g) {
   std::vector<bool> needed(g.numValues(), false);
@@ -86,7 +93,7 @@ bool hasExternalOutput(const Graph& g, const PlanBucket& b, const std::set<size_
 // else `v`: a parameter counts where the module's op reads it, cast or not.
 ValueId throughCast(const Graph& g, ValueId v) {
   const Node* n = g.producer(v);
-  if (n && n->op == "aten::_to_copy" && n->args[0].kind == Arg::Kind::Value) {
+  if (n && n->is(ops()._to_copy) && n->args[0].kind == Arg::Kind::Value) {
     const GraphInput* in = g.inputOf(n->args[0].value);
     if (in && in->kind == InputKind::Parameter) return n->args[0].value;
   }
@@ -344,7 +351,7 @@ bool BucketPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   // unrolled graph's moved work reads values from the previous iteration.
   if (g.iters() > 0) throw Diagnostic("/iters", "the graph is unrolled already: run spmd-split before spmd-unroll");
   for (const Node& n : g.nodes()) {
-    if (n.op == "spmd::bucket_start") {
+    if (n.is(ops().spmd_bucket_start)) {
       diagnostics.note("the graph is bucketed already (spmd-split ran on it); it is left as it is");
       return false;
     }

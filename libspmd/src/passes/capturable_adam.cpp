@@ -19,14 +19,27 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName add_Tensor = OpName::known("aten::add.Tensor");
+  OpName addcdiv = OpName::known("aten::addcdiv");
+  OpName mul_Scalar = OpName::known("aten::mul.Scalar");
+  OpName mul_Tensor = OpName::known("aten::mul.Tensor");
+  OpName add_Scalar = OpName::known("aten::add.Scalar");
+  OpName div_Tensor = OpName::known("aten::div.Tensor");
+  OpName neg = OpName::known("aten::neg");
+  OpName full_like = OpName::known("aten::full_like");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 double scalarOf(const Arg& a) { return a.kind == Arg::Kind::Int ? static_cast<double>(a.i) : a.f; }
 bool isScalar(const Arg& a) { return a.kind == Arg::Kind::Int || a.kind == Arg::Kind::Float; }
 
 // The optimizer node making `v` when it is `op` and `v` has no other reader.
-const Node* soleUse(const Graph& g, ValueId v, const char* op) {
+const Node* soleUse(const Graph& g, ValueId v, OpName op) {
   const Node* n = g.producer(v);
   if (!n || !g.hasOneReader(v)) return nullptr;
-  return n->qualifiedName() == op && n->meta.role == NodeRole::Optimizer ? n : nullptr;
+  return n->is(op) && n->meta.role == NodeRole::Optimizer ? n : nullptr;
 }
 
 struct LerpMatch {
@@ -48,11 +61,11 @@ class Rewriter {
   // exp_avg.mul(beta1).add(grad, alpha=1 - beta1), the new value of an
   // exp_avg state input.
   void matchLerp(const Node& add) {
-    if (add.qualifiedName() != "aten::add.Tensor" || add.meta.role != NodeRole::Optimizer || add.args.size() != 3 ||
+    if (!add.is(ops().add_Tensor) || add.meta.role != NodeRole::Optimizer || add.args.size() != 3 ||
         !isScalar(add.args[2]) || add.args[0].kind != Arg::Kind::Value) {
       return;
     }
-    const Node* mul = soleUse(g_, add.args[0].value, "aten::mul.Scalar");
+    const Node* mul = soleUse(g_, add.args[0].value, ops().mul_Scalar);
     if (!mul || mul->args[0].kind != Arg::Kind::Value || !isScalar(mul->args[1]) ||
         scalarOf(add.args[2]) != 1.0 - scalarOf(mul->args[1]) || !updatesExpAvg(add.outputs[0])) {
       return;
@@ -63,17 +76,17 @@ class Rewriter {
   // param.addcdiv(exp_avg * n, sqrt(v) / c + eps, 1), with n = -step_size
   // and c = bias_correction2_sqrt both 0-dim.
   void matchStepSize(const Node& addcdiv) {
-    if (addcdiv.qualifiedName() != "aten::addcdiv" || addcdiv.meta.role != NodeRole::Optimizer || addcdiv.args.size() != 4 ||
+    if (!addcdiv.is(ops().addcdiv) || addcdiv.meta.role != NodeRole::Optimizer || addcdiv.args.size() != 4 ||
         addcdiv.args[1].kind != Arg::Kind::Value || addcdiv.args[2].kind != Arg::Kind::Value ||
         !isScalar(addcdiv.args[3]) || scalarOf(addcdiv.args[3]) != 1.0) {
       return;
     }
-    const Node* scaled = soleUse(g_, addcdiv.args[1].value, "aten::mul.Tensor");
-    const Node* denom = soleUse(g_, addcdiv.args[2].value, "aten::add.Scalar");
+    const Node* scaled = soleUse(g_, addcdiv.args[1].value, ops().mul_Tensor);
+    const Node* denom = soleUse(g_, addcdiv.args[2].value, ops().add_Scalar);
     if (!scaled || !denom || !isScalar(denom->args[1]) || !isScalar(denom->args[2]) || scalarOf(denom->args[2]) != 1.0) {
       return;
     }
-    const Node* quotient = soleUse(g_, denom->args[0].value, "aten::div.Tensor");
+    const Node* quotient = soleUse(g_, denom->args[0].value, ops().div_Tensor);
     if (!quotient || !g_.value(scaled->args[1].value).shape.empty() || !g_.value(quotient->args[1].value).shape.empty() ||
         !isNonZeroStepSize(scaled->args[1].value)) {
       return;
@@ -109,13 +122,13 @@ class Rewriter {
   // divides by n, and with lr = 0 would turn 0 / 0 into NaN where the plain
   // formula adds 0.
   bool isNonZeroStepSize(ValueId n) const {
-    auto producer = [&](ValueId v, const char* op) -> const Node* {
+    auto producer = [&](ValueId v, OpName op) -> const Node* {
       const Node* p = g_.producer(v);
-      return p && p->qualifiedName() == op && !p->args.empty() && p->args[0].kind == Arg::Kind::Value ? p : nullptr;
+      return p && p->is(op) && !p->args.empty() && p->args[0].kind == Arg::Kind::Value ? p : nullptr;
     };
-    const Node* neg = producer(n, "aten::neg");
-    const Node* div = neg ? producer(neg->args[0].value, "aten::div.Tensor") : nullptr;
-    const Node* lr = div ? producer(div->args[0].value, "aten::full_like") : nullptr;
+    const Node* neg = producer(n, ops().neg);
+    const Node* div = neg ? producer(neg->args[0].value, ops().div_Tensor) : nullptr;
+    const Node* lr = div ? producer(div->args[0].value, ops().full_like) : nullptr;
     return lr && lr->args.size() > 1 && isScalar(lr->args[1]) && scalarOf(lr->args[1]) != 0.0;
   }
 

@@ -13,7 +13,8 @@ namespace spmd {
 // aten::_to_copy(x, dtype) that only changes the dtype to `to` (strided,
 // same memory format, blocking).
 inline bool isCastTo(const Node& n, c10::ScalarType to) {
-  if (n.op != "aten::_to_copy" || n.args.size() != 7 || n.args[0].kind != Arg::Kind::Value ||
+  static const OpName kToCopy = OpName::known("aten::_to_copy");
+  if (!n.is(kToCopy) || n.args.size() != 7 || n.args[0].kind != Arg::Kind::Value ||
       n.args[1].kind != Arg::Kind::DType || n.args[1].i != static_cast<int64_t>(to)) {
     return false;
   }

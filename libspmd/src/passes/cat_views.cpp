@@ -16,6 +16,7 @@
 // values are the same, bit for bit. Not done here: cats along other
 // dimensions, or of inputs that are not such reshapes.
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -31,12 +32,14 @@ std::optional<ValueId> reshapedFrom(const Graph& g, ValueId v) {
   const Node* n = g.producer(v);
   if (!n || n->args.empty() || n->args[0].kind != Arg::Kind::Value) return std::nullopt;
   ValueId source = n->args[0].value;
-  const std::string op = n->qualifiedName();
-  if (op == "aten::_unsafe_view") {
-    const Node* clone = g.producer(source);
-    if (!clone || clone->op != "aten::clone" || clone->args[0].kind != Arg::Kind::Value) return std::nullopt;
+  static const OpName kUnsafeView = OpName::known("aten::_unsafe_view"), kClone = OpName::known("aten::clone"),
+                      kReshapeAlias = OpName::known("aten::_reshape_alias"), kView = OpName::known("aten::view"),
+                      kReshape = OpName::known("aten::reshape");
+  if (n->is(kUnsafeView)) {
+    const Node* clone = producerOf(g, *n, 0, kClone);
+    if (!clone || clone->args[0].kind != Arg::Kind::Value) return std::nullopt;
     source = clone->args[0].value;
-  } else if (op != "aten::_reshape_alias" && op != "aten::view" && op != "aten::reshape") {
+  } else if (!n->is(kReshapeAlias) && !n->is(kView) && !n->is(kReshape)) {
     return std::nullopt;
   }
   const Value &from = g.value(source), &to = g.value(v);
@@ -51,6 +54,7 @@ std::optional<ValueId> reshapedFrom(const Graph& g, ValueId v) {
 
 // Rewrites `cat`, returning whether it did.
 bool rewrite(Graph& g, const Node& cat) {
+  static const OpName kUnsafeView = OpName::known("aten::_unsafe_view");
   if (cat.args.size() != 2 || cat.args[0].kind != Arg::Kind::Values || cat.args[1].kind != Arg::Kind::Int) return false;
   const std::vector<ValueId> parts = cat.args[0].values;
   const Value& out = g.value(cat.outputs[0]);
@@ -63,7 +67,7 @@ bool rewrite(Graph& g, const Node& cat) {
     // The pieces are cat along [..., H, D]'s H: they must agree on D.
     if (!s || g.value(*s).shape.back() != g.value(sources.empty() ? *s : sources[0]).shape.back()) return false;
     sources.push_back(*s);
-    cloned = cloned || g.producer(p)->op == "aten::_unsafe_view";
+    cloned = cloned || g.producer(p)->is(kUnsafeView);
   }
   if (!cloned) return false;  // no copy to save
   Arg list;
@@ -80,13 +84,19 @@ bool rewrite(Graph& g, const Node& cat) {
   return true;
 }
 
+class CatOfReshapes final : public RewritePattern {
+ public:
+  CatOfReshapes() : RewritePattern("cat-of-reshapes", {"aten::cat"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& cat) override {
+    return rewrite(g, cat) ? MatchResult::success() : MatchResult::skip();
+  }
+};
+
 class CatViewsPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    int rewritten = 0;
-    for (const Node* n : snapshot(g.nodes())) {
-      if (n->op == "aten::cat" && n->overload.empty() && rewrite(g, *n)) ++rewritten;
-    }
+    CatOfReshapes pattern;
+    const int rewritten = applyPatternsGreedily(g, {&pattern}, nullptr).total();
     if (rewritten > 0) {
       diagnostics.note("cat-views: " + std::to_string(rewritten) + " cat(s) read the tensors their inputs reshape, their copies gone");
     }

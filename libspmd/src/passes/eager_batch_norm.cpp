@@ -18,6 +18,7 @@
 // alike. Taken: a BatchNorm with a weight (batch_norm_backward needs one)
 // whose backward is found; others keep the native kernels, with a note.
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -26,14 +27,11 @@
 namespace spmd {
 namespace {
 
-std::string where(const Node& n) {
-  return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
-}
-
 // The native_batch_norm_backward of `bn`: it reads bn's saved mean.
 const Node* backwardOf(const Graph& g, const Node& bn) {
   for (const Node* u : g.users(bn.outputs[1])) {
-    if (u->qualifiedName() == "aten::native_batch_norm_backward" && u->args[5].kind == Arg::Kind::Value &&
+    static const OpName kBackward = OpName::known("aten::native_batch_norm_backward");
+    if (u->is(kBackward) && u->args[5].kind == Arg::Kind::Value &&
         u->args[5].value == bn.outputs[1]) {
       return u;
     }
@@ -41,43 +39,49 @@ const Node* backwardOf(const Graph& g, const Node& bn) {
   return nullptr;
 }
 
+class BatchNormAsEager final : public RewritePattern {
+ public:
+  BatchNormAsEager() : RewritePattern("batch-norm-as-eager", {"spmd::batch_norm_train"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& bn) override {
+    const Node* backward = backwardOf(g, bn);
+    if (bn.args[1].kind != Arg::Kind::Value) return MatchResult::failure("a BatchNorm without a weight");
+    replace(g, bn, backward);
+    return MatchResult::success();
+  }
+
+ private:
+  static void replace(Graph& g, const Node& bn, const Node* backward);
+};
+
 class EagerBatchNormPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    int taken = 0;
-    for (const Node* bn : snapshot(g.nodes())) {
-      if (bn->op != "spmd::batch_norm_train") continue;
-      const Node* backward = backwardOf(g, *bn);
-      if (bn->args[1].kind != Arg::Kind::Value) {
-        diagnostics.note(where(*bn), "eager-batch-norm: native kernels kept: a BatchNorm without a weight");
-        continue;
-      }
-      replace(g, *bn, backward);
-      ++taken;
-    }
+    BatchNormAsEager pattern;
+    const int taken = applyPatternsGreedily(g, {&pattern}, [&](const PatternFailure& f) {
+                        diagnostics.note(noteWhere(*f.node), "eager-batch-norm: native kernels kept: " + f.why);
+                      }).total();
     if (taken > 0) {
       diagnostics.note("eager-batch-norm: " + std::to_string(taken) +
                        " BatchNorm(s) through _batch_norm_with_update's choice of kernels (cuDNN where eager uses it)");
     }
     return taken > 0;
   }
-
- private:
-  static void replace(Graph& g, const Node& bn, const Node* backward) {
-    GraphBuilder b(g);
-    b.setMeta(bn.meta);
-    const std::vector<ValueId> old = bn.outputs;  // y, mean, invstd, running mean, running var
-    const std::vector<ValueId> outputs = {old[0], old[1], old[2], kNoValue, old[3], old[4]};
-    b.replace(bn, "aten::_batch_norm_with_update_functional", bn.args, outputs);
-    const ValueId reserve = g.producer(old[0])->outputs[3];
-    g.value(reserve).name = g.value(old[0]).name + ".reserve";
-    if (!backward) return;
-    b.setMeta(backward->meta);
-    std::vector<Arg> args = backward->args;
-    args.push_back(Arg::tensor(reserve));
-    b.replace(*backward, "aten::batch_norm_backward", args);
-  }
 };
+
+void BatchNormAsEager::replace(Graph& g, const Node& bn, const Node* backward) {
+  GraphBuilder b(g);
+  b.setMeta(bn.meta);
+  const std::vector<ValueId> old = bn.outputs;  // y, mean, invstd, running mean, running var
+  const std::vector<ValueId> outputs = {old[0], old[1], old[2], kNoValue, old[3], old[4]};
+  b.replace(bn, "aten::_batch_norm_with_update_functional", bn.args, outputs);
+  const ValueId reserve = g.producer(old[0])->outputs[3];
+  g.value(reserve).name = g.value(old[0]).name + ".reserve";
+  if (!backward) return;
+  b.setMeta(backward->meta);
+  std::vector<Arg> args = backward->args;
+  args.push_back(Arg::tensor(reserve));
+  b.replace(*backward, "aten::batch_norm_backward", args);
+}
 
 }  // namespace
 

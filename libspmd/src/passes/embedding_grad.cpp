@@ -12,6 +12,7 @@
 // bit-reproducible). scale_grad_by_freq divides by counts made on the host:
 // such nodes stay, and check-capture notes them.
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -19,7 +20,7 @@ namespace spmd {
 namespace {
 
 bool rewritable(const Graph& g, const Node& n) {
-  if (n.qualifiedName() != "aten::embedding_dense_backward" || n.args.size() != 5 || n.outputs.size() != 1) return false;
+  if (n.args.size() != 5 || n.outputs.size() != 1) return false;
   const Arg& grad = n.args[0];
   const Arg& scaleByFreq = n.args[4];
   return grad.kind == Arg::Kind::Value && n.args[1].kind == Arg::Kind::Value && n.args[2].kind == Arg::Kind::Int &&
@@ -49,6 +50,16 @@ void rewrite(Graph& g, const Node& n) {
 }
 
 
+class EmbeddingGradToIndexAdd final : public RewritePattern {
+ public:
+  EmbeddingGradToIndexAdd() : RewritePattern("embedding-grad-to-index-add", {"aten::embedding_dense_backward"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& n) override {
+    if (!rewritable(g, n)) return MatchResult::skip();
+    rewrite(g, n);
+    return MatchResult::success();
+  }
+};
+
 class EmbeddingGradPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override;
@@ -59,12 +70,8 @@ class EmbeddingGradPass final : public Pass {
 std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions&) { return std::make_unique<EmbeddingGradPass>(); }
 
 bool EmbeddingGradPass::run(Graph& g, DiagnosticEngine& diagnostics) {
-  size_t rewritten = 0;
-  for (const Node* n : snapshot(g.nodes())) {
-    if (!rewritable(g, *n)) continue;
-    rewrite(g, *n);
-    ++rewritten;
-  }
+  EmbeddingGradToIndexAdd pattern;
+  const int rewritten = applyPatternsGreedily(g, {&pattern}, nullptr).total();
   if (rewritten > 0) {
     diagnostics.note("embedding-grad: " + std::to_string(rewritten) +
                              " embedding_dense_backward became index_add, which a CUDA graph can hold; on CUDA its "

@@ -36,6 +36,13 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName spmd_attention_backward = OpName::known("spmd::attention_backward");
+  OpName spmd_attention = OpName::known("spmd::attention");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 std::string where(const Node& n) {
   return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
 }
@@ -85,7 +92,7 @@ bool sameArg(const Arg& x, const Arg& y) {
 // The backward node of attention `a`: it reads the same arguments.
 const Node* backwardOf(const Graph& g, const Node& a) {
   for (const Node* u : g.users(a.args[kAttentionQuery].value)) {
-    if (u->op != "spmd::attention_backward") continue;
+    if (!u->is(ops().spmd_attention_backward)) continue;
     bool same = true;
     for (size_t i = 0; i < kAttentionArgs; ++i) same = same && sameArg(a.args[i], u->args[i + 1]);
     if (same) return u;
@@ -186,7 +193,7 @@ class FuseAttentionPass final : public Pass {
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
     std::vector<const Node*> attentions;
     for (const Node& n : g.nodes()) {
-      if (n.op == "spmd::attention") attentions.push_back(&n);
+      if (n.is(ops().spmd_attention)) attentions.push_back(&n);
     }
     if (attentions.empty() || kernel_ == "math") return false;
     std::map<std::string, int> fused;

@@ -13,6 +13,7 @@
 // only those over the leading dimensions that this pass does not take get
 // a note. Not done here: the sum taken into the kernel that makes %g.
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/ops/column_sum_codegen.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -45,31 +46,39 @@ int64_t rowsOf(const Value& v) {
   return rows;
 }
 
+class ColumnSumToKernel final : public RewritePattern {
+ public:
+  ColumnSumToKernel() : RewritePattern("column-sum-to-kernel", {"aten::sum.dim_IntList"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& n) override {
+    if (n.args.size() != 4) return MatchResult::skip();
+    const Arg &x = n.args[0], &dims = n.args[1], &keepdim = n.args[2], &dtype = n.args[3];
+    if (x.kind != Arg::Kind::Value || dims.kind != Arg::Kind::Ints || keepdim.kind != Arg::Kind::Bool) {
+      return MatchResult::skip();
+    }
+    const Value& in = g.value(x.value);
+    if (!leadingDims(dims.ints, in.shape.size()) || rowsOf(in) < kMinRows) return MatchResult::skip();
+    std::string why = columnSumUnsupported(in.shape.back(), in.dtype);
+    if (why.empty() && dtype.kind != Arg::Kind::None) why = "a dtype argument";
+    if (!why.empty()) return MatchResult::failure(why);
+    GraphBuilder b(g);
+    b.setMeta(n.meta);
+    b.replace(n, "spmd::column_sum", {x, keepdim});
+    return MatchResult::success();
+  }
+};
+
 class FuseColumnSumPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    int fused = 0;
-    for (const Node* n : snapshot(g.nodes())) {
-      if (n->qualifiedName() != "aten::sum.dim_IntList" || n->args.size() != 4) continue;
-      const Arg &x = n->args[0], &dims = n->args[1], &keepdim = n->args[2], &dtype = n->args[3];
-      if (x.kind != Arg::Kind::Value || dims.kind != Arg::Kind::Ints || keepdim.kind != Arg::Kind::Bool) continue;
-      const Value& in = g.value(x.value);
-      if (!leadingDims(dims.ints, in.shape.size()) || rowsOf(in) < kMinRows) continue;
-      std::string why = columnSumUnsupported(in.shape.back(), in.dtype);
-      if (why.empty() && dtype.kind != Arg::Kind::None) why = "a dtype argument";
-      if (!why.empty()) {
-        diagnostics.note(n->qualifiedName() + (n->meta.source.empty() ? "" : " at " + n->meta.source),
-                         "fuse-column-sum: not fused: " + why);
-        continue;
-      }
-      GraphBuilder b(g);
-      b.setMeta(n->meta);
-      b.replace(*n, "spmd::column_sum", {x, keepdim});
-      ++fused;
-    }
+    const int fused = applyPatternsGreedily(g, {&pattern_}, [&](const PatternFailure& f) {
+                        diagnostics.note(noteWhere(*f.node), "fuse-column-sum: not fused: " + f.why);
+                      }).total();
     if (fused > 0) diagnostics.note("fuse-column-sum: " + std::to_string(fused) + " sum(s) over the rows as generated kernels");
     return fused > 0;
   }
+
+ private:
+  ColumnSumToKernel pattern_;
 };
 
 }  // namespace

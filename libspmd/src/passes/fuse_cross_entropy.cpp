@@ -38,6 +38,16 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName nll_loss_backward = OpName::known("aten::nll_loss_backward");
+  OpName _log_softmax_backward_data = OpName::known("aten::_log_softmax_backward_data");
+  OpName nll_loss_forward = OpName::known("aten::nll_loss_forward");
+  OpName ones_like = OpName::known("aten::ones_like");
+  OpName _log_softmax = OpName::known("aten::_log_softmax");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 struct CrossEntropy {
   const Node* logSoftmax = nullptr;
   const Node* upcast = nullptr;            // autocast's: log probabilities to fp32 for nll_loss
@@ -73,12 +83,12 @@ const Node* upcastOf(const Graph& g, ValueId lp) {
 // `probs` what nll_loss reads), into `ce` as the loss's backward or
 // log_softmax's; false for any other reader.
 bool takeBackwardReader(CrossEntropy& ce, const Node& u, ValueId lp, ValueId probs, int64_t dim) {
-  if (u.op == "aten::nll_loss_backward" && !ce.lossBackward && isValue(u.args[1], probs) &&
+  if (u.is(ops().nll_loss_backward) && !ce.lossBackward && isValue(u.args[1], probs) &&
       sameLoss(u, 2, *ce.loss) && isValue(u.args[6], ce.loss->outputs[1])) {
     ce.lossBackward = &u;
     return true;
   }
-  if (u.op == "aten::_log_softmax_backward_data" && !ce.logSoftmaxBackward && isValue(u.args[1], lp) &&
+  if (u.is(ops()._log_softmax_backward_data) && !ce.logSoftmaxBackward && isValue(u.args[1], lp) &&
       u.args[2].i == dim) {
     ce.logSoftmaxBackward = &u;
     return true;
@@ -114,7 +124,7 @@ std::optional<CrossEntropy> match(const Graph& g, const Node& f, std::string& wh
   if (half && !ce.upcast) return std::nullopt;
   const ValueId probs = ce.upcast ? ce.upcast->outputs[0] : lp;
   for (const Node* u : g.users(probs)) {
-    if (u->op == "aten::nll_loss_forward" && isValue(u->args[0], probs)) ce.loss = u;
+    if (u->is(ops().nll_loss_forward) && isValue(u->args[0], probs)) ce.loss = u;
   }
   if (!ce.loss) return std::nullopt;
   const int64_t dim = f.args[1].i;
@@ -168,7 +178,7 @@ std::vector<ValueId> replaceWith(Graph& g, const Node& old, const std::string& o
 const Node* onesSeed(const Graph& g, const CrossEntropy& ce) {
   const Arg& grad = ce.lossBackward->args[0];
   const Node* seed = grad.kind == Arg::Kind::Value ? g.producer(grad.value) : nullptr;
-  if (!seed || seed->op != "aten::ones_like" || !isValue(seed->args[0], ce.loss->outputs[0]) ||
+  if (!seed || !seed->is(ops().ones_like) || !isValue(seed->args[0], ce.loss->outputs[0]) ||
       !g.hasOneReader(grad.value)) {
     return nullptr;
   }
@@ -224,7 +234,7 @@ class FuseCrossEntropyPass final : public Pass {
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
     std::vector<CrossEntropy> found;
     for (const Node& n : g.nodes()) {
-      if (n.op != "aten::_log_softmax") continue;
+      if (!n.is(ops()._log_softmax)) continue;
       std::string why;
       if (auto ce = match(g, n, why)) {
         found.push_back(*ce);

@@ -44,6 +44,15 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName div_Scalar = OpName::known("aten::div.Scalar");
+  OpName mul_Tensor = OpName::known("aten::mul.Tensor");
+  OpName empty_like = OpName::known("aten::empty_like");
+  OpName bernoulli_p = OpName::known("aten::bernoulli.p");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 // One dropout as the pass found it: the mask's node, its division, and the
 // products that read the quotient (with the other operand of each).
 struct Dropout {
@@ -79,7 +88,7 @@ class DropoutMatcher {
     d.bernoulli = &n;
     d.keep = scalarOf(a[1]);
     const Node* reader = g_.soleReader(mask);
-    if (!reader || reader->qualifiedName() != "aten::div.Scalar" || reader->args.size() != 2 ||
+    if (!reader || !reader->is(ops().div_Scalar) || reader->args.size() != 2 ||
         reader->args[0].kind != Arg::Kind::Value || !isScalar(reader->args[1])) {
       why = "the mask is read other than by one division by a number";
       return std::nullopt;
@@ -101,7 +110,7 @@ class DropoutMatcher {
     }
     for (const Node* user : g_.users(noise)) {
       const auto& a = user->args;
-      const bool product = user->qualifiedName() == "aten::mul.Tensor" && a.size() == 2 &&
+      const bool product = user->is(ops().mul_Tensor) && a.size() == 2 &&
                            a[0].kind == Arg::Kind::Value && a[1].kind == Arg::Kind::Value &&
                            (a[0].value == noise) != (a[1].value == noise);
       const ValueId other = product ? (a[0].value == noise ? a[1].value : a[0].value) : kNoValue;
@@ -124,7 +133,7 @@ class DropoutMatcher {
 ValueId deviceSource(const Graph& g, const Node& bernoulli) {
   const ValueId like = bernoulli.args[0].value;
   const Node* p = g.producer(like);
-  if (p && p->qualifiedName() == "aten::empty_like" && !p->args.empty() && p->args[0].kind == Arg::Kind::Value) {
+  if (p && p->is(ops().empty_like) && !p->args.empty() && p->args[0].kind == Arg::Kind::Value) {
     return p->args[0].value;
   }
   return like;
@@ -148,7 +157,7 @@ void rewrite(Graph& g, const Dropout& d) {
   g.erase(*d.divide);
   g.erase(*d.bernoulli);
   const Node* shapeSource = g.producer(like);
-  if (shapeSource && shapeSource->qualifiedName() == "aten::empty_like" && g.users(like).empty() &&
+  if (shapeSource && shapeSource->is(ops().empty_like) && g.users(like).empty() &&
       !g.readBeyondNodes(like)) {
     g.erase(*shapeSource);
   }
@@ -160,7 +169,7 @@ class FuseDropoutPass final : public Pass {
     const DropoutMatcher matcher(g);
     std::vector<const Node*> masks;
     for (const Node& n : g.nodes()) {
-      if (n.qualifiedName() == "aten::bernoulli.p") masks.push_back(&n);
+      if (n.is(ops().bernoulli_p)) masks.push_back(&n);
     }
     // Each is matched in the graph as the rewrites before it left it: a
     // rewrite erases and replaces nodes after its mask, never another mask.

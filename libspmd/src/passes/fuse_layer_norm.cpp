@@ -21,6 +21,7 @@
 // result to bf16 (fuse-pointwise leaves it a kernel of its own).
 #include "cast_match.h"
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/ops/layer_norm_codegen.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -66,11 +67,6 @@ bool residualFits(const Graph& g, const Arg& other, ValueId dx, const Node& back
          (!made || g.indexOf(*made) < g.indexOf(backward));
 }
 
-void note(DiagnosticEngine& diagnostics, const Node& n, const std::string& why) {
-  diagnostics.note(n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source),
-                   "fuse-layer-norm: not fused: " + why);
-}
-
 struct Counts {
   int forward = 0, backward = 0, casts = 0, residualAdds = 0, residualGradients = 0;
 };
@@ -79,7 +75,8 @@ struct Counts {
 // n's kernel can add instead: alpha 1, both operands of the sum's shape (an
 // f32 one first, then f32 or bf16), and no reader of the sum before `n`.
 bool addFits(const Graph& g, const Node& add, const Node& n) {
-  if (add.qualifiedName() != "aten::add.Tensor" || add.args.size() != 3 || add.args[2].kind != Arg::Kind::Int ||
+  static const OpName kAdd = OpName::known("aten::add.Tensor");
+  if (!add.is(kAdd) || add.args.size() != 3 || add.args[2].kind != Arg::Kind::Int ||
       add.args[2].i != 1 || !isTensor(add.args[0]) || !isTensor(add.args[1]) || !sameSchedule(add, n)) {
     return false;
   }
@@ -96,9 +93,9 @@ bool addFits(const Graph& g, const Node& add, const Node& n) {
 }
 
 // native_layer_norm(input, normalized_shape, weight, bias, eps).
-void fuseForward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts& counts) {
+MatchResult fuseForward(Graph& g, const Node& n, Counts& counts) {
   const std::string why = unsupported(g, n.args[0], n.args[1], n.args[2], n.args[3]);
-  if (!why.empty()) return note(diagnostics, n, why);
+  if (!why.empty()) return MatchResult::failure(why);
   std::vector<ValueId> outputs = n.outputs;
   Arg input = n.args[0], residual;  // residual: None
   const Node* add = g.producer(input.value);
@@ -120,16 +117,17 @@ void fuseForward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts&
   GraphBuilder b(g);
   b.setMeta(n.meta);
   b.replace(n, "spmd::layer_norm", {input, residual, n.args[2], n.args[3], n.args[4], dtypeArg(dtype)}, outputs);
-  ++counts.forward;
+  return MatchResult::success();
 }
 
 // native_layer_norm_backward(grad, input, normalized_shape, mean, rstd, weight, bias, output_mask).
-void fuseBackward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts& counts) {
+MatchResult fuseBackward(Graph& g, const Node& n, Counts& counts) {
+  static const OpName kAdd = OpName::known("aten::add.Tensor");
   const std::string why = unsupported(g, n.args[1], n.args[2], n.args[5], n.args[6]);
-  if (!why.empty()) return note(diagnostics, n, why);
+  if (!why.empty()) return MatchResult::failure(why);
   const Arg& mask = n.args[7];
   if (mask.kind != Arg::Kind::Bools || std::count(mask.bools.begin(), mask.bools.end(), true) != 3) {
-    return note(diagnostics, n, "not every gradient is asked for");
+    return MatchResult::failure("not every gradient is asked for");
   }
   Arg grad = n.args[0];
   const Node* gradCast = isTensor(grad) ? g.producer(grad.value) : nullptr;
@@ -140,7 +138,7 @@ void fuseBackward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts
   std::vector<ValueId> outputs = n.outputs;
   Arg residual;  // None
   const Node* add = outputs[0] == kNoValue ? nullptr : g.soleReader(outputs[0]);
-  if (add && add->qualifiedName() == "aten::add.Tensor" && add->args.size() == 3 && add->args[2].kind == Arg::Kind::Int &&
+  if (add && add->is(kAdd) && add->args.size() == 3 && add->args[2].kind == Arg::Kind::Int &&
       add->args[2].i == 1 && sameSchedule(*add, n)) {
     const Arg& other = add->args[0].value == outputs[0] ? add->args[1] : add->args[0];
     if (residualFits(g, other, outputs[0], n)) {
@@ -157,28 +155,37 @@ void fuseBackward(Graph& g, const Node& n, DiagnosticEngine& diagnostics, Counts
     g.erase(*gradCast);
     ++counts.casts;
   }
-  ++counts.backward;
+  return MatchResult::success();
 }
+
+// One of the two rewrites: its root op, taken with `arity` arguments.
+class LayerNormPattern final : public RewritePattern {
+ public:
+  using Fuse = MatchResult (*)(Graph&, const Node&, Counts&);
+  LayerNormPattern(const char* name, const char* root, size_t arity, Fuse fuse, Counts& counts)
+      : RewritePattern(name, {root}), arity_(arity), fuse_(fuse), counts_(counts) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& n) override {
+    return n.args.size() == arity_ ? fuse_(g, n, counts_) : MatchResult::skip();
+  }
+
+ private:
+  size_t arity_;
+  Fuse fuse_;
+  Counts& counts_;
+};
 
 class FuseLayerNormPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    // The LayerNorms first: a fusion removes casts and adds, never another LayerNorm.
-    std::vector<const Node*> found;
-    for (const Node& n : g.nodes()) {
-      if ((n.op == "aten::native_layer_norm" && n.args.size() == 5) ||
-          (n.op == "aten::native_layer_norm_backward" && n.args.size() == 8)) {
-        found.push_back(&n);
-      }
-    }
     Counts counts;
-    for (const Node* n : found) {
-      if (n->op == "aten::native_layer_norm") {
-        fuseForward(g, *n, diagnostics, counts);
-      } else {
-        fuseBackward(g, *n, diagnostics, counts);
-      }
-    }
+    LayerNormPattern forward("layer-norm-to-kernel", "aten::native_layer_norm", 5, &fuseForward, counts);
+    LayerNormPattern backward("layer-norm-backward-to-kernel", "aten::native_layer_norm_backward", 8, &fuseBackward,
+                              counts);
+    const RewriteCounts applied = applyPatternsGreedily(g, {&forward, &backward}, [&](const PatternFailure& f) {
+      diagnostics.note(noteWhere(*f.node), "fuse-layer-norm: not fused: " + f.why);
+    });
+    counts.forward = applied.applied[0];
+    counts.backward = applied.applied[1];
     if (counts.forward + counts.backward == 0) return false;
     diagnostics.note("fuse-layer-norm: " + std::to_string(counts.forward) + " LayerNorm(s) and " +
                      std::to_string(counts.backward) + " backward(s) as generated kernels, with " +

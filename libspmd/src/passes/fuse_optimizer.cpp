@@ -32,6 +32,14 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName spmd_bucket_wait = OpName::known("spmd::bucket_wait");
+  OpName rsub_Scalar = OpName::known("aten::rsub.Scalar");
+  OpName full_like = OpName::known("aten::full_like");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 struct ForeachForm {
   const char* op;
   const char* overload;
@@ -95,7 +103,7 @@ Analysis analyse(const Graph& g) {
       a.depth[i] = std::max(a.depth[i], a.depth[d] + 1);
       a.stage[i] = std::max(a.stage[i], a.stage[d]);
     }
-    if (nodes[i].op == "spmd::bucket_wait") a.stage[i] = static_cast<int>(i);
+    if (nodes[i].is(ops().spmd_bucket_wait)) a.stage[i] = static_cast<int>(i);
     a.deps[i].assign(deps.begin(), deps.end());
   }
   return a;
@@ -133,14 +141,14 @@ bool argsMatchForm(const Node& n, const ForeachForm& form) {
 
 // ---- exact rewrites that give ops a _foreach form ----------------------------
 
-bool isOptimizerOp(const Node& n, const char* name) { return n.meta.role == NodeRole::Optimizer && n.qualifiedName() == name; }
+bool isOptimizerOp(const Node& n, OpName name) { return n.meta.role == NodeRole::Optimizer && n.is(name); }
 
 // rsub.Scalar(x, s, 1) = s - x  ->  add.Scalar(neg(x), s, 1) = -x + s.
 size_t splitRsubs(Graph& g) {
   size_t rewritten = 0;
   for (const Node* n : snapshot(g.nodes())) {
     const bool alphaOne = n->args.size() == 3 && n->args[2].kind == Arg::Kind::Int && n->args[2].i == 1;
-    if (!isOptimizerOp(*n, "aten::rsub.Scalar") || !alphaOne || n->args[0].kind != Arg::Kind::Value ||
+    if (!isOptimizerOp(*n, ops().rsub_Scalar) || !alphaOne || n->args[0].kind != Arg::Kind::Value ||
         n->args[1].kind == Arg::Kind::Value || n->outputs.size() != 1 || n->outputs[0] == kNoValue) {
       continue;
     }
@@ -161,7 +169,7 @@ size_t mergeFullLikes(Graph& g) {
   std::map<std::string, ValueId> made;
   size_t merged = 0;
   for (const Node* n : snapshot(g.nodes())) {
-    if (!isOptimizerOp(*n, "aten::full_like") || n->args.empty() || n->args[0].kind != Arg::Kind::Value ||
+    if (!isOptimizerOp(*n, ops().full_like) || n->args.empty() || n->args[0].kind != Arg::Kind::Value ||
         n->outputs.size() != 1 || n->outputs[0] == kNoValue) {
       continue;
     }

@@ -33,6 +33,12 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName _to_copy = OpName::known("aten::_to_copy");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 // The smallest lone upcast worth a generated kernel (smaller ones are
 // launch-bound either way).
 constexpr int64_t kLoneCastElements = 1 << 16;
@@ -73,7 +79,7 @@ bool laidOutDense(const Graph& g, ValueId v) {
 // The one single op fuse-pointwise takes (see the top of the file).
 bool isWorthyLoneCast(const Graph& g, const Candidate& c) {
   const Node& n = *c.node;
-  if (n.op != "aten::_to_copy") return false;
+  if (!n.is(ops()._to_copy)) return false;
   const Value &in = g.value(n.args[0].value), &out = g.value(n.outputs[0]);
   int64_t numel = 1;
   for (int64_t d : out.shape) numel *= d;

@@ -24,6 +24,21 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName mul_Tensor = OpName::known("aten::mul.Tensor");
+  OpName rsub_Scalar = OpName::known("aten::rsub.Scalar");
+  OpName mul_Scalar = OpName::known("aten::mul.Scalar");
+  OpName add_Scalar = OpName::known("aten::add.Scalar");
+  OpName add_Tensor = OpName::known("aten::add.Tensor");
+  OpName addcmul = OpName::known("aten::addcmul");
+  OpName addcdiv = OpName::known("aten::addcdiv");
+  OpName neg = OpName::known("aten::neg");
+  OpName div_Tensor = OpName::known("aten::div.Tensor");
+  OpName full_like = OpName::known("aten::full_like");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 struct Hyper {
   bool adamw = false;
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weightDecay = 0;
@@ -42,9 +57,9 @@ struct Update {
 double scalar(const Arg& a) { return a.kind == Arg::Kind::Int ? static_cast<double>(a.i) : a.f; }
 bool isValue(const Arg& a, ValueId v) { return a.kind == Arg::Kind::Value && a.value == v; }
 
-const Node* producedBy(const Graph& g, ValueId v, const char* op) {
+const Node* producedBy(const Graph& g, ValueId v, OpName op) {
   const Node* n = g.producer(v);
-  return n && n->qualifiedName() == op ? n : nullptr;
+  return n && n->is(op) ? n : nullptr;
 }
 
 std::optional<ValueId> updateOf(const Graph& g, ValueId input) {
@@ -71,10 +86,10 @@ bool isRateInput(const Graph& g, ValueId v) {
 
 // AdamW's decay under a schedule, param * (1 - lr * wd): wd, else nullopt.
 std::optional<double> scheduledDecay(const Graph& g, ValueId decayed, ValueId param, ValueId lr) {
-  const Node* mul = producedBy(g, decayed, "aten::mul.Tensor");
+  const Node* mul = producedBy(g, decayed, ops().mul_Tensor);
   if (lr == kNoValue || !mul || !isValue(mul->args[0], param) || mul->args[1].kind != Arg::Kind::Value) return std::nullopt;
-  const Node* rsub = producedBy(g, mul->args[1].value, "aten::rsub.Scalar");
-  const Node* lrWd = rsub ? producedBy(g, rsub->args[0].value, "aten::mul.Scalar") : nullptr;
+  const Node* rsub = producedBy(g, mul->args[1].value, ops().rsub_Scalar);
+  const Node* lrWd = rsub ? producedBy(g, rsub->args[0].value, ops().mul_Scalar) : nullptr;
   if (!lrWd || !isValue(lrWd->args[0], lr) || scalar(rsub->args[1]) != 1.0) return std::nullopt;
   return scalar(lrWd->args[1]);
 }
@@ -94,33 +109,33 @@ std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
   if (!m1 || !v1 || !s1) return std::nullopt;
   u.newExpAvg = *m1, u.newExpAvgSq = *v1, u.newStep = *s1;
   // step + 1
-  const Node* inc = producedBy(g, *s1, "aten::add.Scalar");
+  const Node* inc = producedBy(g, *s1, ops().add_Scalar);
   if (!inc || !isValue(inc->args[0], *s0) || scalar(inc->args[1]) != 1.0) return std::nullopt;
   // exp_avg * beta1 + grad * (1 - beta1)
-  const Node* m = producedBy(g, *m1, "aten::add.Tensor");
-  const Node* mScaled = m ? producedBy(g, m->args[0].value, "aten::mul.Scalar") : nullptr;
+  const Node* m = producedBy(g, *m1, ops().add_Tensor);
+  const Node* mScaled = m ? producedBy(g, m->args[0].value, ops().mul_Scalar) : nullptr;
   if (!mScaled || !isValue(mScaled->args[0], *m0) || m->args[1].kind != Arg::Kind::Value) return std::nullopt;
   u.hyper.beta1 = scalar(mScaled->args[1]);
   ValueId grad = m->args[1].value;
   // exp_avg_sq * beta2 + grad * grad * (1 - beta2)
-  const Node* v = producedBy(g, *v1, "aten::addcmul");
-  const Node* vScaled = v ? producedBy(g, v->args[0].value, "aten::mul.Scalar") : nullptr;
+  const Node* v = producedBy(g, *v1, ops().addcmul);
+  const Node* vScaled = v ? producedBy(g, v->args[0].value, ops().mul_Scalar) : nullptr;
   if (!vScaled || !isValue(vScaled->args[0], *v0) || !isValue(v->args[1], grad) || !isValue(v->args[2], grad)) {
     return std::nullopt;
   }
   u.hyper.beta2 = scalar(vScaled->args[1]);
   // param' = base + (exp_avg' * -step_size) / (sqrt(v') / bc2 + eps)
-  const Node* upd = producedBy(g, *p1, "aten::addcdiv");
+  const Node* upd = producedBy(g, *p1, ops().addcdiv);
   if (!upd) return std::nullopt;
   u.last = upd;
-  const Node* scaled = producedBy(g, upd->args[1].value, "aten::mul.Tensor");
-  const Node* denom = producedBy(g, upd->args[2].value, "aten::add.Scalar");
+  const Node* scaled = producedBy(g, upd->args[1].value, ops().mul_Tensor);
+  const Node* denom = producedBy(g, upd->args[2].value, ops().add_Scalar);
   if (!scaled || !isValue(scaled->args[0], *m1) || !denom) return std::nullopt;
   u.hyper.eps = scalar(denom->args[1]);
-  const Node* neg = producedBy(g, scaled->args[1].value, "aten::neg");
-  const Node* div = neg ? producedBy(g, neg->args[0].value, "aten::div.Tensor") : nullptr;
+  const Node* neg = producedBy(g, scaled->args[1].value, ops().neg);
+  const Node* div = neg ? producedBy(g, neg->args[0].value, ops().div_Tensor) : nullptr;
   if (!div) return std::nullopt;
-  if (const Node* lr = producedBy(g, div->args[0].value, "aten::full_like")) {
+  if (const Node* lr = producedBy(g, div->args[0].value, ops().full_like)) {
     u.hyper.lr = scalar(lr->args[1]);
   } else if (isRateInput(g, div->args[0].value)) {
     u.hyper.lrInput = div->args[0].value;
@@ -129,7 +144,7 @@ std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
   }
   if (isValue(upd->args[0], param)) {
     u.hyper.adamw = false;
-  } else if (const Node* decay = producedBy(g, upd->args[0].value, "aten::mul.Scalar");
+  } else if (const Node* decay = producedBy(g, upd->args[0].value, ops().mul_Scalar);
              decay && isValue(decay->args[0], param) && u.hyper.lrInput == kNoValue) {
     u.hyper.adamw = true;
     u.hyper.weightDecay = (1.0 - scalar(decay->args[1])) / u.hyper.lr;
@@ -140,7 +155,7 @@ std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
     return std::nullopt;
   }
   // Adam's weight decay: grad + param * wd
-  if (const Node* wd = producedBy(g, grad, "aten::add.Tensor"); wd && !u.hyper.adamw && isValue(wd->args[1], param)) {
+  if (const Node* wd = producedBy(g, grad, ops().add_Tensor); wd && !u.hyper.adamw && isValue(wd->args[1], param)) {
     u.hyper.weightDecay = scalar(wd->args[2]);
     grad = wd->args[0].value;
   }

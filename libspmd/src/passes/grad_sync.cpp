@@ -16,6 +16,12 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName spmd_broadcast = OpName::known("spmd::broadcast");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 // Every buffer read goes through one spmd::broadcast, put before all nodes.
 void broadcastBuffers(Graph& g) {
   GraphBuilder b(g);
@@ -88,7 +94,7 @@ namespace {
 
 bool alreadyBroadcast(const Graph& g) {
   for (const Node& n : g.nodes()) {
-    if (n.op == "spmd::broadcast") return true;
+    if (n.is(ops().spmd_broadcast)) return true;
   }
   return false;
 }

@@ -16,6 +16,7 @@
 // not taken gets a note. GELU is not taken: its backward reads the
 // pre-activation, which the epilogue does not keep.
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -35,37 +36,44 @@ std::string whyNot(const Graph& g, const Node& linear, ValueId pre) {
   return "";
 }
 
+class ReluOfLinear final : public RewritePattern {
+ public:
+  ReluOfLinear() : RewritePattern("relu-of-linear", {"aten::relu"}), linear_(OpName::known("aten::linear")) {}
+
+  MatchResult matchAndRewrite(Graph& g, const Node& relu) override {
+    const Node* linear = producerOf(g, relu, 0, linear_);
+    if (relu.args.size() != 1 || !linear) return MatchResult::skip();
+    const ValueId pre = relu.args[0].value;
+    if (const std::string why = whyNot(g, *linear, pre); !why.empty()) return MatchResult::failure(why);
+    const Arg x = linear->args[0], w = linear->args[1], b = linear->args[2];
+    GraphBuilder builder(g);
+    builder.setMeta(relu.meta);
+    builder.setInsertionPoint(relu);
+    const ValueId wt = builder.call("aten::t", {w}, g.value(w.value).name + "_t");
+    builder.replace(relu, "aten::_addmm_activation",
+                    {b, x, Arg::tensor(wt), Arg::ofInt(1), Arg::ofInt(1), Arg::ofBool(false)});
+    g.erase(*linear);
+    return MatchResult::success();
+  }
+
+ private:
+  OpName linear_;
+};
+
 class LinearReluPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    int fused = 0;
-    for (const Node* relu : snapshot(g.nodes())) {
-      if (relu->qualifiedName() != "aten::relu" || relu->args.size() != 1 || relu->args[0].kind != Arg::Kind::Value) {
-        continue;
-      }
-      const ValueId pre = relu->args[0].value;
-      const Node* linear = g.producer(pre);
-      if (!linear || linear->qualifiedName() != "aten::linear") continue;
-      if (const std::string why = whyNot(g, *linear, pre); !why.empty()) {
-        diagnostics.note("aten::relu" + (relu->meta.source.empty() ? "" : " at " + relu->meta.source),
-                         "linear-relu: not fused: " + why);
-        continue;
-      }
-      const Arg x = linear->args[0], w = linear->args[1], b = linear->args[2];
-      GraphBuilder builder(g);
-      builder.setMeta(relu->meta);
-      builder.setInsertionPoint(*relu);
-      const ValueId wt = builder.call("aten::t", {w}, g.value(w.value).name + "_t");
-      builder.replace(*relu, "aten::_addmm_activation",
-                      {b, x, Arg::tensor(wt), Arg::ofInt(1), Arg::ofInt(1), Arg::ofBool(false)});
-      g.erase(*linear);
-      ++fused;
-    }
+    const int fused = applyPatternsGreedily(g, {&pattern_}, [&](const PatternFailure& f) {
+                        diagnostics.note(noteWhere(*f.node), "linear-relu: not fused: " + f.why);
+                      }).total();
     if (fused > 0) {
       diagnostics.note("linear-relu: " + std::to_string(fused) + " Linear+ReLU as _addmm_activation (the ReLU in the GEMM's epilogue)");
     }
     return fused > 0;
   }
+
+ private:
+  ReluOfLinear pattern_;
 };
 
 }  // namespace

@@ -12,6 +12,13 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName scalar_tensor = OpName::known("aten::scalar_tensor");
+  OpName spmd_dropout_mul = OpName::known("spmd::dropout_mul");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 bool isTensor(const Arg& a) { return a.kind == Arg::Kind::Value; }
 
 // a + alpha * b (aten::add's formula; alpha 1 is a plain add).
@@ -122,7 +129,7 @@ void foldScalarTensors(const Graph& g, std::vector<Step>& steps) {
   for (Step& step : steps) {
     for (Source& src : step.operands) {
       const Node* p = src.kind == Source::Kind::Value ? g.producer(src.value) : nullptr;
-      if (!p || p->op != "aten::scalar_tensor" || p->args.empty() || !isScalar(p->args[0])) continue;
+      if (!p || !p->is(ops().scalar_tensor) || p->args.empty() || !isScalar(p->args[0])) continue;
       if (g.value(src.value).dtype != c10::ScalarType::Float) continue;  // f32: the kernels' arithmetic
       src = constantSource(scalarOf(p->args[0]));
     }
@@ -136,7 +143,7 @@ bool drawsMask(const std::vector<Step>& steps) {
 bool hasPointwiseDtypes(const Graph& g, const Node& n) {
   if (n.outputs.size() != 1 || n.outputs[0] == kNoValue || !isPointwiseDtype(g.value(n.outputs[0]).dtype)) return false;
   bool ok = true;
-  const bool dropout = n.op == "spmd::dropout_mul" && n.args.size() > 1 && n.args[1].kind == Arg::Kind::Value;
+  const bool dropout = n.is(ops().spmd_dropout_mul) && n.args.size() > 1 && n.args[1].kind == Arg::Kind::Value;
   forEachTensorArg(n, [&](ValueId v) {
     const bool seed = dropout && v == n.args[1].value && g.value(v).dtype == c10::ScalarType::Long;
     ok = ok && (seed || isPointwiseDtype(g.value(v).dtype));

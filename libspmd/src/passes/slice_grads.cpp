@@ -15,6 +15,7 @@
 // two fills, two copies and an add become one copy, or none. Taken only
 // where the slice_backward results are read by nothing else.
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -35,7 +36,8 @@ struct SliceGrad {
 
 std::optional<SliceGrad> sliceGrad(const Graph& g, ValueId v) {
   const Node* n = g.producer(v);
-  if (!n || n->qualifiedName() != "aten::slice_backward" || n->args.size() != 6) return std::nullopt;
+  static const OpName kSliceBackward = OpName::known("aten::slice_backward");
+  if (!n || !n->is(kSliceBackward) || n->args.size() != 6) return std::nullopt;
   const auto& a = n->args;
   if (a[0].kind != Arg::Kind::Value || a[1].kind != Arg::Kind::Ints || a[2].kind != Arg::Kind::Int ||
       a[3].kind != Arg::Kind::Int || a[4].kind != Arg::Kind::Int || a[5].kind != Arg::Kind::Int || a[5].i != 1) {
@@ -52,65 +54,75 @@ std::optional<SliceGrad> sliceGrad(const Graph& g, ValueId v) {
   return s;
 }
 
+// add(slice_backward(lo, ...), slice_backward(hi, ...), 1) -> cat([lo, hi], d).
+class SumOfSliceGradsToCat final : public RewritePattern {
+ public:
+  SumOfSliceGradsToCat() : RewritePattern("sum-of-slice-grads-to-cat", {"aten::add.Tensor"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& add) override;
+};
+
+// slice_backward(g, sizes, d, 0, end, 1) over all of d: g itself.
+class WholeSliceGradToInput final : public RewritePattern {
+ public:
+  WholeSliceGradToInput() : RewritePattern("whole-slice-grad-to-input", {"aten::slice_backward"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& n) override;
+};
+
 class SliceGradsPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    int cats = 0, whole = 0;
-    for (const Node* n : snapshot(g.nodes())) {
-      if (concatenates(g, *n)) ++cats;
-    }
-    for (const Node* n : snapshot(g.nodes())) {
-      if (isWhole(g, *n)) ++whole;
-    }
+    // The sums first, then the whole slices: a whole slice that is a part of
+    // a sum (beside an empty one) goes into the cat, as it always has.
+    SumOfSliceGradsToCat sums;
+    WholeSliceGradToInput wholes;
+    const int cats = applyPatternsGreedily(g, {&sums}, nullptr).total();
+    const int whole = applyPatternsGreedily(g, {&wholes}, nullptr).total();
     if (cats + whole > 0) {
       diagnostics.note("slice-grads: " + std::to_string(cats) + " sums of slice gradients as cat, " +
                        std::to_string(whole) + " whole-dimension slice gradients dropped");
     }
     return cats + whole > 0;
   }
-
- private:
-  // add(slice_backward(lo, ...), slice_backward(hi, ...), 1) -> cat([lo, hi], d).
-  static bool concatenates(Graph& g, const Node& add) {
-    if (add.qualifiedName() != "aten::add.Tensor" || add.args.size() != 3 || add.args[0].kind != Arg::Kind::Value ||
-        add.args[1].kind != Arg::Kind::Value || add.args[2].kind != Arg::Kind::Int || add.args[2].i != 1) {
-      return false;
-    }
-    const ValueId x = add.args[0].value, y = add.args[1].value;
-    std::optional<SliceGrad> a = sliceGrad(g, x), b = sliceGrad(g, y);
-    if (!a || !b || x == y || g.soleReader(x) != &add || g.soleReader(y) != &add) return false;
-    if (a->start > b->start) std::swap(a, b);
-    const Value& out = g.value(add.outputs[0]);
-    const bool splits = a->sizes == b->sizes && a->dim == b->dim && a->start == 0 && a->end == b->start &&
-                        b->end == a->sizes[a->dim] && out.shape == a->sizes &&
-                        g.value(a->grad).dtype == out.dtype && g.value(b->grad).dtype == out.dtype;
-    if (!splits) return false;
-    const Node* lower = g.producer(x);
-    const Node* upper = g.producer(y);
-    Arg parts;
-    parts.kind = Arg::Kind::Values;
-    parts.values = {a->grad, b->grad};
-    GraphBuilder builder(g);
-    builder.setMeta(add.meta);
-    builder.replace(add, "aten::cat", {parts, Arg::ofInt(a->dim)});
-    g.erase(*lower);
-    g.erase(*upper);
-    return true;
-  }
-
-  // slice_backward(g, sizes, d, 0, end, 1) over all of d: g itself.
-  static bool isWhole(Graph& g, const Node& n) {
-    if (n.qualifiedName() != "aten::slice_backward" || n.outputs.size() != 1) return false;
-    const std::optional<SliceGrad> s = sliceGrad(g, n.outputs[0]);
-    if (!s || s->start != 0 || s->end != s->sizes[s->dim] || g.value(s->grad).shape != s->sizes ||
-        g.readBeyondNodes(n.outputs[0])) {
-      return false;
-    }
-    g.replaceAllUsesWith(n.outputs[0], s->grad);
-    g.erase(n);
-    return true;
-  }
 };
+
+MatchResult SumOfSliceGradsToCat::matchAndRewrite(Graph& g, const Node& add) {
+  if (add.args.size() != 3 || add.args[0].kind != Arg::Kind::Value || add.args[1].kind != Arg::Kind::Value ||
+      add.args[2].kind != Arg::Kind::Int || add.args[2].i != 1) {
+    return MatchResult::skip();
+  }
+  const ValueId x = add.args[0].value, y = add.args[1].value;
+  std::optional<SliceGrad> a = sliceGrad(g, x), b = sliceGrad(g, y);
+  if (!a || !b || x == y || g.soleReader(x) != &add || g.soleReader(y) != &add) return MatchResult::skip();
+  if (a->start > b->start) std::swap(a, b);
+  const Value& out = g.value(add.outputs[0]);
+  const bool splits = a->sizes == b->sizes && a->dim == b->dim && a->start == 0 && a->end == b->start &&
+                      b->end == a->sizes[a->dim] && out.shape == a->sizes && g.value(a->grad).dtype == out.dtype &&
+                      g.value(b->grad).dtype == out.dtype;
+  if (!splits) return MatchResult::skip();
+  const Node* lower = g.producer(x);
+  const Node* upper = g.producer(y);
+  Arg parts;
+  parts.kind = Arg::Kind::Values;
+  parts.values = {a->grad, b->grad};
+  GraphBuilder builder(g);
+  builder.setMeta(add.meta);
+  builder.replace(add, "aten::cat", {parts, Arg::ofInt(a->dim)});
+  g.erase(*lower);
+  g.erase(*upper);
+  return MatchResult::success();
+}
+
+MatchResult WholeSliceGradToInput::matchAndRewrite(Graph& g, const Node& n) {
+  if (n.outputs.size() != 1) return MatchResult::skip();
+  const std::optional<SliceGrad> s = sliceGrad(g, n.outputs[0]);
+  if (!s || s->start != 0 || s->end != s->sizes[s->dim] || g.value(s->grad).shape != s->sizes ||
+      g.readBeyondNodes(n.outputs[0])) {
+    return MatchResult::skip();
+  }
+  g.replaceAllUsesWith(n.outputs[0], s->grad);
+  g.erase(n);
+  return MatchResult::success();
+}
 
 }  // namespace
 

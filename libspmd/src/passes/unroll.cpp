@@ -20,11 +20,18 @@
 namespace spmd {
 namespace {
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName spmd_bucket_wait = OpName::known("spmd::bucket_wait");
+  OpName spmd_bucket_start = OpName::known("spmd::bucket_start");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 // Index of the bucket_start node that comes last, or -1.
 int lastBucketStart(const Graph& g) {
   int last = -1;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (g.nodes()[i].op == "spmd::bucket_start") last = static_cast<int>(i);
+    if (g.nodes()[i].is(ops().spmd_bucket_start)) last = static_cast<int>(i);
   }
   return last;
 }
@@ -39,7 +46,7 @@ std::set<size_t> lastBucketBlock(const Graph& g, size_t start) {
   // Everything downstream of the bucket's all-reduce.
   for (size_t i = start + 1; i < g.nodes().size(); ++i) {
     const Node& n = g.nodes()[i];
-    bool reads = n.op == "spmd::bucket_wait" && n.args.back().i == bucket;
+    bool reads = n.is(ops().spmd_bucket_wait) && n.args.back().i == bucket;
     forEachTensorArg(n, [&](ValueId v) { reads = reads || inBlock(v); });
     if (reads) block.insert(i);
   }

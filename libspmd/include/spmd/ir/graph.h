@@ -3,6 +3,7 @@
 // by id. Kept free of ATen headers so that most of the project compiles fast.
 #pragma once
 
+#include "spmd/ir/op_name.h"
 #include "spmd/ir/training.h"
 
 #include <c10/core/ScalarType.h>
@@ -118,6 +119,14 @@ struct Node {
 
   // "aten::add.Tensor", or "aten::relu" for the default overload.
   std::string qualifiedName() const;
+  // The same, interned (ir/op_name.h): O(1) for a node in a graph, which
+  // interns it when the node is added.
+  OpName name() const { return name_.valid() ? name_ : OpName::of(op, overload); }
+  bool is(OpName op) const { return name() == op; }
+
+ private:
+  friend class Graph;
+  OpName name_;  // set by the graph that holds the node
 };
 
 // A buffer (or other state input) whose value after the step is `value`:
@@ -232,6 +241,16 @@ std::vector<const Node*> snapshot(const NodeList& nodes);
 //
 // To swap a node for another that defines the same values (same names),
 // use replaceNode() or GraphBuilder::replace().
+// Told of nodes added to and removed from a graph while it listens
+// (Graph::setListener): what a rewrite driver needs to keep a worklist.
+class GraphListener {
+ public:
+  virtual ~GraphListener() = default;
+  virtual void nodeInserted(const Node& node) = 0;
+  // Before the node goes: its address is not valid after the call.
+  virtual void nodeErased(const Node& node) = 0;
+};
+
 class Graph {
  public:
   Graph() = default;
@@ -297,6 +316,9 @@ class Graph {
   Node extract(const Node& node);
   // Puts the nodes in `order`, a permutation of nodes().
   void reorder(const std::vector<const Node*>& order);
+  // The listener told of insertions and removals from now on (nullptr: none);
+  // returns the one it replaces. A copy of the graph has none.
+  GraphListener* setListener(GraphListener* listener);
 
   // ---- def-use ----------------------------------------------------------
   // The node producing `v`, or nullptr for graph inputs (and orphans).
@@ -357,6 +379,7 @@ class Graph {
   // indexOf's cache, rebuilt after the node order changes.
   mutable std::unordered_map<const Node*, size_t> position_;
   mutable bool positionsStale_ = true;
+  GraphListener* listener_ = nullptr;
 };
 
 // Removes nodes none of whose outputs reaches a graph output, a state update
