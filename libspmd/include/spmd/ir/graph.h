@@ -221,6 +221,16 @@ class NodeList {
 // NodeList's iterators do not survive insertion or erasure).
 std::vector<const Node*> snapshot(const NodeList& nodes);
 
+// Told of nodes added to and removed from a graph while it listens
+// (Graph::setListener): what a rewrite driver needs to keep a worklist.
+class GraphListener {
+ public:
+  virtual ~GraphListener() = default;
+  virtual void nodeInserted(const Node& node) = 0;
+  // Before the node goes: its address is not valid after the call.
+  virtual void nodeErased(const Node& node) = 0;
+};
+
 // The graph owns its values and nodes and keeps, for every value, the node
 // that produces it and the nodes that read it, as torch.fx and TorchScript
 // do. Nodes are read through `nodes()` and changed only through the graph,
@@ -241,16 +251,6 @@ std::vector<const Node*> snapshot(const NodeList& nodes);
 //
 // To swap a node for another that defines the same values (same names),
 // use replaceNode() or GraphBuilder::replace().
-// Told of nodes added to and removed from a graph while it listens
-// (Graph::setListener): what a rewrite driver needs to keep a worklist.
-class GraphListener {
- public:
-  virtual ~GraphListener() = default;
-  virtual void nodeInserted(const Node& node) = 0;
-  // Before the node goes: its address is not valid after the call.
-  virtual void nodeErased(const Node& node) = 0;
-};
-
 class Graph {
  public:
   Graph() = default;
