@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (1 GPU): dropout's mask drawn inside the generated kernels
-# (spmd-lower's fuse-dropout) in a whole training step. A 4-layer MLP with
+# (spmd-lower's dropout-mask-in-kernel) in a whole training step. A 4-layer MLP with
 # dropout p = 0.1 after each ReLU (dim 1024, batch 256, bf16 autocast, AdamW)
 # goes through the pipeline three ways and trains 20 steps on the same data
 # and --seed:
@@ -39,8 +39,8 @@ for way in fused graphs aten; do
   $B/spmd-lower "$step" --device cuda "${flags[@]}" -o "$OUT/$way.spmd" 2> "$OUT/$way.lower.log"
   $B/spmd-run "$OUT/$way.spmd" --device cuda --steps 20 --seed 3 --data "$OUT/dropmlp.data.pt" --json \
     > "$OUT/$way.json" 2> "$OUT/$way.run.log"
-  echo "== $way: $(grep -c 'fuse-dropout' "$OUT/$way.lower.log" || true) fuse-dropout note(s)"
-  grep "fuse-dropout\|fuse-pointwise" "$OUT/$way.lower.log" || true
+  echo "== $way: $(grep -c 'dropout-mask-in-kernel' "$OUT/$way.lower.log" || true) dropout-mask-in-kernel note(s)"
+  grep "dropout-mask-in-kernel\|fuse-pointwise" "$OUT/$way.lower.log" || true
   $B/spmd-inspect "$OUT/$way.spmd" --memory | grep "memory plan" || true
   $B/spmd-inspect "$OUT/$way.spmd" --kernels | tail -1 || true
 done

@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
       {"scale and shift, f32", {a}, "t0:f32 = mul(in0, 0.5); t1:f32 = add(t0, 1.0); return t1",
        [&] { at::add(at::mul(a, 0.5), 1.0); }},
       {"cast f32 to bf16", {a}, "t0:bf16 = cast(in0); return t0", [&] { a.to(at::kBFloat16); }},
-      // fuse-dropout's programs (the kept value 1 / 0.9 rounded to the dtype):
+      // dropout-mask-in-kernel's programs (the kept value 1 / 0.9 rounded to the dtype):
       // the mask drawn in the kernel, stored nowhere (ATen's fused dropout
       // writes a bool mask for its backward to read).
       {"dropout p=0.1 + residual add, bf16 (the mask drawn)", {seed, xb, yb},

@@ -4,6 +4,7 @@
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/ir/printer.h"
+#include "spmd/pipelines/expected_notes.h"
 #include "spmd/pipelines/flags.h"
 #include "spmd/pipelines/pipelines.h"
 #include "spmd/support/diagnostic.h"
@@ -65,7 +66,7 @@ int main(int argc, char** argv) {
              "  spmd-opt tests/passes/bucket.spmd --passes bucket --split-input-file");
   std::string in = "-", out = "-", passes;
   std::vector<std::string> inputSpecs;
-  bool json = false, split = false;
+  bool json = false, split = false, verify = false;
   spmd::PipelineOptions options;
   spmd::OptimizerFlags optimizerFlags;
   spmd::PrecisionFlags precisionFlags;
@@ -76,6 +77,9 @@ int main(int argc, char** argv) {
   app.add_option("--passes", passes, "comma-separated passes to run, in order (see --list-passes)");
   app.add_flag("--json", json, "print the JSON graph dump instead of the listing");
   app.add_flag("--split-input-file", split, "run each chunk between '// -----' lines on its own");
+  app.add_flag("--verify-diagnostics", verify,
+               "check the notes against the input's '// expected-note@+N {{text}}' comments (a listing); exit 1 "
+               "naming each note not expected and each expectation not met");
   spmd::addInputSpecFlag(app, inputSpecs);
   spmd::addOptimizerFlags(app, options.optimizer, optimizerFlags);
   spmd::addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
@@ -93,25 +97,38 @@ int main(int argc, char** argv) {
     spmd::finishPrecisionFlags(precisionFlags, options);
     spmd::finishTrainingFlags(trainingFlags, options);
     const auto specs = spmd::parseInputSpecs(inputSpecs);
-    auto runOne = [&](spmd::LoadedGraph loaded) {
-      spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(kTool);
+    const std::string file = spmd::displayNameOf(in);
+    // One chunk: its passes run, its notes printed or, with --verify-diagnostics,
+    // checked against the chunk's expectations (errors thrown as Diagnostic).
+    auto runOne = [&](spmd::LoadedGraph loaded, const std::string& text) {
+      spmd::DiagnosticEngine diagnostics = verify ? spmd::DiagnosticEngine() : spmd::printingDiagnostics(kTool);
+      if (verify) spmd::markListingLines(loaded.graph, text);
       spmd::PipelineOptions chunkOptions = options;
       chunkOptions.diagnostics = &diagnostics;
       spmd::runStage(loaded, names, chunkOptions, debug);
+      if (verify) {
+        const auto unmet = spmd::unmetNoteExpectations(spmd::parseExpectedNotes(text), diagnostics.notes());
+        for (size_t i = 1; i < unmet.size(); ++i) spmd::printError(kTool, file + ": " + unmet[i]);
+        if (!unmet.empty()) throw spmd::Diagnostic("", unmet[0]).inFile(file);
+      }
       return json ? spmd::writeGraphJson(loaded.graph) : spmd::printListing(loaded.graph);
     };
-    if (!split) {
-      spmd::writeOutput(out, runOne(spmd::loadGraph(in, specs)));
+    if (!split && !verify) {
+      spmd::writeOutput(out, runOne(spmd::loadGraph(in, specs), ""));
       return 0;
     }
-    const std::string file = spmd::displayNameOf(in);
+    if (!split) {
+      const std::string text = spmd::readInput(in);
+      spmd::writeOutput(out, runOne(spmd::loadGraphFrom(text, file, specs), text));
+      return 0;
+    }
     std::string result;
     bool failed = false, first = true;
     for (const std::string& chunk : splitInput(spmd::readInput(in))) {
       if (!first) result += kSplitMarker + "\n";
       first = false;
       try {
-        result += runOne(spmd::loadGraphFrom(chunk, file, specs));
+        result += runOne(spmd::loadGraphFrom(chunk, file, specs), chunk);
         continue;
       } catch (spmd::Diagnostic& d) {
         spmd::printError(kTool, d.inFile(file).format());

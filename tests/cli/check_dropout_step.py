@@ -1,8 +1,8 @@
 """A step whose dropout masks are drawn in generated kernels trains through
-spmd-lower and spmd-run (issue #15, fuse-dropout).
+spmd-lower and spmd-run (issue #15, dropout-mask-in-kernel).
 
 An MLP with dropout p = 0.2 after each ReLU goes through spmd-expand and
-spmd-opt's fuse-dropout and fuse-pointwise (which spmd-lower runs only for
+spmd-opt's dropout-mask-in-kernel and fuse-pointwise (which spmd-lower runs only for
 CUDA), is lowered for the CPU, where its spmd::fused nodes run their
 reference kernel, and trains 8 steps on 2 ranks. Checked: no mask is left
 to ATen's bernoulli and every seed feeds two kernels (the forward's and the
@@ -55,7 +55,7 @@ def main():
     step = run([tool("spmd-expand"), model, "--input", "x:f32[32,64]", "--input", "y:f32[32,1]",
                 "--optimizer", "adam", "--lr", "0.01"])
     step = run([tool("spmd-split")], stdin=step)
-    fused = run([tool("spmd-opt"), "-", "--passes", "fuse-dropout,fuse-pointwise"], stdin=step).decode()
+    fused = run([tool("spmd-opt"), "-", "--passes", "dropout-mask-in-kernel,fuse-pointwise"], stdin=step).decode()
     problems = []
     seeds = re.findall(r"%(\S+): i64\[\] = spmd::dropout_seed", fused)
     if len(seeds) != 3 or "aten::bernoulli" in fused:

@@ -1,5 +1,5 @@
 // Dropout's mask drawn inside the generated kernels (spmd-lower's
-// fuse-dropout; the `bernoulli` statement of ops/pointwise_program.h):
+// dropout-mask-in-kernel; the `bernoulli` statement of ops/pointwise_program.h):
 //  - on the CPU (CI): the reference kernel's words against Philox4x32-10's
 //    published known answer; a dropout that LibTorch's autograd
 //    differentiated, lowered, trains with the mask its forward drew, and its
@@ -75,7 +75,7 @@ Graph loweredDropout(c10::ScalarType dtype, std::vector<int64_t> shape, double p
   g.addOutput(dropped);
   g.addOutput(g.gradients()[0].value);
   REQUIRE(countOps(g, "aten::bernoulli.p") == 1);
-  runPasses(g, {"fuse-dropout", "fuse-pointwise"}, PipelineOptions{}, DebugOptions{});
+  runPasses(g, {"dropout-mask-in-kernel", "fuse-pointwise"}, PipelineOptions{}, DebugOptions{});
   REQUIRE(verifyGraph(g).empty());
   return g;
 }

@@ -400,7 +400,7 @@ Ran runCrossEntropy(int64_t rows, int64_t classes, int reduction, bool seeded, c
                     bool bf16 = false) {
   const Graph plain = crossEntropyGraph(rows, classes, reduction, seeded, bf16);
   Graph fused = plain;
-  runPasses(fused, {"fuse-cross-entropy"}, PipelineOptions{}, DebugOptions{});
+  runPasses(fused, {"cross-entropy-to-kernel"}, PipelineOptions{}, DebugOptions{});
   int ops = 0;
   for (const Node& n : fused.nodes()) ops += n.op.rfind("spmd::cross_entropy", 0) == 0;
   REQUIRE(ops == (seeded ? 1 : 2));

@@ -1,7 +1,7 @@
-// spmd::layer_norm(_backward) against the ATen ops fuse-layer-norm replaces
+// spmd::layer_norm(_backward) against the ATen ops layer-norm-to-kernel replaces
 // (LayerNorm, the bf16 cast after it, its backward with the incoming
 // gradient's cast and the residual gradient's add), and spmd::column_sum
-// against the sums fuse-column-sum replaces. The interpreter runs the
+// against the sums column-sum-to-kernel replaces. The interpreter runs the
 // unfused and the fused graph on the same random inputs:
 //  - on the CPU (CI): the fused ops' reference kernels (ATen's own LayerNorm
 //    and sum kernels) must give the same values, so the pass's rewiring (which value
@@ -67,7 +67,7 @@ struct Ran {
 Ran runBoth(int64_t b, int64_t t, int64_t c, const at::Device& device) {
   const Graph plain = layerNormGraph(b, t, c);
   Graph fused = plain;
-  runPasses(fused, {"fuse-layer-norm"}, PipelineOptions{}, DebugOptions{});
+  runPasses(fused, {"layer-norm-to-kernel"}, PipelineOptions{}, DebugOptions{});
   // Both LayerNorms, the backward, both casts and both adds: none of them left as ATen's.
   REQUIRE(countOps(fused, "spmd::layer_norm") == 2);
   REQUIRE(countOps(fused, "spmd::layer_norm_backward") == 1);
@@ -91,7 +91,7 @@ const char* kOutputs[] = {"y (bf16)", "dx + residual", "dw", "db", "y", "mean", 
 
 }  // namespace
 
-TEST_CASE("fuse-layer-norm takes LayerNorm, its casts and the residual gradient (CPU reference)", "[fused]") {
+TEST_CASE("layer-norm-to-kernel takes LayerNorm, its casts and the residual gradient (CPU reference)", "[fused]") {
   for (auto [b, t, c] : {std::tuple<int64_t, int64_t, int64_t>{2, 9, 24}, {1, 37, 100}}) {
     INFO(b << " x " << t << " x " << c);
     const Ran ran = runBoth(b, t, c, at::kCPU);
@@ -104,7 +104,7 @@ TEST_CASE("fuse-layer-norm takes LayerNorm, its casts and the residual gradient 
   }
 }
 
-TEST_CASE("fuse-layer-norm leaves what its kernels do not take, with a note", "[fused]") {
+TEST_CASE("layer-norm-to-kernel leaves what its kernels do not take, with a note", "[fused]") {
   const Graph plain = parseListing(R"(graph
   input %x: f32[4,6] data
   input %w: f32[6] parameter
@@ -123,7 +123,7 @@ TEST_CASE("fuse-layer-norm leaves what its kernels do not take, with a note", "[
   DiagnosticEngine diagnostics;
   PipelineOptions options;
   options.diagnostics = &diagnostics;
-  runPasses(g, {"fuse-layer-norm"}, options, DebugOptions{});
+  runPasses(g, {"layer-norm-to-kernel"}, options, DebugOptions{});
   CHECK(countOps(g, "aten::native_layer_norm") == 4);
   std::string notes;
   for (const auto& d : diagnostics.notes()) notes += d.message() + "\n";
@@ -152,7 +152,7 @@ Graph columnSumGraph(int64_t rows) {
 Ran runColumnSums(int64_t rows, const at::Device& device) {
   const Graph plain = columnSumGraph(rows);
   Graph fused = plain;
-  runPasses(fused, {"fuse-column-sum"}, PipelineOptions{}, DebugOptions{});
+  runPasses(fused, {"column-sum-to-kernel"}, PipelineOptions{}, DebugOptions{});
   REQUIRE(countOps(fused, "spmd::column_sum") == 2);
   at::manual_seed(5);
   const std::map<std::string, at::Tensor> inputs = {{"g", at::randn({rows, 96}).to(device)},
@@ -162,7 +162,7 @@ Ran runColumnSums(int64_t rows, const at::Device& device) {
 
 }  // namespace
 
-TEST_CASE("fuse-column-sum takes the sums over the leading dimensions (CPU reference)", "[fused]") {
+TEST_CASE("column-sum-to-kernel takes the sums over the leading dimensions (CPU reference)", "[fused]") {
   const Ran ran = runColumnSums(2048, at::kCPU);
   for (size_t k = 0; k < 2; ++k) {
     CHECK(ran.fused[k].scalar_type() == ran.unfused[k].scalar_type());
@@ -180,10 +180,10 @@ TEST_CASE("fuse-column-sum takes the sums over the leading dimensions (CPU refer
   DiagnosticEngine diagnostics;
   PipelineOptions options;
   options.diagnostics = &diagnostics;
-  runPasses(g, {"fuse-column-sum"}, options, DebugOptions{});
+  runPasses(g, {"column-sum-to-kernel"}, options, DebugOptions{});
   CHECK(countOps(g, "spmd::column_sum") == 0);
   REQUIRE(diagnostics.notes().size() == 1);
-  CHECK(diagnostics.notes()[0].message() == "fuse-column-sum: not fused: a dtype argument");
+  CHECK(diagnostics.notes()[0].message() == "column-sum-to-kernel: not fused: a dtype argument");
 }
 
 #ifdef SPMD_WITH_CUDA

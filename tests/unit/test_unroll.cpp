@@ -120,13 +120,13 @@ TEST_CASE("unrolled steps equal plain steps", "[unroll]") {
 
 TEST_CASE("the fused optimizer updates exactly as the per-parameter one", "[unroll]") {
   const Graph step = trainStep("mlp", "adam", 0.05);
-  const Graph fused = withPasses(step, {"fuse-optimizer"});
+  const Graph fused = withPasses(step, {"optimizer-to-foreach"});
   size_t foreachCalls = 0;
   for (const Node& n : fused.nodes()) foreachCalls += n.op.rfind("aten::_foreach_", 0) == 0;
   CHECK(foreachCalls > 0);
   CHECK(fused.nodes().size() < step.nodes().size());
   requireSameState(train(step, 3), train(fused, 3));
-  const Graph both = withPasses(withPasses(step, unrollPipeline({}), 3), {"fuse-optimizer"});
+  const Graph both = withPasses(withPasses(step, unrollPipeline({}), 3), {"optimizer-to-foreach"});
   requireSameState(train(step, 3), train(both, 3));
 }
 
@@ -143,7 +143,7 @@ TEST_CASE("optimizer updates run in place over their state, with the same result
   const Graph mlp = trainStep("mlp", "adam", 0.05);
   const Graph cnn = trainStep("cnn", "sgd", 0.002);
   for (const Graph* g : {&mlp, &cnn}) {
-    const Graph lowered = withPasses(withPasses(*g, unrollPipeline({}), 3), {"fuse-optimizer"});
+    const Graph lowered = withPasses(withPasses(*g, unrollPipeline({}), 3), {"optimizer-to-foreach"});
     for (int steps : {1, 3}) {
       INFO(steps << " steps");
       size_t inPlace = 0;
@@ -153,8 +153,8 @@ TEST_CASE("optimizer updates run in place over their state, with the same result
   }
   // Parameters and Adam's moments are written where they live, also in the
   // iteration that repeats once the last bucket's update moved into it.
-  const Graph fused = withPasses(mlp, {"fuse-optimizer"});
-  const Graph middle = graphForIteration(withPasses(withPasses(mlp, unrollPipeline({}), 3), {"fuse-optimizer"}), Iteration::Middle);
+  const Graph fused = withPasses(mlp, {"optimizer-to-foreach"});
+  const Graph middle = graphForIteration(withPasses(withPasses(mlp, unrollPipeline({}), 3), {"optimizer-to-foreach"}), Iteration::Middle);
   for (const Graph* g : {&fused, &middle}) {
     Interpreter interpreter(*g, Interpreter::Buffers::Reuse);
     const auto& written = interpreter.overwrittenInputs();
@@ -301,7 +301,7 @@ TEST_CASE("with embedding-grad the LM trains as with LibTorch's embedding gradie
   }
 }
 
-TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[unroll]") {
+TEST_CASE("adam-to-capturable-foreach trains as torch.optim's formulas do, to rounding", "[unroll]") {
   // eps 1e-2, as the parity tests: with 1e-8, Adam turns the rounding noise of
   // gradients that are zero in exact arithmetic (the attention's key bias)
   // into steps of a good part of lr, differently for any change of rounding.
@@ -310,7 +310,7 @@ TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[
   for (const Graph* g : {&mlp, &lm}) {
     size_t parameters = 0;
     for (const auto& in : g->inputs()) parameters += in.kind == InputKind::Parameter;
-    const Graph rewritten = forCudaGraphs(*g, {"capturable-adam"});
+    const Graph rewritten = forCudaGraphs(*g, {"adam-to-capturable-foreach"});
     size_t lerps = 0, addcdivsOfMoments = 0;
     for (const Node& n : rewritten.nodes()) {
       lerps += n.op == "aten::lerp";
@@ -327,7 +327,7 @@ TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[
     CHECK(lerps == parameters);
     CHECK(addcdivsOfMoments == parameters);
     const auto want = train(*g, 3);
-    const auto got = train(withPasses(rewritten, {"fuse-optimizer"}), 3, Interpreter::Buffers::Reuse);
+    const auto got = train(withPasses(rewritten, {"optimizer-to-foreach"}), 3, Interpreter::Buffers::Reuse);
     for (const auto& [name, t] : want) {
       INFO(name);
       CHECK(at::allclose(got.at(name), t, 1e-5, 1e-6));
@@ -338,15 +338,15 @@ TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[
   // the pass out.
   PipelineOptions cpu;
   const std::vector<std::string> cpuLowering = lowerPipeline(cpu);
-  CHECK(std::find(cpuLowering.begin(), cpuLowering.end(), "capturable-adam") == cpuLowering.end());
+  CHECK(std::find(cpuLowering.begin(), cpuLowering.end(), "adam-to-capturable-foreach") == cpuLowering.end());
   PipelineOptions cuda;
   cuda.lower.device = "cuda";
   const std::vector<std::string> cudaLowering = lowerPipeline(cuda);
-  CHECK(std::find(cudaLowering.begin(), cudaLowering.end(), "capturable-adam") != cudaLowering.end());
+  CHECK(std::find(cudaLowering.begin(), cudaLowering.end(), "adam-to-capturable-foreach") != cudaLowering.end());
   // With lr 0 the step size stays a factor (dividing by it would give NaN
   // where v is 0); the parameters do not move.
   const Graph frozen = trainStep("mlp", "adam", 0.05, 1e-2, 0.0);
-  const Graph frozenRewritten = forCudaGraphs(frozen, {"capturable-adam"});
+  const Graph frozenRewritten = forCudaGraphs(frozen, {"adam-to-capturable-foreach"});
   size_t stepSizeFactors = 0;
   for (const Node& n : frozenRewritten.nodes()) stepSizeFactors += n.op == "aten::mul" && n.overload == "Tensor";
   CHECK(stepSizeFactors > 0);
@@ -359,11 +359,11 @@ TEST_CASE("capturable-adam trains as torch.optim's formulas do, to rounding", "[
   }
 }
 
-TEST_CASE("linear-relu trains the MLP as the unfused step does", "[unroll]") {
+TEST_CASE("relu-to-gemm-epilogue trains the MLP as the unfused step does", "[unroll]") {
   // On the CPU _addmm_activation is addmm and relu, the kernels aten::linear
   // and aten::relu run: bit for bit.
   const Graph step = trainStep("mlp", "adam", 0.05);
-  const Graph fused = forCudaGraphs(step, {"linear-relu"});
+  const Graph fused = forCudaGraphs(step, {"relu-to-gemm-epilogue"});
   size_t relus = 0, epilogues = 0;
   for (const Node& n : step.nodes()) relus += n.op == "aten::relu";
   for (const Node& n : fused.nodes()) epilogues += n.op == "aten::_addmm_activation";
@@ -380,10 +380,10 @@ TEST_CASE("linear-relu trains the MLP as the unfused step does", "[unroll]") {
 // the gradients of the two graphs differ at about 5e-6 relative (seen on an
 // H200; not traced to a node), which exp_avg_sq, a square, doubles. A wrong
 // update would be off by a good part of lr (0.05).
-TEST_CASE("fused-adam takes the update that spmd-unroll moved", "[unroll][cuda]") {
+TEST_CASE("adam-to-fused-kernel takes the update that spmd-unroll moved", "[unroll][cuda]") {
   if (!torch::cuda::is_available()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
   const Graph step = trainStep("mlp", "adam", 25, 1e-2);  // one bucket: every update moves
-  const std::vector<std::string> lowering = {"linear-relu", "fused-adam"};
+  const std::vector<std::string> lowering = {"relu-to-gemm-epilogue", "adam-to-fused-kernel"};
   const Graph plain = forCudaGraphs(step, lowering);
   const Graph moved = forCudaGraphs(withPasses(step, unrollPipeline({}), 4), lowering);
   for (const Graph* g : {&plain, &moved}) {
@@ -409,7 +409,7 @@ TEST_CASE("fused-adam takes the update that spmd-unroll moved", "[unroll][cuda]"
       worst = std::max(worst, diff);
       CHECK(at::allclose(a, b, 1e-4, 1e-6));
     }
-    std::printf("fused-adam (moved update), %d steps: largest difference from the plain fused step %.3g\n", steps,
+    std::printf("adam-to-fused-kernel (moved update), %d steps: largest difference from the plain fused step %.3g\n", steps,
                 worst);
   }
 }

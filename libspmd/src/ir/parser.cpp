@@ -33,17 +33,16 @@ class Parser {
  public:
   Graph parse(const std::string& text) {
     size_t start = 0;
-    int lineNo = 0;
     bool sawHeader = false;
     while (start < text.size()) {
       size_t end = text.find('\n', start);
       if (end == std::string::npos) end = text.size();
       std::string line = text.substr(start, end - start);
       if (!line.empty() && line.back() == '\r') line.pop_back();
-      ++lineNo;
+      ++lineNo_;
       start = end + 1;
       if (isComment(line)) continue;
-      Cursor c(line, lineNo);
+      Cursor c(line, lineNo_);
       c.skipSpaces();
       if (!sawHeader) {
         parseHeader(c);
@@ -53,11 +52,13 @@ class Parser {
       parseStatement(c);
     }
     // At the end of input: the last line.
-    const std::string last = std::to_string(std::max(lineNo, 1)) + ":1";
+    const std::string last = std::to_string(std::max(lineNo_, 1)) + ":1";
     if (!sawHeader) throw Diagnostic(last, "expected 'graph', got end of input");
     if (!sawReturn_) throw Diagnostic(last, "expected 'return (...)' before the end of input");
     return std::move(graph_);
   }
+
+  const std::vector<int>& nodeLines() const { return nodeLines_; }
 
   static bool isComment(const std::string& line) {
     size_t i = 0;
@@ -300,6 +301,7 @@ class Parser {
     size_t k = 0;
     for (bool p : present) node.outputs.push_back(p ? graph_.addValue(std::move(outs[k++])) : kNoValue);
     graph_.addNode(std::move(node));
+    nodeLines_.push_back(lineNo_);
   }
 
   // "models.py:24 role=forward bucket=0 partition=1 iteration=previous":
@@ -567,11 +569,19 @@ class Parser {
   std::set<std::string> pending_;  // results of the node being read
   Section section_ = Section::Inputs;
   bool sawReturn_ = false;
+  int lineNo_ = 0;               // of the statement being read
+  std::vector<int> nodeLines_;  // the line of each node, in program order
 };
 
 }  // namespace
 
 Graph parseListing(const std::string& text) { return Parser().parse(text); }
+
+std::vector<int> listingNodeLines(const std::string& text) {
+  Parser parser;
+  parser.parse(text);
+  return parser.nodeLines();
+}
 
 bool looksLikeListing(const std::string& text) {
   size_t start = 0;

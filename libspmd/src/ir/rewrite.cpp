@@ -1,8 +1,12 @@
 #include "spmd/ir/rewrite.h"
 
+#include "spmd/ops/dispatch.h"
+#include "spmd/support/diagnostic.h"
+
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
@@ -15,6 +19,31 @@ RewritePattern::RewritePattern(std::string name, std::initializer_list<const cha
 
 std::string noteWhere(const Node& node) {
   return node.qualifiedName() + (node.meta.source.empty() ? "" : " at " + node.meta.source);
+}
+
+size_t argumentIndex(OpName op, std::string_view name) {
+  static std::map<std::pair<uint32_t, std::string>, size_t> known;  // patterns ask the same few, often
+  std::pair<uint32_t, std::string> key{op.id(), std::string(name)};
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  const std::string& qualified = op.str();
+  const size_t dot = qualified.find('.', qualified.find("::"));
+  const std::optional<c10::OperatorHandle> handle =
+      findOperator(qualified.substr(0, dot), dot == std::string::npos ? "" : qualified.substr(dot + 1));
+  if (!handle) throw std::logic_error("no operator " + qualified);
+  const auto& arguments = handle->schema().arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (arguments[i].name() == name) return known[key] = i;
+  }
+  throw std::logic_error(qualified + " has no argument '" + std::string(name) + "'");
+}
+
+const Arg& argument(const Node& n, std::string_view name) {
+  const size_t i = argumentIndex(n.name(), name);
+  if (i >= n.args.size()) {
+    throw std::logic_error(n.qualifiedName() + " has " + std::to_string(n.args.size()) + " arguments, not '" +
+                           std::string(name) + "'");
+  }
+  return n.args[i];
 }
 
 const Node* producerOf(const Graph& g, const Node& n, size_t index, OpName op) {
@@ -117,6 +146,13 @@ RewriteCounts applyPatternsGreedily(Graph& g, const std::vector<RewritePattern*>
     }
   }
   throw std::logic_error("applyPatternsGreedily: the patterns still apply after " + std::to_string(kMaxSweeps) + " sweeps");
+}
+
+RewriteCounts applyPatternsNotingFailures(Graph& g, const std::vector<RewritePattern*>& patterns,
+                                          DiagnosticEngine& diagnostics, const std::string& failurePrefix) {
+  return applyPatternsGreedily(g, patterns, [&](const PatternFailure& f) {
+    diagnostics.note(noteWhere(*f.node), failurePrefix + f.why);
+  });
 }
 
 }  // namespace spmd

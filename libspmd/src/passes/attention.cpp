@@ -10,7 +10,7 @@
 // boolean or additive mask stays the node's argument, marked causal where
 // it is the causal one. Dropout gets its keep mask drawn here (aten::rand,
 // aten::ge.Scalar), an input of the node, so that forward and backward drop
-// the same probabilities on the CPU; fuse-attention hands dropout to the
+// the same probabilities on the CPU; attention-to-fused-kernel hands dropout to the
 // fused kernels instead. A call not taken stays as it is, with a note.
 //
 // Attention written out by hand:
@@ -40,6 +40,7 @@
 // forward graph.
 #include "spmd/ir/boxing.h"
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/ops/op_traits.h"
 #include "spmd/ops/spmd_ops.h"
 #include "spmd/passes/pass.h"
@@ -409,34 +410,49 @@ void replaceSdpa(Graph& g, const Node& n, const SdpaCall& call, BufferValues* bu
              Arg::ofBool(call.enableGqa)});
 }
 
-std::string where(const Node& n) {
-  return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
-}
+// F.scaled_dot_product_attention as one spmd::attention node, or a note
+// saying why it stays SDPA's math.
+class SdpaToAttention final : public RewritePattern {
+ public:
+  explicit SdpaToAttention(BufferValues* buffers)
+      : RewritePattern("sdpa-to-attention", {"aten::scaled_dot_product_attention"}), buffers_(buffers) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& n) override {
+    const std::variant<SdpaCall, std::string> call = readSdpaCall(g, n);
+    if (const std::string* why = std::get_if<std::string>(&call)) return MatchResult::failure(*why);
+    replaceSdpa(g, n, std::get<SdpaCall>(call), buffers_);
+    return MatchResult::success();
+  }
+
+ private:
+  BufferValues* buffers_;
+};
+
+// A model's own attention, matmul to matmul, as one spmd::attention node.
+class MatmulChainToAttention final : public RewritePattern {
+ public:
+  explicit MatmulChainToAttention(BufferValues* buffers)
+      : RewritePattern("matmul-chain-to-attention", {"aten::matmul"}), buffers_(buffers) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& n) override {
+    const std::optional<Chain> chain = matchChain(g, n, buffers_);
+    if (!chain) return MatchResult::skip();
+    replace(g, *chain);
+    return MatchResult::success();
+  }
+
+ private:
+  BufferValues* buffers_;
+};
 
 class AttentionPass final : public Pass {
  public:
   explicit AttentionPass(BufferValues* buffers) : buffers_(buffers) {}
 
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    bool changed = false;
-    for (const Node* n : snapshot(g.nodes())) {
-      if (n->is(ops().scaled_dot_product_attention)) {
-        const std::variant<SdpaCall, std::string> call = readSdpaCall(g, *n);
-        if (const std::string* why = std::get_if<std::string>(&call)) {
-          diagnostics.note(where(*n), "attention: left as SDPA's math: " + *why);
-          continue;
-        }
-        replaceSdpa(g, *n, std::get<SdpaCall>(call), buffers_);
-        changed = true;
-        continue;
-      }
-      if (!n->is(ops().matmul)) continue;
-      const std::optional<Chain> chain = matchChain(g, *n, buffers_);
-      if (!chain) continue;
-      replace(g, *chain);
-      changed = true;
-    }
-    return changed;  // the transposed key and the scale's 0-dim tensor are left to dce
+    SdpaToAttention sdpa(buffers_);
+    MatmulChainToAttention chains(buffers_);
+    const int replaced = applyPatternsNotingFailures(g, {&sdpa, &chains},
+                                                     diagnostics, "match-attention: left as SDPA's math: ").total();
+    return replaced > 0;  // the transposed key and the scale's 0-dim tensor are left to dce
   }
 
  private:

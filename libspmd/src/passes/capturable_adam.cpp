@@ -1,4 +1,4 @@
-// capturable-adam (spmd-lower runs it for --device cuda): Adam's update as torch.optim's
+// adam-to-capturable-foreach (spmd-lower runs it for --device cuda): Adam's update as torch.optim's
 // capturable foreach Adam computes it, which reads and writes each tensor
 // fewer times:
 //   exp_avg * beta1 + grad * (1 - beta1)     ->  lerp(exp_avg, grad, 1 - beta1)
@@ -11,18 +11,17 @@
 // parity oracle's.
 #include "spmd/ir/builder.h"
 #include "spmd/ir/optimizer_state.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
-#include <algorithm>
+#include <optional>
 
 namespace spmd {
 namespace {
 
 // The ops this file matches (ir/op_name.h).
 struct Ops {
-  OpName add_Tensor = OpName::known("aten::add.Tensor");
-  OpName addcdiv = OpName::known("aten::addcdiv");
   OpName mul_Scalar = OpName::known("aten::mul.Scalar");
   OpName mul_Tensor = OpName::known("aten::mul.Tensor");
   OpName add_Scalar = OpName::known("aten::add.Scalar");
@@ -44,7 +43,7 @@ const Node* soleUse(const Graph& g, ValueId v, OpName op) {
 
 struct LerpMatch {
   const Node* add;  // add.Tensor(mul, grad, 1 - beta1)
-  const Node* mul;  // mul.Scalar(exp_avg, beta1), dropped
+  const Node* mul;  // mul.Scalar(exp_avg, beta1), left unread
 };
 
 struct StepSizeMatch {
@@ -54,67 +53,45 @@ struct StepSizeMatch {
   const Node* quotient;  // div.Tensor(sqrt_v, c)
 };
 
-class Rewriter {
+// What both patterns read of the graph.
+class AdamMatcher {
  public:
-  explicit Rewriter(Graph& g) : g_(g) {}
+  explicit AdamMatcher(const Graph& g) : g_(g) {}
 
   // exp_avg.mul(beta1).add(grad, alpha=1 - beta1), the new value of an
   // exp_avg state input.
-  void matchLerp(const Node& add) {
-    if (!add.is(ops().add_Tensor) || add.meta.role != NodeRole::Optimizer || add.args.size() != 3 ||
-        !isScalar(add.args[2]) || add.args[0].kind != Arg::Kind::Value) {
-      return;
+  std::optional<LerpMatch> matchLerp(const Node& add) const {
+    if (add.meta.role != NodeRole::Optimizer || add.args.size() != 3 || !isScalar(add.args[2]) ||
+        add.args[0].kind != Arg::Kind::Value) {
+      return std::nullopt;
     }
     const Node* mul = soleUse(g_, add.args[0].value, ops().mul_Scalar);
     if (!mul || mul->args[0].kind != Arg::Kind::Value || !isScalar(mul->args[1]) ||
         scalarOf(add.args[2]) != 1.0 - scalarOf(mul->args[1]) || !updatesExpAvg(add.outputs[0])) {
-      return;
+      return std::nullopt;
     }
-    lerps_.push_back({&add, mul});
+    return LerpMatch{&add, mul};
   }
 
   // param.addcdiv(exp_avg * n, sqrt(v) / c + eps, 1), with n = -step_size
   // and c = bias_correction2_sqrt both 0-dim.
-  void matchStepSize(const Node& addcdiv) {
-    if (!addcdiv.is(ops().addcdiv) || addcdiv.meta.role != NodeRole::Optimizer || addcdiv.args.size() != 4 ||
+  std::optional<StepSizeMatch> matchStepSize(const Node& addcdiv) const {
+    if (addcdiv.meta.role != NodeRole::Optimizer || addcdiv.args.size() != 4 ||
         addcdiv.args[1].kind != Arg::Kind::Value || addcdiv.args[2].kind != Arg::Kind::Value ||
         !isScalar(addcdiv.args[3]) || scalarOf(addcdiv.args[3]) != 1.0) {
-      return;
+      return std::nullopt;
     }
     const Node* scaled = soleUse(g_, addcdiv.args[1].value, ops().mul_Tensor);
     const Node* denom = soleUse(g_, addcdiv.args[2].value, ops().add_Scalar);
     if (!scaled || !denom || !isScalar(denom->args[1]) || !isScalar(denom->args[2]) || scalarOf(denom->args[2]) != 1.0) {
-      return;
+      return std::nullopt;
     }
     const Node* quotient = soleUse(g_, denom->args[0].value, ops().div_Tensor);
     if (!quotient || !g_.value(scaled->args[1].value).shape.empty() || !g_.value(quotient->args[1].value).shape.empty() ||
         !isNonZeroStepSize(scaled->args[1].value)) {
-      return;
+      return std::nullopt;
     }
-    steps_.push_back({&addcdiv, scaled, denom, quotient});
-  }
-
-  // Rewrites the matches in place, dropping what they no longer read;
-  // returns their count.
-  size_t apply() {
-    std::vector<const Node*> dropped;
-    for (const LerpMatch& m : lerps_) {
-      dropped.push_back(m.mul);
-      rewriteLerp(m);
-    }
-    for (const StepSizeMatch& m : steps_) {
-      dropped.insert(dropped.end(), {m.quotient, m.denom, m.scaled});
-      rewriteStepSize(m);
-    }
-    // Readers before what they read: a quotient's denom goes first.
-    std::sort(dropped.begin(), dropped.end(), [&](const Node* a, const Node* b) { return g_.indexOf(*a) > g_.indexOf(*b); });
-    for (const Node* n : dropped) g_.erase(*n);
-    return lerps_.size() + steps_.size();
-  }
-
-  std::string summary() const {
-    return std::to_string(lerps_.size()) + " first-moment updates as lerp, " + std::to_string(steps_.size()) +
-           " parameter updates with the step size in the denominator";
+    return StepSizeMatch{&addcdiv, scaled, denom, quotient};
   }
 
  private:
@@ -139,56 +116,73 @@ class Rewriter {
     return false;
   }
 
-  void rewriteLerp(const LerpMatch& m) {
-    GraphBuilder b(g_);
-    b.setMeta(m.add->meta);
-    const std::vector<Arg> args = {m.mul->args[0], m.add->args[1], m.add->args[2]};
-    b.replace(*m.add, "aten::lerp.Scalar", args);
-  }
+  const Graph& g_;
+};
 
-  void rewriteStepSize(const StepSizeMatch& m) {
-    GraphBuilder b(g_);
-    b.setInsertionPoint(*m.addcdiv);
-    b.setMeta(m.addcdiv->meta);
-    const ValueId n = m.scaled->args[1].value, c = m.quotient->args[1].value;
-    const ValueId k = b.call("aten::mul.Tensor", {Arg::tensor(c), Arg::tensor(n)}, "denom_scale");
-    const ValueId q = b.call("aten::div.Tensor", {m.quotient->args[0], Arg::tensor(k)}, "denom");
-    const ValueId eps = b.call("aten::full_like", {Arg::tensor(n), m.denom->args[1], dtypeArg(g_.value(n).dtype), Arg::none(),
-                                                   Arg::none(), Arg::none(), Arg::none()},
-                               "eps");
-    const ValueId epsScaled = b.call("aten::div.Tensor", {Arg::tensor(eps), Arg::tensor(n)}, "eps_scaled");
-    const ValueId d = b.call("aten::add.Tensor", {Arg::tensor(q), Arg::tensor(epsScaled), Arg::ofInt(1)}, "denom");
-    const std::vector<Arg> args = {m.addcdiv->args[0], m.scaled->args[0], Arg::tensor(d), Arg::ofInt(1)};
-    b.replace(*m.addcdiv, "aten::addcdiv", args);
-  }
+void rewriteLerp(Graph& g, const LerpMatch& m) {
+  GraphBuilder b(g);
+  b.setMeta(m.add->meta);
+  const std::vector<Arg> args = {m.mul->args[0], m.add->args[1], m.add->args[2]};
+  b.replace(*m.add, "aten::lerp.Scalar", args);
+}
 
-  Graph& g_;
-  std::vector<LerpMatch> lerps_;
-  std::vector<StepSizeMatch> steps_;
+void rewriteStepSize(Graph& g, const StepSizeMatch& m) {
+  GraphBuilder b(g);
+  b.setInsertionPoint(*m.addcdiv);
+  b.setMeta(m.addcdiv->meta);
+  const ValueId n = m.scaled->args[1].value, c = m.quotient->args[1].value;
+  const ValueId k = b.call("aten::mul.Tensor", {Arg::tensor(c), Arg::tensor(n)}, "denom_scale");
+  const ValueId q = b.call("aten::div.Tensor", {m.quotient->args[0], Arg::tensor(k)}, "denom");
+  const ValueId eps = b.call("aten::full_like", {Arg::tensor(n), m.denom->args[1], dtypeArg(g.value(n).dtype), Arg::none(),
+                                                 Arg::none(), Arg::none(), Arg::none()},
+                             "eps");
+  const ValueId epsScaled = b.call("aten::div.Tensor", {Arg::tensor(eps), Arg::tensor(n)}, "eps_scaled");
+  const ValueId d = b.call("aten::add.Tensor", {Arg::tensor(q), Arg::tensor(epsScaled), Arg::ofInt(1)}, "denom");
+  const std::vector<Arg> args = {m.addcdiv->args[0], m.scaled->args[0], Arg::tensor(d), Arg::ofInt(1)};
+  b.replace(*m.addcdiv, "aten::addcdiv", args);
+}
+
+// The matched nodes the rewrites no longer read (the mul, the old
+// denominator) are left to dce, so that the new values are named beside
+// them as they always were.
+class LerpPattern final : public RewritePattern {
+ public:
+  LerpPattern() : RewritePattern("exp-avg-as-lerp", {"aten::add.Tensor"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& add) override {
+    const std::optional<LerpMatch> m = AdamMatcher(g).matchLerp(add);
+    if (!m) return MatchResult::skip();
+    rewriteLerp(g, *m);
+    return MatchResult::success();
+  }
+};
+
+class StepSizePattern final : public RewritePattern {
+ public:
+  StepSizePattern() : RewritePattern("step-size-in-denominator", {"aten::addcdiv"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& addcdiv) override {
+    const std::optional<StepSizeMatch> m = AdamMatcher(g).matchStepSize(addcdiv);
+    if (!m) return MatchResult::skip();
+    rewriteStepSize(g, *m);
+    return MatchResult::success();
+  }
 };
 
 class CapturableAdamPass final : public Pass {
  public:
-  bool run(Graph& g, DiagnosticEngine& diagnostics) override;
+  bool run(Graph& g, DiagnosticEngine&) override;
 };
 
 }  // namespace
 
 std::unique_ptr<Pass> createCapturableAdamPass(const PipelineOptions&) { return std::make_unique<CapturableAdamPass>(); }
 
-bool CapturableAdamPass::run(Graph& g, DiagnosticEngine& diagnostics) {
-  Rewriter rewriter(g);
-  for (const Node& n : g.nodes()) {
-    rewriter.matchLerp(n);
-    rewriter.matchStepSize(n);
-  }
-  const size_t rewritten = rewriter.apply();
-  if (rewritten > 0) {
-    diagnostics.note("capturable-adam: " + rewriter.summary() +
-                             ", as torch.optim's capturable foreach Adam computes them (equal to the CPU lowering's to "
-                             "rounding)");
-  }
-  return rewritten > 0;
+bool CapturableAdamPass::run(Graph& g, DiagnosticEngine&) {
+  LerpPattern lerps;
+  StepSizePattern stepSizes;
+  const RewriteCounts applied = applyPatternsGreedily(g, {&lerps, &stepSizes}, nullptr);
+  count("first-moment update(s) as lerp", applied.applied[0]);
+  count("parameter update(s) with the step size in the denominator", applied.applied[1]);
+  return applied.total() > 0;
 }
 
 }  // namespace spmd

@@ -1,5 +1,5 @@
 // Matching autocast's casts: the fusion passes that take a pattern with an
-// aten::_to_copy between its ops (fuse-layer-norm, fuse-cross-entropy) share
+// aten::_to_copy between its ops (layer-norm-to-kernel, cross-entropy-to-kernel) share
 // what counts as a plain cast. Internal to passes/.
 #pragma once
 #include "spmd/ir/graph.h"

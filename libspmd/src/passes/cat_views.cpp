@@ -94,12 +94,10 @@ class CatOfReshapes final : public RewritePattern {
 
 class CatViewsPass final : public Pass {
  public:
-  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+  bool run(Graph& g, DiagnosticEngine&) override {
     CatOfReshapes pattern;
     const int rewritten = applyPatternsGreedily(g, {&pattern}, nullptr).total();
-    if (rewritten > 0) {
-      diagnostics.note("cat-views: " + std::to_string(rewritten) + " cat(s) read the tensors their inputs reshape, their copies gone");
-    }
+    count("cat(s) read the tensors their inputs reshape, their copies gone", rewritten);
     return rewritten > 0;
   }
 };

@@ -57,13 +57,9 @@ class EagerBatchNormPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
     BatchNormAsEager pattern;
-    const int taken = applyPatternsGreedily(g, {&pattern}, [&](const PatternFailure& f) {
-                        diagnostics.note(noteWhere(*f.node), "eager-batch-norm: native kernels kept: " + f.why);
-                      }).total();
-    if (taken > 0) {
-      diagnostics.note("eager-batch-norm: " + std::to_string(taken) +
-                       " BatchNorm(s) through _batch_norm_with_update's choice of kernels (cuDNN where eager uses it)");
-    }
+    const int taken = applyPatternsNotingFailures(g, {&pattern},
+                                                  diagnostics, "eager-batch-norm: native kernels kept: ").total();
+    count("BatchNorm(s) through _batch_norm_with_update's choice of kernels (cuDNN where eager uses it)", taken);
     return taken > 0;
   }
 };

@@ -72,10 +72,10 @@ std::unique_ptr<Pass> createEmbeddingGradPass(const PipelineOptions&) { return s
 bool EmbeddingGradPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   EmbeddingGradToIndexAdd pattern;
   const int rewritten = applyPatternsGreedily(g, {&pattern}, nullptr).total();
+  count("embedding_dense_backward(s) as index_add, which a CUDA graph can hold", rewritten);
   if (rewritten > 0) {
-    diagnostics.note("embedding-grad: " + std::to_string(rewritten) +
-                             " embedding_dense_backward became index_add, which a CUDA graph can hold; on CUDA its "
-                             "atomic adds make those gradients not bit-reproducible from run to run");
+    diagnostics.note("embedding-grad: on CUDA, index_add's atomic adds make those gradients not bit-reproducible "
+                     "from run to run");
   }
   return rewritten > 0;
 }

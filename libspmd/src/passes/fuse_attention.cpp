@@ -1,4 +1,4 @@
-// fuse-attention (spmd-lower runs it for --device cuda): each spmd::attention
+// attention-to-fused-kernel (spmd-lower runs it for --device cuda): each spmd::attention
 // and its spmd::attention_backward become spmd::fused_attention(_backward),
 // which call ATen's fused kernel; the forward's logsumexp and random state
 // go to the backward, which no longer recomputes the attention.
@@ -23,6 +23,7 @@
 // 8, a causal mask only where queries and keys are as many. What is not
 // taken keeps its math kernels, with a note saying why.
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/ops/attention_codegen.h"
 #include "spmd/ops/spmd_ops.h"
 #include "spmd/passes/pass.h"
@@ -39,13 +40,8 @@ namespace {
 // The ops this file matches (ir/op_name.h).
 struct Ops {
   OpName spmd_attention_backward = OpName::known("spmd::attention_backward");
-  OpName spmd_attention = OpName::known("spmd::attention");
 };
 const Ops& ops() { return opTable<Ops>(); }
-
-std::string where(const Node& n) {
-  return n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source);
-}
 
 const Value& valueAt(const Graph& g, const Node& a, size_t i) { return g.value(a.args[i].value); }
 bool hasMask(const Node& a) { return a.args[kAttentionMask].kind == Arg::Kind::Value; }
@@ -186,30 +182,42 @@ void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kern
   g.erase(*backward);
 }
 
+// Rooted at the forward; its backward goes with it.
+class AttentionToFusedKernel final : public RewritePattern {
+ public:
+  AttentionToFusedKernel(std::string kernel, bool generated, std::map<std::string, int>& fused)
+      : RewritePattern("attention-to-fused-kernel", {"spmd::attention"}),
+        kernel_(std::move(kernel)),
+        generated_(generated),
+        fused_(fused) {}
+
+  MatchResult matchAndRewrite(Graph& g, const Node& a) override {
+    if (const std::optional<std::string> why = whyNotFused(g, a)) return MatchResult::failure(*why);
+    const std::string kernel = kernelFor(g, a, kernel_, generated_);
+    fuse(g, a, backwardOf(g, a), kernel);
+    ++fused_[kernel];
+    return MatchResult::success();
+  }
+
+ private:
+  std::string kernel_;
+  bool generated_;
+  std::map<std::string, int>& fused_;  // attentions fused, by kernel
+};
+
 class FuseAttentionPass final : public Pass {
  public:
   FuseAttentionPass(std::string kernel, bool generated) : kernel_(std::move(kernel)), generated_(generated) {}
 
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    std::vector<const Node*> attentions;
-    for (const Node& n : g.nodes()) {
-      if (n.is(ops().spmd_attention)) attentions.push_back(&n);
-    }
-    if (attentions.empty() || kernel_ == "math") return false;
+    if (kernel_ == "math") return false;
     std::map<std::string, int> fused;
-    for (const Node* a : attentions) {
-      if (const std::optional<std::string> why = whyNotFused(g, *a)) {
-        diagnostics.note(where(*a), "fuse-attention: not fused: " + *why);
-        continue;
-      }
-      const std::string kernel = kernelFor(g, *a, kernel_, generated_);
-      fuse(g, *a, backwardOf(g, *a), kernel);
-      ++fused[kernel];
-    }
-    for (const auto& [kernel, count] : fused) {
-      diagnostics.note("fuse-attention: " + std::to_string(count) + " attention(s) run " +
-                       (kernel == "gemm" ? std::string("batched GEMMs around a generated softmax (gemm)")
-                                         : "ATen's " + kernel + " attention kernel"));
+    AttentionToFusedKernel pattern(kernel_, generated_, fused);
+    applyPatternsNotingFailures(g, {&pattern}, diagnostics, "attention-to-fused-kernel: not fused: ");
+    for (const auto& [kernel, n] : fused) {
+      count("attention(s) run " + (kernel == "gemm" ? std::string("batched GEMMs around a generated softmax (gemm)")
+                                                     : "ATen's " + kernel + " attention kernel"),
+            n);
     }
     return !fused.empty();  // the keep masks spmd-expand drew for dropout are left to dce
   }

@@ -1,4 +1,4 @@
-// fuse-column-sum (spmd-lower runs it for --device cuda, with generated
+// column-sum-to-kernel (spmd-lower runs it for --device cuda, with generated
 // kernels): a sum over every dimension but the last, which is what a Linear
 // bias's gradient records,
 //
@@ -51,7 +51,8 @@ class ColumnSumToKernel final : public RewritePattern {
   ColumnSumToKernel() : RewritePattern("column-sum-to-kernel", {"aten::sum.dim_IntList"}) {}
   MatchResult matchAndRewrite(Graph& g, const Node& n) override {
     if (n.args.size() != 4) return MatchResult::skip();
-    const Arg &x = n.args[0], &dims = n.args[1], &keepdim = n.args[2], &dtype = n.args[3];
+    const Arg &x = argument(n, "self"), &dims = argument(n, "dim"), &keepdim = argument(n, "keepdim"),
+              &dtype = argument(n, "dtype");
     if (x.kind != Arg::Kind::Value || dims.kind != Arg::Kind::Ints || keepdim.kind != Arg::Kind::Bool) {
       return MatchResult::skip();
     }
@@ -70,10 +71,9 @@ class ColumnSumToKernel final : public RewritePattern {
 class FuseColumnSumPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    const int fused = applyPatternsGreedily(g, {&pattern_}, [&](const PatternFailure& f) {
-                        diagnostics.note(noteWhere(*f.node), "fuse-column-sum: not fused: " + f.why);
-                      }).total();
-    if (fused > 0) diagnostics.note("fuse-column-sum: " + std::to_string(fused) + " sum(s) over the rows as generated kernels");
+    const int fused = applyPatternsNotingFailures(g, {&pattern_},
+                                                  diagnostics, "column-sum-to-kernel: not fused: ").total();
+    count("sum(s) over the rows as generated kernels", fused);
     return fused > 0;
   }
 

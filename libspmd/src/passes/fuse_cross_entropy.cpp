@@ -1,4 +1,4 @@
-// fuse-cross-entropy (spmd-lower runs it for --device cuda, with generated
+// cross-entropy-to-kernel (spmd-lower runs it for --device cuda, with generated
 // kernels): the four ATen ops of a cross-entropy loss and its backward,
 //
 //   %lp = aten::_log_softmax(%x, 1, False)
@@ -28,6 +28,7 @@
 // bf16 where the graph held them so. The values keep their names.
 #include "cast_match.h"
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -44,7 +45,6 @@ struct Ops {
   OpName _log_softmax_backward_data = OpName::known("aten::_log_softmax_backward_data");
   OpName nll_loss_forward = OpName::known("aten::nll_loss_forward");
   OpName ones_like = OpName::known("aten::ones_like");
-  OpName _log_softmax = OpName::known("aten::_log_softmax");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
@@ -229,26 +229,27 @@ void fuse(Graph& g, const CrossEntropy& ce) {
   eraseForward(g, ce);
 }
 
+// Rooted at the log_softmax: the loss and its backward found from there.
+class CrossEntropyToKernel final : public RewritePattern {
+ public:
+  CrossEntropyToKernel() : RewritePattern("cross-entropy-to-kernel", {"aten::_log_softmax"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& logSoftmax) override {
+    std::string why;
+    const std::optional<CrossEntropy> ce = match(g, logSoftmax, why);
+    if (!ce) return why.empty() ? MatchResult::skip() : MatchResult::failure(why);
+    fuse(g, *ce);
+    return MatchResult::success();
+  }
+};
+
 class FuseCrossEntropyPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    std::vector<CrossEntropy> found;
-    for (const Node& n : g.nodes()) {
-      if (!n.is(ops()._log_softmax)) continue;
-      std::string why;
-      if (auto ce = match(g, n, why)) {
-        found.push_back(*ce);
-      } else if (!why.empty()) {
-        diagnostics.note(n.qualifiedName() + (n.meta.source.empty() ? "" : " at " + n.meta.source),
-                         "fuse-cross-entropy: not fused: " + why);
-      }
-    }
-    for (const CrossEntropy& ce : found) fuse(g, ce);
-    if (!found.empty()) {
-      diagnostics.note("fuse-cross-entropy: " + std::to_string(found.size()) +
-                       " log_softmax + nll_loss pair(s) as generated kernels");
-    }
-    return !found.empty();
+    CrossEntropyToKernel pattern;
+    const int fused = applyPatternsNotingFailures(g, {&pattern},
+                                                  diagnostics, "cross-entropy-to-kernel: not fused: ").total();
+    count("log_softmax + nll_loss pair(s) as generated kernels", fused);
+    return fused > 0;
   }
 };
 

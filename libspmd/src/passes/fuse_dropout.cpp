@@ -1,4 +1,4 @@
-// fuse-dropout (spmd-lower runs it for --device cuda, with generated kernels,
+// dropout-mask-in-kernel (spmd-lower runs it for --device cuda, with generated kernels,
 // before fuse-rows and fuse-pointwise): dropout's mask is drawn inside the
 // generated kernels that use it instead of being stored. Dropout with p > 0
 // records LibTorch's decomposition, and its backward reads the same mask:
@@ -31,6 +31,7 @@
 // broadcasts), masks the step returns or reads otherwise.
 #include "pointwise_groups.h"
 #include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -49,7 +50,6 @@ struct Ops {
   OpName div_Scalar = OpName::known("aten::div.Scalar");
   OpName mul_Tensor = OpName::known("aten::mul.Tensor");
   OpName empty_like = OpName::known("aten::empty_like");
-  OpName bernoulli_p = OpName::known("aten::bernoulli.p");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
@@ -163,30 +163,27 @@ void rewrite(Graph& g, const Dropout& d) {
   }
 }
 
+// Rooted at the mask's bernoulli: a rewrite erases and replaces nodes after
+// its mask, never another mask.
+class DropoutMaskInKernel final : public RewritePattern {
+ public:
+  DropoutMaskInKernel() : RewritePattern("dropout-mask-in-kernel", {"aten::bernoulli.p"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& bernoulli) override {
+    std::string why;
+    const std::optional<Dropout> d = DropoutMatcher(g).match(bernoulli, why);
+    if (!d) return why.empty() ? MatchResult::skip() : MatchResult::failure(why);
+    rewrite(g, *d);
+    return MatchResult::success();
+  }
+};
+
 class FuseDropoutPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    const DropoutMatcher matcher(g);
-    std::vector<const Node*> masks;
-    for (const Node& n : g.nodes()) {
-      if (n.is(ops().bernoulli_p)) masks.push_back(&n);
-    }
-    // Each is matched in the graph as the rewrites before it left it: a
-    // rewrite erases and replaces nodes after its mask, never another mask.
-    int taken = 0;
-    for (const Node* n : masks) {
-      std::string why;
-      if (auto d = matcher.match(*n, why)) {
-        rewrite(g, *d);
-        ++taken;
-      } else {
-        diagnostics.note(n->qualifiedName() + (n->meta.source.empty() ? "" : " at " + n->meta.source),
-                         "fuse-dropout: not fused: " + why);
-      }
-    }
-    if (taken > 0) {
-      diagnostics.note("fuse-dropout: " + std::to_string(taken) + " dropout mask(s) drawn inside generated kernels, none stored");
-    }
+    DropoutMaskInKernel pattern;
+    const int taken = applyPatternsNotingFailures(g, {&pattern},
+                                                  diagnostics, "dropout-mask-in-kernel: not fused: ").total();
+    count("dropout mask(s) drawn inside generated kernels, none stored", taken);
     return taken > 0;
   }
 };

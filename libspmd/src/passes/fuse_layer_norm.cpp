@@ -1,4 +1,4 @@
-// fuse-layer-norm (spmd-lower runs it for --device cuda, with generated
+// layer-norm-to-kernel (spmd-lower runs it for --device cuda, with generated
 // kernels): aten::native_layer_norm and aten::native_layer_norm_backward
 // become spmd::layer_norm and spmd::layer_norm_backward (ops/layer_norm_ops.cpp),
 // generated kernels that take in the ops next to them that only move bytes:
@@ -181,17 +181,16 @@ class FuseLayerNormPass final : public Pass {
     LayerNormPattern forward("layer-norm-to-kernel", "aten::native_layer_norm", 5, &fuseForward, counts);
     LayerNormPattern backward("layer-norm-backward-to-kernel", "aten::native_layer_norm_backward", 8, &fuseBackward,
                               counts);
-    const RewriteCounts applied = applyPatternsGreedily(g, {&forward, &backward}, [&](const PatternFailure& f) {
-      diagnostics.note(noteWhere(*f.node), "fuse-layer-norm: not fused: " + f.why);
-    });
+    const RewriteCounts applied = applyPatternsNotingFailures(g, {&forward, &backward},
+                                                              diagnostics, "layer-norm-to-kernel: not fused: ");
     counts.forward = applied.applied[0];
     counts.backward = applied.applied[1];
     if (counts.forward + counts.backward == 0) return false;
-    diagnostics.note("fuse-layer-norm: " + std::to_string(counts.forward) + " LayerNorm(s) and " +
-                     std::to_string(counts.backward) + " backward(s) as generated kernels, with " +
-                     std::to_string(counts.casts) + " cast(s), " + std::to_string(counts.residualAdds) +
-                     " residual add(s) and " + std::to_string(counts.residualGradients) +
-                     " residual gradient add(s) taken in");
+    count("LayerNorm(s) as generated kernels", counts.forward);
+    count("backward(s) as generated kernels", counts.backward);
+    count("cast(s) taken in", counts.casts);
+    count("residual add(s) taken in", counts.residualAdds);
+    count("residual gradient add(s) taken in", counts.residualGradients);
     return true;
   }
 };

@@ -1,4 +1,4 @@
-// fuse-optimizer: the optimizer's per-parameter element-wise ops become
+// optimizer-to-foreach: the optimizer's per-parameter element-wise ops become
 // LibTorch's multi-tensor _foreach_* ops, one call per group of like ops, as
 // torch.optim's foreach implementations do. On CUDA one call launches a few
 // kernels for all parameters instead of one kernel per parameter.
@@ -32,14 +32,6 @@
 namespace spmd {
 namespace {
 
-// The ops this file matches (ir/op_name.h).
-struct Ops {
-  OpName spmd_bucket_wait = OpName::known("spmd::bucket_wait");
-  OpName rsub_Scalar = OpName::known("aten::rsub.Scalar");
-  OpName full_like = OpName::known("aten::full_like");
-};
-const Ops& ops() { return opTable<Ops>(); }
-
 struct ForeachForm {
   const char* op;
   const char* overload;
@@ -48,24 +40,37 @@ struct ForeachForm {
   bool scalarFirst = false;  // pow.Scalar: one constant, then the tensor
 };
 
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName spmd_bucket_wait = OpName::known("spmd::bucket_wait");
+  OpName rsub_Scalar = OpName::known("aten::rsub.Scalar");
+  OpName full_like = OpName::known("aten::full_like");
+  OpName add_Scalar = OpName::known("aten::add.Scalar");
+  OpName pow_Scalar = OpName::known("aten::pow.Scalar");
+  // The ops whose _foreach form takes any arguments of theirs.
+  std::map<OpName, ForeachForm> foreach = {
+      {OpName::known("aten::mul.Scalar"), {"aten::_foreach_mul", "Scalar", 1, 1}},
+      {OpName::known("aten::add.Tensor"), {"aten::_foreach_add", "List", 2, 1}},
+      {OpName::known("aten::sub.Tensor"), {"aten::_foreach_sub", "List", 2, 1}},
+      {OpName::known("aten::mul.Tensor"), {"aten::_foreach_mul", "List", 2, 0}},
+      {OpName::known("aten::div.Tensor"), {"aten::_foreach_div", "List", 2, 0}},
+      {OpName::known("aten::maximum"), {"aten::_foreach_maximum", "List", 2, 0}},
+      {OpName::known("aten::addcmul"), {"aten::_foreach_addcmul", "Scalar", 3, 1}},
+      {OpName::known("aten::addcdiv"), {"aten::_foreach_addcdiv", "Scalar", 3, 1}},
+      {OpName::known("aten::sqrt"), {"aten::_foreach_sqrt", "", 1, 0}},
+      {OpName::known("aten::neg"), {"aten::_foreach_neg", "", 1, 0}},
+      {OpName::known("aten::lerp.Scalar"), {"aten::_foreach_lerp", "Scalar", 2, 1}},
+  };
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 // The _foreach form of an element-wise op, for the argument layouts the
 // optimizer pass emits; nullopt when there is none or the arguments differ.
 std::optional<ForeachForm> foreachFormOf(const Node& n) {
-  const std::string name = n.qualifiedName();
   auto isOne = [](const Arg& a) { return (a.kind == Arg::Kind::Int && a.i == 1) || (a.kind == Arg::Kind::Float && a.f == 1.0); };
-  if (name == "aten::add.Scalar" && n.args.size() == 3 && isOne(n.args[2])) return ForeachForm{"aten::_foreach_add", "Scalar", 1, 1};
-  if (name == "aten::mul.Scalar") return ForeachForm{"aten::_foreach_mul", "Scalar", 1, 1};
-  if (name == "aten::add.Tensor") return ForeachForm{"aten::_foreach_add", "List", 2, 1};
-  if (name == "aten::sub.Tensor") return ForeachForm{"aten::_foreach_sub", "List", 2, 1};
-  if (name == "aten::mul.Tensor") return ForeachForm{"aten::_foreach_mul", "List", 2, 0};
-  if (name == "aten::div.Tensor") return ForeachForm{"aten::_foreach_div", "List", 2, 0};
-  if (name == "aten::maximum") return ForeachForm{"aten::_foreach_maximum", "List", 2, 0};
-  if (name == "aten::addcmul") return ForeachForm{"aten::_foreach_addcmul", "Scalar", 3, 1};
-  if (name == "aten::addcdiv") return ForeachForm{"aten::_foreach_addcdiv", "Scalar", 3, 1};
-  if (name == "aten::sqrt") return ForeachForm{"aten::_foreach_sqrt", "", 1, 0};
-  if (name == "aten::neg") return ForeachForm{"aten::_foreach_neg", "", 1, 0};
-  if (name == "aten::lerp.Scalar") return ForeachForm{"aten::_foreach_lerp", "Scalar", 2, 1};
-  if (name == "aten::pow.Scalar" && n.args.size() == 2 && n.args[0].kind != Arg::Kind::Value &&
+  if (n.is(ops().add_Scalar) && n.args.size() == 3 && isOne(n.args[2])) return ForeachForm{"aten::_foreach_add", "Scalar", 1, 1};
+  if (auto it = ops().foreach.find(n.name()); it != ops().foreach.end()) return it->second;
+  if (n.is(ops().pow_Scalar) && n.args.size() == 2 && n.args[0].kind != Arg::Kind::Value &&
       n.args[1].kind == Arg::Kind::Value && n.outputs.size() == 1 && n.outputs[0] != kNoValue) {
     return ForeachForm{"aten::_foreach_pow", "ScalarAndTensor", 1, 1, true};
   }
@@ -213,7 +218,7 @@ std::vector<size_t> schedule(const Graph& g, const Analysis& a, const std::vecto
       if (--pending[s] == 0) ready.push({unitFirst[s], s});
     }
   }
-  if (out.size() != n) throw std::logic_error("fuse-optimizer: grouping made a cycle");
+  if (out.size() != n) throw std::logic_error("optimizer-to-foreach: grouping made a cycle");
   return out;
 }
 
@@ -280,7 +285,7 @@ bool FuseOptimizerPass::run(Graph& g, DiagnosticEngine& diagnostics) {
     fusedNodes += members.size();
   }
   if (fused.empty()) {
-    if (!unfused.empty()) diagnostics.note("fuse-optimizer: nothing fused; these have no _foreach form: " + joined(unfused));
+    if (!unfused.empty()) diagnostics.note("optimizer-to-foreach: nothing fused; these have no _foreach form: " + joined(unfused));
     return rewritten;
   }
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -299,10 +304,10 @@ bool FuseOptimizerPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   std::vector<const Node*> scheduled;
   for (size_t u : order) scheduled.push_back(unitNode[u]);
   g.reorder(scheduled);
-  if (commOrder(g.nodes()) != commBefore) throw std::logic_error("fuse-optimizer: communication reordered");
-  diagnostics.note("fuse-optimizer: " + std::to_string(fusedNodes) + " optimizer nodes became " +
-                   std::to_string(fused.size()) + " _foreach calls" +
-                   (unfused.empty() ? "" : "; these have no _foreach form: " + joined(unfused)));
+  if (commOrder(g.nodes()) != commBefore) throw std::logic_error("optimizer-to-foreach: communication reordered");
+  count("optimizer nodes fused", fusedNodes);
+  count("_foreach calls", static_cast<int64_t>(fused.size()));
+  if (!unfused.empty()) diagnostics.note("optimizer-to-foreach: these have no _foreach form: " + joined(unfused));
   return true;
 }
 

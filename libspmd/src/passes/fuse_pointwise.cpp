@@ -11,14 +11,14 @@
 // producers when it has the group's output shape, role and iteration, and no
 // node outside the group reads the group's values before it (the fused node
 // takes the place of its last member). Single ops stay as they are, but for
-// fuse-dropout's spmd::dropout_mul (whose mask only a generated kernel
+// dropout-mask-in-kernel's spmd::dropout_mul (whose mask only a generated kernel
 // draws) and a cast from bf16 or f16 up to f32 of at least kLoneCastElements
 // elements over a densely laid-out input (autocast's weight gradients, cast
 // back to the parameters' f32). ATen runs that cast with its unrolled,
 // element-at-a-time copy kernel (about 430 GB/s for gpt's gradients on an
 // H200), the generated kernel with 16-byte accesses (about 860 GB/s there).
 // Not done here: reductions (softmax, LayerNorm, sums), ops on f64 or integer
-// tensors, random ops other than fuse-dropout's masks, and views between
+// tensors, random ops other than dropout-mask-in-kernel's masks, and views between
 // members.
 #include "pointwise_groups.h"
 #include "spmd/ops/op_traits.h"
@@ -36,6 +36,11 @@ namespace {
 // The ops this file matches (ir/op_name.h).
 struct Ops {
   OpName _to_copy = OpName::known("aten::_to_copy");
+  OpName t = OpName::known("aten::t");
+  OpName _reshape_alias = OpName::known("aten::_reshape_alias");
+  OpName view = OpName::known("aten::view");
+  OpName _unsafe_view = OpName::known("aten::_unsafe_view");
+  OpName reshape = OpName::known("aten::reshape");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
@@ -58,13 +63,13 @@ std::vector<int64_t> contiguousStrides(const std::vector<int64_t>& shape) {
 bool laidOutDense(const Graph& g, ValueId v) {
   int transposes = 0;
   while (const Node* p = g.producer(v)) {
-    const std::string op = p->qualifiedName();
+    const Ops& o = ops();
     if (p->args.empty() || p->args[0].kind != Arg::Kind::Value) return true;
-    if (op == "aten::t") {
+    if (p->is(o.t)) {
       ++transposes;
-    } else if (op == "aten::_reshape_alias") {
+    } else if (p->is(o._reshape_alias)) {
       if (transposes % 2 || p->args.size() < 3 || p->args[2].ints != contiguousStrides(g.value(v).shape)) return false;
-    } else if (op == "aten::view" || op == "aten::_unsafe_view" || op == "aten::reshape") {
+    } else if (p->is(o.view) || p->is(o._unsafe_view) || p->is(o.reshape)) {
       if (transposes % 2) return false;
     } else if (hasTrait(p->op, OpTrait::StridedView)) {
       return false;
@@ -148,13 +153,11 @@ class PointwiseFuser {
 
 class FusePointwisePass : public Pass {
  public:
-  bool run(Graph& graph, DiagnosticEngine& diagnostics) override {
+  bool run(Graph& graph, DiagnosticEngine&) override {
     PointwiseFuser fuser(graph);
     const int groups = fuser.run();
-    if (groups > 0) {
-      diagnostics.note("fuse-pointwise: " + std::to_string(fuser.fusedOps()) + " element-wise ops in " +
-                       std::to_string(groups) + " generated kernels");
-    }
+    count("element-wise ops fused", fuser.fusedOps());
+    count("generated kernels", groups);
     return groups > 0;
   }
 };

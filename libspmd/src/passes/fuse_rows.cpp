@@ -16,7 +16,7 @@
 // and iteration, and no outside node reads the group's values before it. A
 // group becomes a node only if it holds a reduction; the rest is left to
 // fuse-pointwise. Not taken: reductions over other dimensions (column sums
-// are fuse-column-sum's), without keepdim, or over rows of length 0.
+// are column-sum-to-kernel's), without keepdim, or over rows of length 0.
 #include "pointwise_groups.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/pointwise_program.h"
@@ -34,6 +34,21 @@ namespace spmd {
 namespace {
 
 using P = PointwiseOp;
+
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName sum_dim_IntList = OpName::known("aten::sum.dim_IntList");
+  OpName mean_dim = OpName::known("aten::mean.dim");
+  OpName amax = OpName::known("aten::amax");
+  OpName _softmax = OpName::known("aten::_softmax");
+  OpName softmax_int = OpName::known("aten::softmax.int");
+  OpName _log_softmax = OpName::known("aten::_log_softmax");
+  OpName log_softmax_int = OpName::known("aten::log_softmax.int");
+  OpName _softmax_backward_data = OpName::known("aten::_softmax_backward_data");
+  OpName _log_softmax_backward_data = OpName::known("aten::_log_softmax_backward_data");
+  OpName expand = OpName::known("aten::expand");
+};
+const Ops& ops() { return opTable<Ops>(); }
 
 std::vector<int64_t> rowShapeOf(std::vector<int64_t> shape) {
   if (!shape.empty()) shape.back() = 1;
@@ -68,7 +83,8 @@ bool isLastDimInt(const Arg& dim, size_t rank) {
 // softmax is exp(x - max) / sum; its backward y * (g - sum(g * y)); log
 // softmax's backward g - exp(y) * sum(g)).
 std::optional<RowCandidate> translateReduction(const Graph& g, const Node& n) {
-  const std::string op = n.qualifiedName();
+  const Ops& o = ops();
+  const OpName op = n.name();
   const auto& a = n.args;
   if (a.empty() || a[0].kind != Arg::Kind::Value) return std::nullopt;
   const std::vector<int64_t>& in = g.value(a[0].value).shape;
@@ -77,12 +93,12 @@ std::optional<RowCandidate> translateReduction(const Graph& g, const Node& n) {
   RowCandidate c{{&n, {}}, RowRole::Reduction, in};
   auto& steps = c.candidate.steps;
   const bool keepLast = a.size() >= 3 && isLastDim(a[1], in.size()) && a[2].kind == Arg::Kind::Bool && a[2].b;
-  if ((op == "aten::sum.dim_IntList" || op == "aten::mean.dim") && a.size() == 4 && keepLast) {
+  if ((op == o.sum_dim_IntList || op == o.mean_dim) && a.size() == 4 && keepLast) {
     steps.push_back({P::RowSum, {x}});
-    if (op == "aten::mean.dim") steps.push_back({P::Div, {local(0), constantSource(static_cast<double>(in.back()))}});
+    if (op == o.mean_dim) steps.push_back({P::Div, {local(0), constantSource(static_cast<double>(in.back()))}});
     return c;
   }
-  if (op == "aten::amax" && a.size() == 3 && keepLast) {
+  if (op == o.amax && a.size() == 3 && keepLast) {
     steps.push_back({P::RowMax, {x}});
     return c;
   }
@@ -90,8 +106,8 @@ std::optional<RowCandidate> translateReduction(const Graph& g, const Node& n) {
   // softmax.int(x, dim, dtype) is the user's call (composite); _softmax
   // (x, dim, half_to_float) autograd's. Both compute in float.
   const bool lastDim = a.size() == 3 && isLastDimInt(a[1], in.size());
-  const bool softmax = op == "aten::_softmax" || op == "aten::softmax.int";
-  if ((softmax || op == "aten::_log_softmax" || op == "aten::log_softmax.int") && lastDim) {
+  const bool softmax = op == o._softmax || op == o.softmax_int;
+  if ((softmax || op == o._log_softmax || op == o.log_softmax_int) && lastDim) {
     steps = {{P::RowMax, {x}}, {P::Sub, {x, local(0)}}, {P::Exp, {local(1)}}, {P::RowSum, {local(2)}}};
     if (softmax) {
       steps.push_back({P::Div, {local(2), local(3)}});
@@ -102,17 +118,17 @@ std::optional<RowCandidate> translateReduction(const Graph& g, const Node& n) {
     return c;
   }
   const bool backward = a.size() == 4 && a[1].kind == Arg::Kind::Value && isLastDimInt(a[2], in.size());
-  if (op == "aten::_softmax_backward_data" && backward) {
+  if (op == o._softmax_backward_data && backward) {
     const Source y = valueSource(a[1].value);
     steps = {{P::Mul, {x, y}}, {P::RowSum, {local(0)}}, {P::Sub, {x, local(1)}}, {P::Mul, {y, local(2)}}};
     return c;
   }
-  if (op == "aten::_log_softmax_backward_data" && backward) {
+  if (op == o._log_softmax_backward_data && backward) {
     const Source y = valueSource(a[1].value);
     steps = {{P::RowSum, {x}}, {P::Exp, {y}}, {P::Mul, {local(1), local(0)}}, {P::Sub, {x, local(2)}}};
     return c;
   }
-  if (op == "aten::expand" && a.size() >= 2) {
+  if (op == o.expand && a.size() >= 2) {
     const std::vector<int64_t>& out = g.value(n.outputs[0]).shape;
     if (in.size() != out.size() || rowShapeOf(out) != in || out.empty() || out.back() == 1) return std::nullopt;
     return RowCandidate{{&n, {{P::Cast, {x}}}}, RowRole::Broadcast, out};
@@ -293,13 +309,11 @@ class RowFuser {
 
 class FuseRowsPass : public Pass {
  public:
-  bool run(Graph& graph, DiagnosticEngine& diagnostics) override {
+  bool run(Graph& graph, DiagnosticEngine&) override {
     RowFuser fuser(graph);
     const int groups = fuser.run();
-    if (groups > 0) {
-      diagnostics.note("fuse-rows: " + std::to_string(fuser.fusedOps()) + " ops in " + std::to_string(groups) +
-                       " generated row kernels");
-    }
+    count("ops fused", fuser.fusedOps());
+    count("generated row kernels", groups);
     return groups > 0;
   }
 };

@@ -1,4 +1,4 @@
-// fused-adam (spmd-lower runs it for --device cuda): the optimizer pass's
+// adam-to-fused-kernel (spmd-lower runs it for --device cuda): the optimizer pass's
 // per-parameter Adam/AdamW updates become spmd::fused_adam calls, torch.optim's
 // fused implementation (ATen's _fused_adam_/_fused_adamw_: one multi-tensor
 // kernel reads each parameter, gradient and moment once), one call per group
@@ -278,10 +278,12 @@ class FusedAdamPass final : public Pass {
       emit(g, group);
       fused += group.size();
     }
-    diagnostics.note("fused-adam: " + std::to_string(fused) + " parameters' updates in " + std::to_string(groups.size()) +
-                     " spmd::fused_adam call(s)" +
-                     (left.empty() ? "" : "; kept per parameter: " + std::to_string(left.size()) + " (" + left.front() +
-                                              (left.size() > 1 ? ", ..." : "") + ")"));
+    count("parameters' updates fused", fused);
+    count("spmd::fused_adam call(s)", static_cast<int64_t>(groups.size()));
+    if (!left.empty()) {
+      diagnostics.note("adam-to-fused-kernel: kept per parameter: " + std::to_string(left.size()) + " (" + left.front() +
+                       (left.size() > 1 ? ", ..." : "") + ")");
+    }
     return fused > 0;
   }
 };

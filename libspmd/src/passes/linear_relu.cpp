@@ -1,4 +1,4 @@
-// linear-relu (spmd-lower runs it for --device cuda): a ReLU after a Linear
+// relu-to-gemm-epilogue (spmd-lower runs it for --device cuda): a ReLU after a Linear
 // with a bias becomes one matrix multiply with the bias and the ReLU in its
 // epilogue, ATen's _addmm_activation (cuBLASLt's RELU_BIAS epilogue on CUDA;
 // addmm and relu on the CPU):
@@ -63,12 +63,9 @@ class ReluOfLinear final : public RewritePattern {
 class LinearReluPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
-    const int fused = applyPatternsGreedily(g, {&pattern_}, [&](const PatternFailure& f) {
-                        diagnostics.note(noteWhere(*f.node), "linear-relu: not fused: " + f.why);
-                      }).total();
-    if (fused > 0) {
-      diagnostics.note("linear-relu: " + std::to_string(fused) + " Linear+ReLU as _addmm_activation (the ReLU in the GEMM's epilogue)");
-    }
+    const int fused = applyPatternsNotingFailures(g, {&pattern_},
+                                                  diagnostics, "relu-to-gemm-epilogue: not fused: ").total();
+    count("Linear+ReLU as _addmm_activation (the ReLU in the GEMM's epilogue)", fused);
     return fused > 0;
   }
 

@@ -16,8 +16,8 @@ namespace spmd {
 
 const std::vector<PassInfo>& registeredPasses() {
   static const std::vector<PassInfo> passes = {
-      {"attention", "a model's own attention (matmul, scale, mask, softmax, matmul) as one spmd::attention node",
-       createAttentionPass},
+      {"match-attention", "a model's own attention (matmul, scale, mask, softmax, matmul) as one spmd::attention node",
+       createAttentionPass, "attention"},
       {"autocast", "torch.autocast's policy for one device type as explicit casts (spmd-expand --autocast)",
        createAutocastPass},
       {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", createAutodiffPass},
@@ -26,32 +26,32 @@ const std::vector<PassInfo>& registeredPasses() {
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", createGradSyncPass},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", createOptimizerPass},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", createBucketPass},
-      {"fuse-attention", "spmd::attention and its backward as ATen's fused attention kernel; spmd-lower runs it for --device cuda",
-       createFuseAttentionPass},
-      {"fused-adam", "Adam/AdamW as torch.optim's fused kernel (spmd::fused_adam); spmd-lower runs it for --device cuda",
-       createFusedAdamPass},
-      {"fuse-optimizer", "the optimizer's per-parameter element-wise ops as one _foreach call per group",
-       createFuseOptimizerPass},
-      {"capturable-adam", "Adam as torch.optim's capturable foreach Adam (lerp; step size in the denominator); spmd-lower runs it for --device cuda",
-       createCapturableAdamPass},
+      {"attention-to-fused-kernel", "spmd::attention and its backward as ATen's fused attention kernel; spmd-lower runs it for --device cuda",
+       createFuseAttentionPass, "fuse-attention"},
+      {"adam-to-fused-kernel", "Adam/AdamW as torch.optim's fused kernel (spmd::fused_adam); spmd-lower runs it for --device cuda",
+       createFusedAdamPass, "fused-adam"},
+      {"optimizer-to-foreach", "the optimizer's per-parameter element-wise ops as one _foreach call per group",
+       createFuseOptimizerPass, "fuse-optimizer"},
+      {"adam-to-capturable-foreach", "Adam as torch.optim's capturable foreach Adam (lerp; step size in the denominator); spmd-lower runs it for --device cuda",
+       createCapturableAdamPass, "capturable-adam"},
       {"embedding-grad", "embedding_dense_backward as new_zeros + index_add, which a CUDA graph can hold; spmd-lower runs it for --cudagraphs on CUDA",
        createEmbeddingGradPass},
-      {"fuse-cross-entropy", "log_softmax + nll_loss and their backward as spmd::cross_entropy(_backward), generated kernels; spmd-lower runs it for --device cuda",
-       createFuseCrossEntropyPass},
-      {"fuse-layer-norm", "native_layer_norm and its backward as spmd::layer_norm(_backward), generated kernels with the casts and residual gradient around them; spmd-lower runs it for --device cuda",
-       createFuseLayerNormPass},
-      {"fuse-column-sum", "sums over every dimension but the last (bias gradients) as spmd::column_sum, generated kernels; spmd-lower runs it for --device cuda",
-       createFuseColumnSumPass},
-      {"linear-relu", "a ReLU after a Linear as _addmm_activation, the ReLU in the GEMM's epilogue; spmd-lower runs it for --device cuda",
-       createLinearReluPass},
+      {"cross-entropy-to-kernel", "log_softmax + nll_loss and their backward as spmd::cross_entropy(_backward), generated kernels; spmd-lower runs it for --device cuda",
+       createFuseCrossEntropyPass, "fuse-cross-entropy"},
+      {"layer-norm-to-kernel", "native_layer_norm and its backward as spmd::layer_norm(_backward), generated kernels with the casts and residual gradient around them; spmd-lower runs it for --device cuda",
+       createFuseLayerNormPass, "fuse-layer-norm"},
+      {"column-sum-to-kernel", "sums over every dimension but the last (bias gradients) as spmd::column_sum, generated kernels; spmd-lower runs it for --device cuda",
+       createFuseColumnSumPass, "fuse-column-sum"},
+      {"relu-to-gemm-epilogue", "a ReLU after a Linear as _addmm_activation, the ReLU in the GEMM's epilogue; spmd-lower runs it for --device cuda",
+       createLinearReluPass, "linear-relu"},
       {"cat-views", "a cat of reshaped [..., H, D] tensors (attention's q/k/v gradient) reads them itself, without their copies; spmd-lower runs it for --device cuda",
        createCatViewsPass},
       {"eager-batch-norm", "training-mode BatchNorm and its backward through ATen's choice of kernels (cuDNN where eager uses it); spmd-lower runs it for --device cuda",
        createEagerBatchNormPass},
       {"slice-grads", "a sum of slice gradients that split a dimension (cat's backward into a slice's) as one cat; a whole-dimension slice gradient as its input; spmd-lower runs it",
        createSliceGradsPass},
-      {"fuse-dropout", "dropout's mask drawn inside the generated kernels that use it (spmd::dropout_seed, spmd::dropout_mul), never stored; spmd-lower runs it for --device cuda",
-       createFuseDropoutPass},
+      {"dropout-mask-in-kernel", "dropout's mask drawn inside the generated kernels that use it (spmd::dropout_seed, spmd::dropout_mul), never stored; spmd-lower runs it for --device cuda",
+       createFuseDropoutPass, "fuse-dropout"},
       {"fuse-rows", "reductions over the last dimension (softmax, RMSNorm, sums) with the element-wise ops around them as one spmd::fused row kernel each; spmd-lower runs it for --device cuda",
        createFuseRowsPass},
       {"fuse-pointwise", "chains of element-wise ops as one spmd::fused node each (a generated kernel); spmd-lower runs it for --device cuda",
@@ -69,16 +69,38 @@ const std::vector<PassInfo>& registeredPasses() {
 
 const PassInfo* findPass(const std::string& name) {
   for (const auto& p : registeredPasses()) {
-    if (name == p.name) return &p;
+    if (name == p.name || (p.formerName && name == p.formerName)) return &p;
   }
   return nullptr;
 }
 
+void Pass::count(const std::string& what, int64_t by) {
+  for (PassStatistic& s : statistics_) {
+    if (s.what == what) {
+      s.value += by;
+      return;
+    }
+  }
+  statistics_.push_back({what, by});
+}
+
+std::string printPassStatistics(const std::vector<PassStatistics>& report) {
+  std::string out = "// ----- pass statistics ----- //\n";
+  for (const PassStatistics& p : report) {
+    out += p.pass + "\n";
+    for (const PassStatistic& s : p.statistics) out += "  " + std::to_string(s.value) + "  " + s.what + "\n";
+  }
+  return out;
+}
+
 std::string listPasses() {
+  size_t width = 0;
+  for (const auto& p : registeredPasses()) width = std::max(width, std::string(p.name).size());
   std::string out;
   for (const auto& p : registeredPasses()) {
-    std::string name = p.name;
-    out += "  " + name + std::string(name.size() < 16 ? 16 - name.size() : 1, ' ') + p.summary + "\n";
+    const std::string name = p.name;
+    const std::string former = p.formerName ? std::string(" (formerly ") + p.formerName + ")" : "";
+    out += "  " + name + std::string(width + 2 - name.size(), ' ') + p.summary + former + "\n";
   }
   return out;
 }
@@ -105,6 +127,18 @@ void dumpAfter(const Graph& graph, const std::string& pass, size_t index, const 
   if (!out) throw Diagnostic("--dump-dir", "cannot write " + path);
 }
 
+// "<pass>: 3 LayerNorm(s) as spmd::layer_norm, 0 cast(s) taken in" when
+// the pass counted anything but 0; "" otherwise.
+std::string summaryOf(const PassStatistics& p) {
+  bool any = false;
+  std::string text;
+  for (const PassStatistic& s : p.statistics) {
+    any = any || s.value != 0;
+    text += (text.empty() ? "" : ", ") + std::to_string(s.value) + " " + s.what;
+  }
+  return any ? p.pass + ": " + text : "";
+}
+
 void verifyAfter(const Graph& graph, const std::string& pass) {
   auto problems = verifyGraph(graph);
   if (!problems.empty()) {
@@ -115,15 +149,20 @@ void verifyAfter(const Graph& graph, const std::string& pass) {
 
 }  // namespace
 
-void runPasses(Graph& graph, const std::vector<std::string>& names, const PipelineOptions& options,
-               const DebugOptions& debug) {
+std::vector<PassStatistics> runPasses(Graph& graph, const std::vector<std::string>& names,
+                                      const PipelineOptions& options, const DebugOptions& debug) {
   const MetaFallbackScope metaFallback;  // the builders' shape inference, once for all passes
   DiagnosticEngine dropped;
   DiagnosticEngine& diagnostics = options.diagnostics ? *options.diagnostics : dropped;
   if (debug.timePasses) enablePhaseTimes();
+  std::vector<PassStatistics> report;
   for (size_t i = 0; i < names.size(); ++i) {
     const PassInfo* info = findPass(names[i]);
     if (!info) throw Diagnostic("--passes", "no pass named '" + names[i] + "' (--list-passes lists them)");
+    if (names[i] != info->name) {
+      diagnostics.note("--passes", "pass '" + names[i] + "' is now called '" + info->name +
+                                       "'; the old name is taken until the next release");
+    }
     std::unique_ptr<Pass> pass = info->create(options);
     bool changed = false;
     {
@@ -137,7 +176,12 @@ void runPasses(Graph& graph, const std::vector<std::string>& names, const Pipeli
       TimedPhase phase(std::string("verify after ") + info->name);
       verifyAfter(graph, info->name);
     }
+    report.push_back({info->name, pass->statistics()});
+    const std::string summary = summaryOf(report.back());
+    if (!summary.empty()) diagnostics.note(summary);
   }
+  if (debug.passStatistics && debug.log) *debug.log << printPassStatistics(report);
+  return report;
 }
 
 }  // namespace spmd

@@ -16,6 +16,33 @@ namespace {
 struct Ops {
   OpName scalar_tensor = OpName::known("aten::scalar_tensor");
   OpName spmd_dropout_mul = OpName::known("spmd::dropout_mul");
+  OpName add_Tensor = OpName::known("aten::add.Tensor");
+  OpName sub_Tensor = OpName::known("aten::sub.Tensor");
+  OpName add_Scalar = OpName::known("aten::add.Scalar");
+  OpName sub_Scalar = OpName::known("aten::sub.Scalar");
+  OpName mul_Scalar = OpName::known("aten::mul.Scalar");
+  OpName div_Scalar = OpName::known("aten::div.Scalar");
+  OpName rsub_Scalar = OpName::known("aten::rsub.Scalar");
+  OpName pow_Tensor_Scalar = OpName::known("aten::pow.Tensor_Scalar");
+  OpName threshold_backward = OpName::known("aten::threshold_backward");
+  OpName gelu = OpName::known("aten::gelu");
+  OpName gelu_backward = OpName::known("aten::gelu_backward");
+  OpName _to_copy = OpName::known("aten::_to_copy");
+  OpName to_dtype = OpName::known("aten::to.dtype");
+  // One tensor in, one statement out.
+  std::map<OpName, PointwiseOp> unary = {
+      {OpName::known("aten::neg"), PointwiseOp::Neg},       {OpName::known("aten::relu"), PointwiseOp::Relu},
+      {OpName::known("aten::tanh"), PointwiseOp::Tanh},     {OpName::known("aten::sigmoid"), PointwiseOp::Sigmoid},
+      {OpName::known("aten::silu"), PointwiseOp::Silu},     {OpName::known("aten::exp"), PointwiseOp::Exp},
+      {OpName::known("aten::log"), PointwiseOp::Log},       {OpName::known("aten::sqrt"), PointwiseOp::Sqrt},
+      {OpName::known("aten::rsqrt"), PointwiseOp::Rsqrt}};
+  // Two tensors in, one statement out.
+  std::map<OpName, PointwiseOp> binary = {
+      {OpName::known("aten::mul.Tensor"), PointwiseOp::Mul},
+      {OpName::known("aten::div.Tensor"), PointwiseOp::Div},
+      {OpName::known("aten::tanh_backward"), PointwiseOp::TanhGrad},
+      {OpName::known("aten::sigmoid_backward"), PointwiseOp::SigmoidGrad},
+      {OpName::known("aten::silu_backward"), PointwiseOp::SiluGrad}};
 };
 const Ops& ops() { return opTable<Ops>(); }
 
@@ -44,7 +71,8 @@ bool isPlainCopy(const Node& n) {
 // last step's result is the node's output.
 std::optional<std::vector<Step>> translatePointwise(const Node& n) {
   using P = PointwiseOp;
-  const std::string op = n.qualifiedName();
+  const Ops& o = ops();
+  const OpName op = n.name();
   const auto& a = n.args;
   auto v = [&](size_t k) { return valueSource(a[k].value); };
   auto c = [&](size_t k) { return constantSource(scalarOf(a[k])); };
@@ -55,48 +83,40 @@ std::optional<std::vector<Step>> translatePointwise(const Node& n) {
     }
     return true;
   };
-  static const std::map<std::string, P> unary = {
-      {"aten::neg", P::Neg},   {"aten::relu", P::Relu},       {"aten::tanh", P::Tanh}, {"aten::sigmoid", P::Sigmoid},
-      {"aten::silu", P::Silu}, {"aten::exp", P::Exp},         {"aten::log", P::Log},   {"aten::sqrt", P::Sqrt},
-      {"aten::rsqrt", P::Rsqrt}};
-  static const std::map<std::string, P> binary = {
-      {"aten::mul.Tensor", P::Mul},           {"aten::div.Tensor", P::Div},
-      {"aten::tanh_backward", P::TanhGrad},   {"aten::sigmoid_backward", P::SigmoidGrad},
-      {"aten::silu_backward", P::SiluGrad}};
-  if (auto it = unary.find(op); it != unary.end() && tensors(1) && a.size() == 1) return std::vector<Step>{{it->second, {v(0)}}};
-  if (auto it = binary.find(op); it != binary.end() && tensors(2) && a.size() == 2) {
+  if (auto it = o.unary.find(op); it != o.unary.end() && tensors(1) && a.size() == 1) return std::vector<Step>{{it->second, {v(0)}}};
+  if (auto it = o.binary.find(op); it != o.binary.end() && tensors(2) && a.size() == 2) {
     return std::vector<Step>{{it->second, {v(0), v(1)}}};
   }
-  if ((op == "aten::add.Tensor" || op == "aten::sub.Tensor") && tensors(2) && a.size() == 3 && isScalar(a[2])) {
-    return addScaled(op == "aten::add.Tensor" ? P::Add : P::Sub, v(0), v(1), scalarOf(a[2]));
+  if ((op == o.add_Tensor || op == o.sub_Tensor) && tensors(2) && a.size() == 3 && isScalar(a[2])) {
+    return addScaled(op == o.add_Tensor ? P::Add : P::Sub, v(0), v(1), scalarOf(a[2]));
   }
-  if ((op == "aten::add.Scalar" || op == "aten::sub.Scalar") && tensors(1) && a.size() == 3 && isScalar(a[1]) && isScalar(a[2])) {
-    return std::vector<Step>{{op == "aten::add.Scalar" ? P::Add : P::Sub, {v(0), constantSource(scalarOf(a[1]) * scalarOf(a[2]))}}};
+  if ((op == o.add_Scalar || op == o.sub_Scalar) && tensors(1) && a.size() == 3 && isScalar(a[1]) && isScalar(a[2])) {
+    return std::vector<Step>{{op == o.add_Scalar ? P::Add : P::Sub, {v(0), constantSource(scalarOf(a[1]) * scalarOf(a[2]))}}};
   }
-  if ((op == "aten::mul.Scalar" || op == "aten::div.Scalar") && tensors(1) && a.size() == 2 && isScalar(a[1])) {
-    return std::vector<Step>{{op == "aten::mul.Scalar" ? P::Mul : P::Div, {v(0), c(1)}}};
+  if ((op == o.mul_Scalar || op == o.div_Scalar) && tensors(1) && a.size() == 2 && isScalar(a[1])) {
+    return std::vector<Step>{{op == o.mul_Scalar ? P::Mul : P::Div, {v(0), c(1)}}};
   }
-  if (op == "aten::rsub.Scalar" && tensors(1) && a.size() == 3 && isScalar(a[1]) && isScalar(a[2])) {
+  if (op == o.rsub_Scalar && tensors(1) && a.size() == 3 && isScalar(a[1]) && isScalar(a[2])) {
     // other - alpha * self
     if (scalarOf(a[2]) == 1) return std::vector<Step>{{P::Sub, {c(1), v(0)}}};
     return std::vector<Step>{{P::Mul, {v(0), c(2)}}, {P::Sub, {c(1), localSource(0)}}};
   }
-  if (op == "aten::pow.Tensor_Scalar" && tensors(1) && a.size() == 2 && isScalar(a[1])) return std::vector<Step>{{P::Pow, {v(0), c(1)}}};
-  if (op == "aten::threshold_backward" && tensors(2) && a.size() == 3 && isScalar(a[2])) {
+  if (op == o.pow_Tensor_Scalar && tensors(1) && a.size() == 2 && isScalar(a[1])) return std::vector<Step>{{P::Pow, {v(0), c(1)}}};
+  if (op == o.threshold_backward && tensors(2) && a.size() == 3 && isScalar(a[2])) {
     return std::vector<Step>{{P::ThresholdGrad, {v(0), v(1), c(2)}}};
   }
-  if (op == "aten::gelu" && tensors(1) && a.size() == 2 && a[1].kind == Arg::Kind::Str) {
+  if (op == o.gelu && tensors(1) && a.size() == 2 && a[1].kind == Arg::Kind::Str) {
     if (a[1].s == "none") return std::vector<Step>{{P::Gelu, {v(0)}}};
     if (a[1].s == "tanh") return std::vector<Step>{{P::GeluTanh, {v(0)}}};
   }
-  if (op == "aten::gelu_backward" && tensors(2) && a.size() == 3 && a[2].kind == Arg::Kind::Str) {
+  if (op == o.gelu_backward && tensors(2) && a.size() == 3 && a[2].kind == Arg::Kind::Str) {
     if (a[2].s == "none") return std::vector<Step>{{P::GeluGrad, {v(0), v(1)}}};
     if (a[2].s == "tanh") return std::vector<Step>{{P::GeluTanhGrad, {v(0), v(1)}}};
   }
-  if (op == "aten::_to_copy" && tensors(1) && isPlainCopy(n)) return std::vector<Step>{{P::Cast, {v(0)}}};
+  if (op == o._to_copy && tensors(1) && isPlainCopy(n)) return std::vector<Step>{{P::Cast, {v(0)}}};
   // dropout_mul(self, seed, keep, mask_dtype, divisor): self times the mask
   // the seed draws, kept at 1 / divisor in mask_dtype (the mask is rounded there).
-  if (op == "spmd::dropout_mul" && tensors(2) && a.size() == 5 && isScalar(a[2]) && a[3].kind == Arg::Kind::DType &&
+  if (op == o.spmd_dropout_mul && tensors(2) && a.size() == 5 && isScalar(a[2]) && a[3].kind == Arg::Kind::DType &&
       isScalar(a[4])) {
     const auto mask = static_cast<c10::ScalarType>(a[3].i);
     return std::vector<Step>{{P::Bernoulli, {v(1), c(2), constantSource(dropoutScale(mask, scalarOf(a[4])))}, mask},
@@ -104,7 +124,7 @@ std::optional<std::vector<Step>> translatePointwise(const Node& n) {
   }
   // to.dtype(self, dtype, non_blocking, copy, memory_format): a copy or self
   // itself, the same values either way in a graph without writes.
-  if (op == "aten::to.dtype" && tensors(1) && a.size() == 5 && a[1].kind == Arg::Kind::DType &&
+  if (op == o.to_dtype && tensors(1) && a.size() == 5 && a[1].kind == Arg::Kind::DType &&
       a[4].kind == Arg::Kind::None) {
     return std::vector<Step>{{P::Cast, {v(0)}}};
   }

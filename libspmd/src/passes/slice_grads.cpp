@@ -70,17 +70,15 @@ class WholeSliceGradToInput final : public RewritePattern {
 
 class SliceGradsPass final : public Pass {
  public:
-  bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+  bool run(Graph& g, DiagnosticEngine&) override {
     // The sums first, then the whole slices: a whole slice that is a part of
     // a sum (beside an empty one) goes into the cat, as it always has.
     SumOfSliceGradsToCat sums;
     WholeSliceGradToInput wholes;
     const int cats = applyPatternsGreedily(g, {&sums}, nullptr).total();
     const int whole = applyPatternsGreedily(g, {&wholes}, nullptr).total();
-    if (cats + whole > 0) {
-      diagnostics.note("slice-grads: " + std::to_string(cats) + " sums of slice gradients as cat, " +
-                       std::to_string(whole) + " whole-dimension slice gradients dropped");
-    }
+    count("sums of slice gradients as cat", cats);
+    count("whole-dimension slice gradients dropped", whole);
     return cats + whole > 0;
   }
 };

@@ -161,7 +161,7 @@ void addLowerFlags(CLI::App& app, LowerOptions& options) {
   app.add_flag_callback("--no-fuse", [&options] { options.fuse = false; },
                         "keep the optimizer's per-parameter ops (no _foreach calls)");
   app.add_flag_callback("--no-generated-kernels", [&options] { options.generateKernels = false; },
-                        "CUDA: keep ATen's kernels (no generated kernels: fuse-dropout, fuse-rows, fuse-pointwise, fuse-cross-entropy, fuse-layer-norm, fuse-column-sum; fp32 attention: efficient, not gemm)");
+                        "CUDA: keep ATen's kernels (no generated kernels: dropout-mask-in-kernel, fuse-rows, fuse-pointwise, cross-entropy-to-kernel, layer-norm-to-kernel, column-sum-to-kernel; fp32 attention: efficient, not gemm)");
   app.add_option("--attention-kernel", options.attentionKernel,
                  "CUDA attention kernel: auto (bf16/fp16: cudnn up to head size 128, flash up to 256; fp32: gemm up "
                  "to 2048 keys; a mask other than the causal one: efficient; dropout: flash for bf16/fp16; else "
@@ -180,8 +180,9 @@ void addDebugFlags(CLI::App& app, DebugOptions& debug) {
   app.add_flag("--print-ir-after-all", debug.printIrAfterAll, "print the listing after every pass on stderr");
   CLI::Validator isPass(
       [](std::string& name) -> std::string {
-        for (const auto& p : registeredPasses()) {
-          if (name == p.name) return "";
+        if (const PassInfo* pass = findPass(name)) {
+          name = pass->name;  // a former name: the listing after the pass of today's
+          return "";
         }
         return "unknown pass '" + name + "' (see --list-passes)";
       },
@@ -189,7 +190,7 @@ void addDebugFlags(CLI::App& app, DebugOptions& debug) {
   app.add_option("--print-ir-after", debug.printIrAfter, "print the listing after PASS on stderr (repeatable)")
       ->type_name("PASS")
       ->allow_extra_args(false)  // one PASS per flag: `--print-ir-after bucket IN` keeps IN positional
-      ->check(isPass);
+      ->transform(isPass);
   app.add_flag_callback(
       "--time-passes",
       [&debug] {
@@ -197,6 +198,8 @@ void addDebugFlags(CLI::App& app, DebugOptions& debug) {
         enablePhaseTimes();  // from here: reading the input is timed too
       },
       "print the time each phase took on stderr: reading, verifying, each pass, writing");
+  app.add_flag("--pass-statistics", debug.passStatistics,
+               "print what each pass counted (rewrites, fusions, notes' numbers) on stderr after the passes");
   app.add_option("--dump-dir", debug.dumpDir, "write NNNN.after_<pass>.txt for every pass into DIR");
 }
 

@@ -41,7 +41,7 @@ class WeightsBufferValues final : public BufferValues {
 // The rewriting passes leave the nodes they no longer read; dce follows
 // those that leave some, before a pass that counts readers sees them.
 std::vector<std::string> expandPipeline(const PipelineOptions& options) {
-  std::vector<std::string> names = {"attention", "dce"};
+  std::vector<std::string> names = {"match-attention", "dce"};
   if (options.autocast.enabled) names.push_back("autocast");
   for (const char* name : {"autodiff", "dce"}) names.push_back(name);
   if (options.training.microBatches > 1) names.push_back("micro-batches");
@@ -57,21 +57,22 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   const LowerOptions& o = options.lower;
   const bool cuda = o.device == "cuda";
   std::vector<std::string> names = {"slice-grads"};
-  if (cuda) names.push_back("fuse-attention");
+  if (cuda) names.push_back("attention-to-fused-kernel");
   if (cuda) names.push_back("dce");
   if (cuda) names.push_back("eager-batch-norm");
   if (cuda) names.push_back("cat-views");
   if (cuda) names.push_back("dce");
-  if (cuda && o.fuse) names.push_back("linear-relu");
-  if (cuda && o.generateKernels) names.push_back("fuse-cross-entropy");
-  if (cuda && o.generateKernels) names.push_back("fuse-layer-norm");
-  if (cuda && o.generateKernels) names.push_back("fuse-column-sum");
-  if (cuda && o.fuse) names.push_back("fused-adam");
+  if (cuda && o.fuse) names.push_back("relu-to-gemm-epilogue");
+  if (cuda && o.generateKernels) names.push_back("cross-entropy-to-kernel");
+  if (cuda && o.generateKernels) names.push_back("layer-norm-to-kernel");
+  if (cuda && o.generateKernels) names.push_back("column-sum-to-kernel");
+  if (cuda && o.fuse) names.push_back("adam-to-fused-kernel");
   if (cuda && o.fuse) names.push_back("dce");
-  if (cuda) names.push_back("capturable-adam");
+  if (cuda) names.push_back("adam-to-capturable-foreach");
+  if (cuda) names.push_back("dce");
   if (cuda && o.cudagraphs) names.push_back("embedding-grad");
-  if (o.fuse) names.push_back("fuse-optimizer");
-  if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-dropout");
+  if (o.fuse) names.push_back("optimizer-to-foreach");
+  if (cuda && o.fuse && o.generateKernels) names.push_back("dropout-mask-in-kernel");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-rows");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-pointwise");
   for (const char* name : {"cse", "dce"}) names.push_back(name);

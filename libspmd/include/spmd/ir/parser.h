@@ -6,6 +6,7 @@
 #include "spmd/ir/graph.h"
 
 #include <string>
+#include <vector>
 
 namespace spmd {
 
@@ -22,6 +23,10 @@ namespace spmd {
 // takes its kind from the operator's schema. Throws Diagnostic with `where`
 // "LINE:COL" (1-based) on any error; the graph is not verified here.
 Graph parseListing(const std::string& text);
+
+// The 1-based line of each node statement of a listing, in program order
+// (the order of the parsed graph's nodes). Throws as parseListing.
+std::vector<int> listingNodeLines(const std::string& text);
 
 // Whether `text` looks like a listing: its first line that is not blank or
 // a `//` comment starts with the word `graph`.

@@ -27,9 +27,12 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace spmd {
+
+class DiagnosticEngine;
 
 // The outcome of a pattern at one node: applied, not applicable (skip, the
 // node is not the pattern's business), or not applied for a reason worth a
@@ -68,6 +71,15 @@ class RewritePattern {
 // Where a note about `node` points: "aten::relu at model.py:3".
 std::string noteWhere(const Node& node);
 
+// The position of argument `name` in the schema of `op` ("dim" of
+// aten::sum.dim_IntList is 1), so that patterns read arguments by the names
+// PyTorch gives them. Throws std::logic_error when the schema has no such
+// argument (a misspelt name fails the pattern's first use).
+size_t argumentIndex(OpName op, std::string_view name);
+// Argument `name` of `n`, by its op's schema (std::logic_error as above, or
+// when `n` has fewer arguments than the schema).
+const Arg& argument(const Node& n, std::string_view name);
+
 // The node making argument `index` of `n` when that argument is a tensor made
 // by an `op` node; nullptr otherwise.
 const Node* producerOf(const Graph& g, const Node& n, size_t index, OpName op);
@@ -91,5 +103,9 @@ struct RewriteCounts {
 // that last sweep go to `onFailure` in program order.
 RewriteCounts applyPatternsGreedily(Graph& g, const std::vector<RewritePattern*>& patterns,
                                     const std::function<void(const PatternFailure&)>& onFailure);
+// The same, each failure a note on `diagnostics` about its node (noteWhere):
+// `failurePrefix` + why, as "layer-norm-to-kernel: not fused: " + why.
+RewriteCounts applyPatternsNotingFailures(Graph& g, const std::vector<RewritePattern*>& patterns,
+                                          DiagnosticEngine& diagnostics, const std::string& failurePrefix);
 
 }  // namespace spmd

@@ -72,7 +72,7 @@ struct LowerOptions {
   std::string device = "cpu";  // --device
   bool cudagraphs = false;     // --cudagraphs
   bool fuse = true;            // --no-fuse: keep the optimizer's per-parameter ops
-  bool generateKernels = true; // --no-generated-kernels: no fuse-dropout, fuse-rows, fuse-pointwise, fuse-cross-entropy, fuse-layer-norm, fuse-column-sum or gemm attention on CUDA
+  bool generateKernels = true; // --no-generated-kernels: no dropout-mask-in-kernel, fuse-rows, fuse-pointwise, cross-entropy-to-kernel, layer-norm-to-kernel, column-sum-to-kernel or gemm attention on CUDA
   // --attention-kernel: ATen's fused attention kernel for spmd::attention on
   // CUDA: auto (by dtype and head size), efficient, flash, cudnn, or math.
   std::string attentionKernel = "auto";

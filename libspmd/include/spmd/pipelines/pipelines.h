@@ -18,8 +18,8 @@ std::vector<std::string> expandPipeline(const PipelineOptions& options);
 std::vector<std::string> splitPipeline(const PipelineOptions& options);
 // spmd-unroll: unroll.
 std::vector<std::string> unrollPipeline(const PipelineOptions& options);
-// spmd-lower: capturable-adam (cuda), embedding-grad (cuda with CUDA graphs),
-// fuse-optimizer (unless --no-fuse), check-capture (with --cudagraphs).
+// spmd-lower: adam-to-capturable-foreach (cuda), embedding-grad (cuda with CUDA graphs),
+// optimizer-to-foreach (unless --no-fuse), check-capture (with --cudagraphs).
 std::vector<std::string> lowerPipeline(const PipelineOptions& options);
 
 // A stage's work on its loaded input: verify, run `names`, and name the
