@@ -7,6 +7,7 @@
 #include "spmd/ops/cross_entropy_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
+#include "spmd/ops/ivalue_call_args.h"
 #include "spmd/ops/pointwise_program.h"
 #include "op_helpers.h"
 
@@ -21,7 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
+#include <optional>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -43,9 +44,10 @@ void checkNvrtc(nvrtcResult r, const char* what) {
   if (r != NVRTC_SUCCESS) throw std::runtime_error(std::string(what) + ": " + nvrtcGetErrorString(r));
 }
 
-// The kernels the process has: compiled images by (arch, source), and the
-// loaded functions by (device, program and input signature) or modules by
-// (device, source).
+// The kernels the process has: compiled images by (arch, source), as an
+// artifact installs them; modules by (device, spec key), each loaded once,
+// its spec's source generated on that first load only; and their functions
+// by (device, spec key, kernel name).
 class KernelCache {
  public:
   static KernelCache& instance() {
@@ -58,34 +60,17 @@ class KernelCache {
     images_[{k.arch, k.source}] = k.image;
   }
 
-  // The kernel and its vector form (nullptr where the source has none).
-  struct Functions {
-    CUfunction scalar = nullptr, vector = nullptr;
-  };
-
-  // `sourceOf` generates the source, on the first call for `key` only.
-  Functions functions(int device, const std::string& key, const std::function<std::string()>& sourceOf) {
+  // The kernel `name` of `spec`'s source, loaded on `device`.
+  CUfunction function(int device, const KernelSpec& spec, const char* name) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = functions_.find({device, key});
-    if (it != functions_.end()) return it->second;
-    CUmodule module = load(sourceOf());
-    Functions f;
-    // A row program's source has its row kernel only.
-    if (cuModuleGetFunction(&f.scalar, module, kFusedKernelName) != CUDA_SUCCESS) {
-      checkDriver(cuModuleGetFunction(&f.scalar, module, kFusedRowsKernelName), "finding a generated kernel");
-    }
-    if (cuModuleGetFunction(&f.vector, module, kFusedVectorKernelName) != CUDA_SUCCESS) f.vector = nullptr;
-    return functions_[{device, key}] = f;
-  }
-
-  // The kernel `name` of `source`, loaded on `device`.
-  CUfunction function(int device, const std::string& source, const char* name) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = modules_.find({device, source});
-    if (it == modules_.end()) it = modules_.emplace(std::make_pair(device, source), load(source)).first;
+    const std::tuple<int, std::string, std::string> where{device, spec.key(), name};
+    auto known = functions_.find(where);
+    if (known != functions_.end()) return known->second;
+    auto it = modules_.find({device, spec.key()});
+    if (it == modules_.end()) it = modules_.emplace(std::make_pair(device, spec.key()), load(spec.source())).first;
     CUfunction f = nullptr;
     checkDriver(cuModuleGetFunction(&f, it->second, name), "finding a generated kernel");
-    return f;
+    return functions_[where] = f;
   }
 
   size_t compiledAtLaunch() {
@@ -110,8 +95,8 @@ class KernelCache {
 
   std::mutex mutex_;
   std::map<std::pair<std::string, std::string>, std::string> images_;
-  std::map<std::pair<int, std::string>, Functions> functions_;
   std::map<std::pair<int, std::string>, CUmodule> modules_;
+  std::map<std::tuple<int, std::string, std::string>, CUfunction> functions_;
   size_t compiledAtLaunch_ = 0;
 };
 
@@ -123,21 +108,29 @@ void ensureContext() {
   if (!ctx) cudaFree(nullptr);
 }
 
+// The kernel `name` of `spec` on `device`, loaded (and compiled, where no
+// image is installed) on its first use; errors are `op`'s.
+CUfunction loadedKernel(const char* op, const KernelSpec& spec, const char* name, const at::Device& device) {
+  try {
+    ensureContext();
+    return KernelCache::instance().function(device.index(), spec, name);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, op, ": ", e.what());
+  }
+  return nullptr;  // not reached: TORCH_CHECK(false) throws
+}
+
 std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) {
   TORCH_CHECK(!inputs.empty(), "spmd::fused: no inputs");
-  const std::string programText(text.data(), text.size());
-  PointwiseProgram program;
+  std::vector<KernelTensor> sig;
+  for (const at::Tensor& t : inputs) sig.push_back({t.scalar_type(), t.sizes().vec()});
+  std::optional<PointwiseKernelSpec> spec;
   try {
-    program = parsePointwiseProgram(programText);
+    spec.emplace(std::string(text.data(), text.size()), sig);
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "spmd::fused: bad program: ", e.what());
   }
-  std::vector<KernelTensor> sig;
-  std::string key = programText;
-  for (const at::Tensor& t : inputs) {
-    sig.push_back({t.scalar_type(), t.sizes().vec()});
-    key += "|" + std::to_string(static_cast<int>(t.scalar_type())) + ":" + c10::str(t.sizes());
-  }
+  const PointwiseProgram& program = spec->program();
   const std::vector<int64_t> shape = broadcastShapes(sig);
   // A 0-dim CPU tensor may stand beside CUDA ones, as in ATen's own ops; it
   // is copied to the device (fuse-pointwise and fuse-rows fold the
@@ -150,14 +143,8 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   }
   TORCH_CHECK(onDevice, "spmd::fused: no input on the GPU");
   const c10::cuda::CUDAGuard guard(onDevice->device());
-  KernelCache::Functions f;
-  try {
-    ensureContext();
-    f = KernelCache::instance().functions(onDevice->get_device(), key,
-                                          [&] { return pointwiseKernelSource(program, sig); });
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "spmd::fused: ", e.what());
-  }
+  // Loaded (compiled) even when there is nothing to compute, as before the specs.
+  loadedKernel("spmd::fused", *spec, spec->scalarKernelName(), onDevice->device());
 
   std::vector<at::Tensor> dense;
   std::vector<void*> pointers;
@@ -175,31 +162,18 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   // fuse-rows takes no rows of length 0 (whose sums and maxima would need filling in).
   TORCH_CHECK(!hasRowReductions(program) || shape.back() > 0, "spmd::fused: a row program over rows of length 0");
   if (numel == 0) return out;
-  std::vector<void*> args;
-  for (void*& p : pointers) args.push_back(&p);
-  if (hasRowReductions(program)) {
-    const auto blocks = static_cast<unsigned int>(fusedRowBlocks(numel / shape.back()));
-    const CUresult launched = cuLaunchKernel(f.scalar, blocks, 1, 1, kFusedBlockSize, 1, 1, 0,
-                                             at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
-    TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused: launching a generated kernel failed (CUDA error ", launched, ")");
-    return out;
-  }
   // The vector form where every operand allows 16-byte access.
-  const int width = f.vector ? fusedVectorWidth(program, sig) : 0;
-  bool aligned = width > 0;
+  bool aligned = true;
   for (void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const auto grid = static_cast<unsigned int>(fusedGridSize(aligned ? numel / width : numel, sms));
-  const CUresult launched = cuLaunchKernel(aligned ? f.vector : f.scalar, grid, 1, 1, kFusedBlockSize, 1, 1, 0,
-                                                   at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
-  TORCH_CHECK(launched == CUDA_SUCCESS, "spmd::fused: launching a generated kernel failed (CUDA error ", launched, ")");
+  launchGenerated("spmd::fused", *spec, spec->launch(sms, aligned), onDevice->device(), std::move(pointers));
   return out;
 }
 
-// The attention softmax kernel `name` over `scores` ([..., queries, keys],
-// contiguous fp32), one warp a row.
-void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vector<void*> pointers, double scale,
-                            bool causal) {
+// An attention softmax kernel over `scores` ([..., queries, keys],
+// contiguous fp32), one warp a row: `launchOf` picks the forward's or the backward's.
+void launchAttentionSoftmax(KernelLaunch (AttentionSoftmaxKernelSpec::*launchOf)(int64_t) const,
+                            const at::Tensor& scores, std::vector<void*> pointers, double scale, bool causal) {
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kFloat && scores.is_contiguous() && scores.dim() >= 2,
               "spmd::fused_attention: the gemm kernel's scores must be contiguous fp32 on the GPU");
   const int64_t keys = scores.size(-1), rows = scores.numel() / std::max<int64_t>(keys, 1);
@@ -208,11 +182,10 @@ void launchAttentionSoftmax(const char* name, const at::Tensor& scores, std::vec
     TORCH_CHECK(reinterpret_cast<uintptr_t>(p) % (4 * width) == 0, "spmd::fused_attention: the gemm kernel's scores "
                 "must start ", 4 * width, "-byte aligned");
   }
-  const std::string source = generatedSource(
-      "spmd::fused_attention", [&] { return attentionSoftmaxSource(scores.size(-2), keys, scale, causal); });
-  launchGenerated("spmd::fused_attention", source, name, scores.device(),
-                  (rows + kAttentionSoftmaxRowsPerBlock - 1) / kAttentionSoftmaxRowsPerBlock,
-                  32 * kAttentionSoftmaxRowsPerBlock, std::move(pointers), rows);
+  const AttentionSoftmaxKernelSpec spec = generatedSpec("spmd::fused_attention", [&] {
+    return AttentionSoftmaxKernelSpec::forScores(scores.sizes().vec(), scale, causal);
+  });
+  launchGenerated("spmd::fused_attention", spec, (spec.*launchOf)(rows), scores.device(), std::move(pointers));
 }
 
 void checkCrossEntropyArgs(const char* op, const at::Tensor& logits, const at::Tensor& target) {
@@ -222,11 +195,14 @@ void checkCrossEntropyArgs(const char* op, const at::Tensor& logits, const at::T
               op, ": fp32, bf16 or f16 logits [rows, classes] and int64 targets [rows] on the GPU");
 }
 
-std::string crossEntropySourceFor(const at::Tensor& logits, const at::Tensor& target, int64_t reduction,
-                                  int64_t ignoreIndex) {
+// The spec of spmd::cross_entropy(_backward)'s kernels, from the call's arguments.
+CrossEntropyKernelSpec crossEntropySpecFor(const at::Tensor& logits, const at::Tensor& target,
+                                           std::vector<c10::IValue> call, bool backward) {
   checkCrossEntropyArgs("spmd::cross_entropy", logits, target);
-  return generatedSource("spmd::cross_entropy",
-                         [&] { return crossEntropySource(logits.size(1), reduction, ignoreIndex, logits.scalar_type()); });
+  return generatedSpec("spmd::cross_entropy", [&] {
+    const IValueCallArgs args(std::move(call));
+    return backward ? CrossEntropyKernelSpec::forBackwardCall(args) : CrossEntropyKernelSpec::forCall(args);
+  });
 }
 
 // The logits, contiguous, and 16-byte aligned where the kernels read them
@@ -246,12 +222,13 @@ at::TensorOptions rowValues(const at::Tensor& logits) { return logits.options().
 // the same from run to run), then divided by the count for the mean.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyCuda(const at::Tensor& logits, const at::Tensor& target,
                                                                 int64_t reduction, int64_t ignoreIndex) {
-  const std::string source = crossEntropySourceFor(logits, target, reduction, ignoreIndex);
+  const CrossEntropyKernelSpec spec =
+      crossEntropySpecFor(logits, target, {logits, target, reduction, ignoreIndex}, /*backward=*/false);
   const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
   const int64_t rows = x.size(0);
   at::Tensor lse = at::empty({rows}, rowValues(x)), rowLoss = at::empty({rows}, rowValues(x));
-  launchGenerated("spmd::cross_entropy", source, kCrossEntropyKernelName, x.device(), rows, kCrossEntropyThreads,
-                  {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()}, rows);
+  launchGenerated("spmd::cross_entropy", spec, spec.forwardLaunch(rows), x.device(),
+                  {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()});
   const at::Tensor totalWeight = t.ne(ignoreIndex).sum().to(at::kFloat);
   at::Tensor loss = rowLoss.sum();
   if (reduction == 1) loss = loss / totalWeight;
@@ -261,13 +238,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyCuda(const at::Tensor
 at::Tensor crossEntropyBackwardCuda(const at::Tensor& grad, const at::Tensor& logits, const at::Tensor& target,
                                     const at::Tensor& lse, const at::Tensor& totalWeight, int64_t reduction,
                                     int64_t ignoreIndex) {
-  const std::string source = crossEntropySourceFor(logits, target, reduction, ignoreIndex);
+  const CrossEntropyKernelSpec spec = crossEntropySpecFor(
+      logits, target, {grad, logits, target, lse, totalWeight, reduction, ignoreIndex}, /*backward=*/true);
   const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous(), l = lse.contiguous();
   const at::Tensor g = grad.to(at::kFloat), w = totalWeight.to(at::kFloat);
   at::Tensor gx = at::empty_like(x);
-  launchGenerated("spmd::cross_entropy_backward", source, kCrossEntropyBackwardKernelName, x.device(), x.size(0),
-                  kCrossEntropyThreads, {x.data_ptr(), t.data_ptr(), l.data_ptr(), g.data_ptr(), w.data_ptr(), gx.data_ptr()},
-                  x.size(0));
+  launchGenerated("spmd::cross_entropy_backward", spec, spec.backwardLaunch(x.size(0)), x.device(),
+                  {x.data_ptr(), t.data_ptr(), l.data_ptr(), g.data_ptr(), w.data_ptr(), gx.data_ptr()});
   return gx;
 }
 
@@ -279,27 +256,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at
                                                                         int64_t ignoreIndex, double gradScale) {
   constexpr const char* op = "spmd::cross_entropy_with_grad";
   checkCrossEntropyArgs(op, logits, target);
-  const std::string source = generatedSource(
-      op, [&] {
-        return crossEntropyWithGradSource(logits.size(1), reduction, ignoreIndex, gradScale, logits.scalar_type());
-      });
+  const CrossEntropyWithGradKernelSpec spec = generatedSpec(op, [&] {
+    return CrossEntropyWithGradKernelSpec::forCall(IValueCallArgs({logits, target, reduction, ignoreIndex, gradScale}));
+  });
   const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
-  const int64_t rows = x.size(0), rowBytes = crossEntropyRowBytes(x.size(1), x.scalar_type());
+  const int64_t rows = x.size(0);
   const at::Tensor totalWeight = t.ne(ignoreIndex).sum().to(at::kFloat);
   at::Tensor rowLoss = at::empty({rows}, rowValues(x)), gx = at::empty_like(x);
-  if (rowBytes <= static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin)) {
-    launchGenerated(op, source, kCrossEntropyWithGradKernelName, x.device(), rows, kCrossEntropyFusedThreads,
-                    {x.data_ptr(), t.data_ptr(), totalWeight.data_ptr(), rowLoss.data_ptr(), gx.data_ptr()}, rows,
-                    static_cast<int>(rowBytes));
+  if (spec.fitsOneKernel(static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin))) {
+    launchGenerated(op, spec, spec.withGradLaunch(rows), x.device(),
+                    {x.data_ptr(), t.data_ptr(), totalWeight.data_ptr(), rowLoss.data_ptr(), gx.data_ptr()});
   } else {
     at::Tensor lse = at::empty({rows}, rowValues(x));
     const at::Tensor grad = at::full({}, gradScale, rowValues(x));
-    launchGenerated(op, source, kCrossEntropyKernelName, x.device(), rows, kCrossEntropyThreads,
-                    {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()}, rows);
-    launchGenerated(op, source, kCrossEntropyBackwardKernelName, x.device(), rows, kCrossEntropyThreads,
+    launchGenerated(op, spec, spec.forwardLaunch(rows), x.device(),
+                    {x.data_ptr(), t.data_ptr(), lse.data_ptr(), rowLoss.data_ptr()});
+    launchGenerated(op, spec, spec.backwardLaunch(rows), x.device(),
                     {x.data_ptr(), t.data_ptr(), lse.data_ptr(), grad.data_ptr(), totalWeight.data_ptr(),
-                     gx.data_ptr()},
-                    rows);
+                     gx.data_ptr()});
   }
   at::Tensor loss = rowLoss.sum();
   if (reduction == 1) loss = loss / totalWeight;
@@ -308,29 +282,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at
 
 }  // namespace
 
-void launchGenerated(const char* op, const std::string& source, const char* name, const at::Device& device,
-                     int64_t blocks, int threads, std::vector<void*> pointers, long long count, int sharedBytes) {
-  if (blocks == 0) return;
+void launchGenerated(const char* op, const KernelSpec& spec, const KernelLaunch& launch, const at::Device& device,
+                     std::vector<void*> pointers) {
+  if (launch.blocks == 0) return;
   const c10::cuda::CUDAGuard guard(device);
-  CUfunction f = nullptr;
-  try {
-    ensureContext();
-    f = KernelCache::instance().function(device.index(), source, name);
-    // More than 48 KB of dynamic shared memory is opt-in, per function.
-    if (sharedBytes > 48 * 1024) {
-      checkDriver(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, sharedBytes),
+  CUfunction f = loadedKernel(op, spec, launch.kernel, device);
+  // More than 48 KB of dynamic shared memory is opt-in, per function.
+  if (launch.sharedBytes > 48 * 1024) {
+    try {
+      checkDriver(cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, launch.sharedBytes),
                   "asking for a generated kernel's shared memory");
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, op, ": ", e.what());
     }
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, op, ": ", e.what());
   }
+  long long count = launch.count.value_or(0);
   std::vector<void*> args;
   for (void*& p : pointers) args.push_back(&p);
-  args.push_back(&count);
-  const CUresult launched =
-      cuLaunchKernel(f, static_cast<unsigned int>(blocks), 1, 1, threads, 1, 1, static_cast<unsigned int>(sharedBytes),
-                     at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
-  TORCH_CHECK(launched == CUDA_SUCCESS, op, ": launching ", name, " failed (CUDA error ", launched, ")");
+  if (launch.count) args.push_back(&count);
+  const CUresult launched = cuLaunchKernel(f, static_cast<unsigned int>(launch.blocks), 1, 1, launch.threads, 1, 1,
+                                           static_cast<unsigned int>(launch.sharedBytes),
+                                           at::cuda::getCurrentCUDAStream(), args.data(), nullptr);
+  TORCH_CHECK(launched == CUDA_SUCCESS, op, ": launching ", launch.kernel, " failed (CUDA error ", launched, ")");
 }
 
 bool canCompileKernels() { return at::hasCUDA() && at::cuda::device_count() > 0; }
@@ -372,14 +345,15 @@ void installCompiledKernel(const CompiledKernel& kernel) { KernelCache::instance
 size_t kernelsCompiledAtLaunch() { return KernelCache::instance().compiledAtLaunch(); }
 
 void attentionSoftmaxInPlace(const at::Tensor& scores, double scale, bool causal) {
-  launchAttentionSoftmax(kAttentionSoftmaxKernelName, scores, {scores.data_ptr()}, scale, causal);
+  launchAttentionSoftmax(&AttentionSoftmaxKernelSpec::forwardLaunch, scores, {scores.data_ptr()}, scale, causal);
 }
 
 void attentionSoftmaxBackwardInPlace(const at::Tensor& grad, const at::Tensor& probs, double scale, bool causal) {
   TORCH_CHECK(probs.sizes() == grad.sizes() && probs.scalar_type() == at::kFloat && probs.is_contiguous(),
               "spmd::fused_attention_backward: the gemm kernel's probabilities must be contiguous fp32 of the "
               "gradient's shape");
-  launchAttentionSoftmax(kAttentionSoftmaxBackwardKernelName, grad, {grad.data_ptr(), probs.data_ptr()}, scale, causal);
+  launchAttentionSoftmax(&AttentionSoftmaxKernelSpec::backwardLaunch, grad, {grad.data_ptr(), probs.data_ptr()}, scale,
+                         causal);
 }
 
 void ensureFusedKernelsCudaRegistered() {}

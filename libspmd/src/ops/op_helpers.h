@@ -23,17 +23,17 @@ inline std::vector<int64_t> layerNormStatsShape(const at::Tensor& input) {
   return shape;
 }
 
-// `generate()`'s kernel source; the std::invalid_argument with which the
-// code generators refuse a shape becomes an error of `op` (c10::Error, what
-// the dispatcher's callers catch).
+// `make()`'s kernel spec (ops/kernel_spec.h); the std::invalid_argument
+// with which a spec refuses its attributes becomes an error of `op`
+// (c10::Error, what the dispatcher's callers catch).
 template <typename F>
-std::string generatedSource(const char* op, F generate) {
+auto generatedSpec(const char* op, F make) -> decltype(make()) {
   try {
-    return generate();
+    return make();
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, op, ": ", e.what());
+    throw;  // not reached: TORCH_CHECK(false) throws
   }
-  return {};  // not reached: TORCH_CHECK(false) throws
 }
 
 }  // namespace spmd

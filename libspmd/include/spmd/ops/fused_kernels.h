@@ -7,6 +7,8 @@
 // are tested against); on the meta device it gives shapes and dtypes.
 #pragma once
 
+#include "spmd/ops/kernel_spec.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -31,12 +33,12 @@ void ensureFusedKernelsCudaRegistered();  // ops/fused_kernels_cuda.cpp
 void attentionSoftmaxInPlace(const at::Tensor& scores, double scale, bool causal);
 void attentionSoftmaxBackwardInPlace(const at::Tensor& grad, const at::Tensor& probs, double scale, bool causal);
 
-// Launches kernel `name` of `source` (compiled once per device, or taken
-// from the installed images) on the current stream of `device`: `blocks`
-// blocks of `threads`, its arguments `pointers` and then `count`, with
-// `sharedBytes` of dynamic shared memory. `op` names the caller in errors.
-void launchGenerated(const char* op, const std::string& source, const char* name, const c10::Device& device,
-                     int64_t blocks, int threads, std::vector<void*> pointers, long long count, int sharedBytes = 0);
+// Launches `launch` (one kernel of `spec`'s source, loaded once per device
+// and spec key, its source compiled then unless an image of it is
+// installed) on the current stream of `device`, its arguments `pointers`
+// and then the launch's count. `op` names the caller in errors.
+void launchGenerated(const char* op, const KernelSpec& spec, const KernelLaunch& launch, const c10::Device& device,
+                     std::vector<void*> pointers);
 void ensureReductionKernelsCudaRegistered();  // ops/reduction_kernels_cuda.cpp
 #endif
 
