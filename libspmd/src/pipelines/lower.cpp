@@ -3,7 +3,7 @@
 
 #include "spmd/analysis/kernels.h"
 #include "spmd/ir/verify.h"
-#include "spmd/ops/fused_kernels.h"
+#include "spmd/backend/generated_kernels.h"
 #include "spmd/support/phase_times.h"
 #include "spmd/io/weights.h"
 #include "spmd/support/diagnostic.h"

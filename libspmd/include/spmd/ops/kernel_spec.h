@@ -71,4 +71,13 @@ class KernelSpec {
   mutable std::optional<std::string> source_;
 };
 
+// A generated kernel's source and its compiled code for one architecture:
+// what spmd-lower stores in the artifact (backend/generated_kernels.h
+// compiles and installs them).
+struct CompiledKernel {
+  std::string source;
+  std::string arch;   // "sm_90"
+  std::string image;  // the cubin, as NVRTC returned it
+};
+
 }  // namespace spmd

@@ -1,12 +1,13 @@
 // spmd::layer_norm(_backward) and spmd::column_sum on CUDA: the generated
 // kernels of ops/layer_norm_codegen.h and ops/column_sum_codegen.h, launched
-// on the current stream (so a CUDA graph captures them). Compiled only into
-// CUDA builds.
+// through the kernel cache (backend/generated_kernels.h) on the current
+// stream (so a CUDA graph captures them). Compiled only into CUDA builds.
+#include "spmd/backend/generated_kernels.h"
+
 #include "spmd/ops/column_sum_codegen.h"
-#include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/ivalue_call_args.h"
 #include "spmd/ops/layer_norm_codegen.h"
-#include "op_helpers.h"
+#include "spmd/ops/op_helpers.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

@@ -1,7 +1,7 @@
 // Helpers that the ATen implementations of spmd's ops share: the CPU and
-// meta kernels (layer_norm_ops.cpp) and the CUDA launches of generated
-// kernels (fused_kernels_cuda.cpp, reduction_kernels_cuda.cpp), so that both
-// give the same shapes and errors. Internal to ops/.
+// meta kernels (ops/layer_norm_ops.cpp) and the CUDA launches of generated
+// kernels (backend/fused_kernels_cuda.cpp, backend/reduction_kernels_cuda.cpp),
+// so that both give the same shapes and errors.
 #pragma once
 #include <ATen/ATen.h>
 
