@@ -50,7 +50,8 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   }
   TORCH_CHECK(onDevice, "spmd::fused: no input on the GPU");
   const c10::cuda::CUDAGuard guard(onDevice->device());
-  // Loaded (compiled) even when there is nothing to compute, as before the specs.
+  // Loaded (compiled where no image is installed) before the sizes are looked at, so that
+  // even a call with nothing to compute has its kernel ready, as before.
   loadGenerated("spmd::fused", *spec, spec->scalarKernelName(), onDevice->device());
 
   std::vector<at::Tensor> dense;

@@ -34,7 +34,7 @@ std::vector<CompiledKernel> compileKernels(const Graph& graph, DiagnosticEngine*
   std::set<std::string> seen;
   const bool gpu = canCompileKernels();
   for (const FusedKernel& k : fusedKernels(graph)) {
-    if (!seen.insert(k.source).second) continue;
+    if (!seen.insert(k.key).second) continue;  // equal keys, equal sources
     if (!gpu) {
       kernels.push_back({k.source, "", ""});
       continue;
