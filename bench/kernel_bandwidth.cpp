@@ -6,6 +6,7 @@
 // kernel (its launch not timed). Prints a markdown table.
 //   build-gpu/spmd-kernel-bench [ELEMENTS]   (default 2^27)
 #include "spmd/ops/attention_codegen.h"
+#include "spmd/backend/generated_kernels.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/spmd_ops.h"
 

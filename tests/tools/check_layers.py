@@ -20,8 +20,9 @@ ALLOWED = {
     "analysis": {"support", "ops", "ir"},
     "passes": {"support", "ops", "ir", "analysis"},
     "io": {"support", "ops", "ir"},
-    "runtime": {"support", "ops", "ir", "analysis", "io"},
-    "pipelines": {"support", "ops", "ir", "analysis", "passes", "io"},
+    "backend": {"support", "ops", "ir"},
+    "runtime": {"support", "ops", "ir", "analysis", "io", "backend"},
+    "pipelines": {"support", "ops", "ir", "analysis", "passes", "io", "backend"},
 }
 MAX_LINES = 600
 INCLUDE = re.compile(r'^\s*#\s*include\s+"spmd/([a-z_]+)/')

@@ -8,6 +8,7 @@
 //    generated kernels draw the CPU reference's masks bit for bit.
 #include "spmd/ir/builder.h"
 #include "spmd/ir/verify.h"
+#include "spmd/backend/generated_kernels.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/ops/spmd_ops.h"

@@ -9,6 +9,7 @@
 #include "spmd/io/artifact.h"
 #include "spmd/ir/parser.h"
 #include "spmd/ops/cuda_codegen.h"
+#include "spmd/backend/generated_kernels.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/ops/spmd_ops.h"

@@ -10,6 +10,7 @@
 //    against ATen's CUDA kernels, within fp32 rounding.
 #include "spmd/ir/parser.h"
 #include "spmd/ops/column_sum_codegen.h"
+#include "spmd/backend/generated_kernels.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"

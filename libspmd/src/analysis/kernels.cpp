@@ -5,6 +5,7 @@
 #include "spmd/ops/cross_entropy_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/dtype.h"
+#include "spmd/ops/kernel_spec.h"
 #include "spmd/ops/layer_norm_codegen.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/support/diagnostic.h"
@@ -25,6 +26,22 @@ std::string typed(const Graph& g, ValueId v) {
   for (size_t d = 0; d < value.shape.size(); ++d) s += (d ? "," : "") + std::to_string(value.shape[d]);
   return s + "]";
 }
+
+// A node's arguments as a kernel spec reads them (ops/kernel_spec.h).
+class NodeCallArgs final : public KernelCallArgs {
+ public:
+  NodeCallArgs(const Graph& g, const Node& n) : g_(g), n_(n) {}
+  bool given(size_t arg) const override { return n_.args.at(arg).kind == Arg::Kind::Value; }
+  c10::ScalarType dtype(size_t arg) const override { return g_.value(n_.args.at(arg).value).dtype; }
+  std::vector<int64_t> shape(size_t arg) const override { return g_.value(n_.args.at(arg).value).shape; }
+  double real(size_t arg) const override { return n_.args.at(arg).f; }
+  int64_t integer(size_t arg) const override { return n_.args.at(arg).i; }
+  bool flag(size_t arg) const override { return n_.args.at(arg).b; }
+
+ private:
+  const Graph& g_;
+  const Node& n_;
+};
 
 // The program's operations in order, without operands: "add cast".
 std::string opsOf(const PointwiseProgram& p) {
@@ -51,9 +68,10 @@ FusedKernel pointwiseKernel(const Graph& g, size_t i) {
   }
   for (ValueId v : k.outputs) k.bytesWritten += bytes(g.value(v));
   try {
-    const PointwiseProgram program = parsePointwiseProgram(k.program);
-    k.ops = opsOf(program);
-    k.source = pointwiseKernelSource(program, sig);
+    const PointwiseKernelSpec spec(k.program, sig);
+    k.ops = opsOf(spec.program());
+    k.key = spec.key();
+    k.source = spec.source();
   } catch (const std::invalid_argument& e) {
     throw Diagnostic(where, std::string("spmd::fused: ") + e.what());
   }
@@ -79,10 +97,11 @@ std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
   k.ops = forward ? "attention-softmax" : "attention-softmax-backward";
   (forward ? k.outputs : k.inputs).push_back(probs);
   try {
-    if (p.shape.size() < 2) throw std::invalid_argument("probabilities of fewer than 2 dimensions");
-    const int64_t queries = p.shape[p.shape.size() - 2], keys = p.shape.back();
     const bool causal = n.args.at(scaleArg + 1).b;
-    k.source = attentionSoftmaxSource(queries, keys, n.args.at(scaleArg).f, causal);
+    const AttentionSoftmaxKernelSpec spec = AttentionSoftmaxKernelSpec::forScores(p.shape, n.args.at(scaleArg).f, causal);
+    k.key = spec.key();
+    k.source = spec.source();
+    const int64_t queries = p.shape[p.shape.size() - 2], keys = p.shape.back();
     const AttentionSoftmaxElements e = attentionSoftmaxElements(queries, keys, causal);
     const int64_t perElement = queries * keys > 0 ? bytes(p) / (queries * keys) : 0;  // matrices x element size
     k.bytesRead = (forward ? 1 : 2) * e.read * perElement;
@@ -100,13 +119,12 @@ FusedKernel crossEntropyWithGradKernel(const Graph& g, size_t i) {
   k.node = i;
   k.ops = "cross-entropy-with-grad";
   try {
-    const Value& logits = g.value(n.args.at(0).value);
-    if (logits.shape.size() != 2) throw std::invalid_argument("logits of other than 2 dimensions");
+    const CrossEntropyWithGradKernelSpec spec = CrossEntropyWithGradKernelSpec::forCall(NodeCallArgs(g, n));
     k.inputs.push_back(n.args[0].value);
     k.outputs.push_back(n.outputs.at(2));
-    k.bytesRead = k.bytesWritten = bytes(logits);
-    k.source =
-        crossEntropyWithGradSource(logits.shape[1], n.args.at(2).i, n.args.at(3).i, n.args.at(4).f, logits.dtype);
+    k.bytesRead = k.bytesWritten = bytes(g.value(n.args[0].value));
+    k.key = spec.key();
+    k.source = spec.source();
   } catch (const std::exception& e) {
     throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
   }
@@ -120,19 +138,21 @@ std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
   const bool forward = n.op == "spmd::cross_entropy";
   if (n.op == "spmd::cross_entropy_with_grad") return crossEntropyWithGradKernel(g, i);
   if (!forward && n.op != "spmd::cross_entropy_backward") return std::nullopt;
-  const size_t logitsArg = forward ? 0 : 1, reductionArg = forward ? 2 : 5;  // then ignore_index
+  const size_t logitsArg = forward ? 0 : 1;
   FusedKernel k;
   k.node = i;
   k.ops = forward ? "cross-entropy" : "cross-entropy-backward";
   try {
+    const NodeCallArgs call(g, n);
+    const CrossEntropyKernelSpec spec =
+        forward ? CrossEntropyKernelSpec::forCall(call) : CrossEntropyKernelSpec::forBackwardCall(call);
     const Value& logits = g.value(n.args.at(logitsArg).value);
-    if (logits.shape.size() != 2) throw std::invalid_argument("logits of other than 2 dimensions");
     k.inputs.push_back(n.args[logitsArg].value);
     if (!forward) k.outputs.push_back(n.outputs.at(0));
     k.bytesRead = bytes(logits);
     k.bytesWritten = forward ? 0 : bytes(logits);
-    k.source = crossEntropySource(logits.shape[1], n.args.at(reductionArg).i, n.args.at(reductionArg + 1).i,
-                                  logits.dtype);
+    k.key = spec.key();
+    k.source = spec.source();
   } catch (const std::exception& e) {
     throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
   }
@@ -158,18 +178,15 @@ std::optional<FusedKernel> layerNormKernel(const Graph& g, size_t i) {
     k.bytesWritten += bytes(g.value(v));
   }
   try {
-    const Value& x = g.value(n.args.at(forward ? 0 : 1).value);
-    if (x.shape.empty()) throw std::invalid_argument("an input of no dimensions");
+    const NodeCallArgs call(g, n);
     if (forward) {
-      const Arg& residual = n.args.at(1);
-      const std::optional<c10::ScalarType> residualDtype =
-          residual.kind == Arg::Kind::Value ? std::optional<c10::ScalarType>(g.value(residual.value).dtype)
-                                            : std::nullopt;
-      k.source = layerNormSource(x.shape.back(), n.args.at(4).f, static_cast<c10::ScalarType>(n.args.at(5).i),
-                                 residualDtype);
+      const LayerNormKernelSpec spec = LayerNormKernelSpec::forCall(call);
+      k.key = spec.key();
+      k.source = spec.source();
     } else {
-      const bool residual = n.args.at(5).kind == Arg::Kind::Value;
-      k.source = layerNormBackwardSource(x.shape.back(), g.value(n.args.at(0).value).dtype, residual);
+      const LayerNormBackwardKernelSpec spec = LayerNormBackwardKernelSpec::forCall(call);
+      k.key = spec.key();
+      k.source = spec.source();
     }
   } catch (const std::exception& e) {
     throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
@@ -185,13 +202,13 @@ std::optional<FusedKernel> columnSumKernel(const Graph& g, size_t i) {
   k.node = i;
   k.ops = "column-sum";
   try {
-    const Value& x = g.value(n.args.at(0).value);
-    if (x.shape.empty()) throw std::invalid_argument("an input of no dimensions");
+    const ColumnSumKernelSpec spec = ColumnSumKernelSpec::forCall(NodeCallArgs(g, n));
     k.inputs.push_back(n.args[0].value);
     k.outputs.push_back(n.outputs.at(0));
-    k.bytesRead = bytes(x);
+    k.bytesRead = bytes(g.value(n.args[0].value));
     k.bytesWritten = bytes(g.value(n.outputs[0]));
-    k.source = columnSumSource(x.shape.back(), x.dtype);
+    k.key = spec.key();
+    k.source = spec.source();
   } catch (const std::exception& e) {
     throw Diagnostic("/nodes/" + std::to_string(i), n.op + ": " + e.what());
   }
@@ -232,8 +249,9 @@ std::string printKernels(const Graph& g, const std::vector<FusedKernel>& kernels
     out << "  bytes moved " << kernel.bytesRead + kernel.bytesWritten << " (read " << kernel.bytesRead << ", written "
         << kernel.bytesWritten << ")\n";
     if (sources) {
-      // One source may serve several kernels (an attention's forward and backward).
-      auto [first, fresh] = firstWithSource.emplace(kernel.source, k);
+      // One source may serve several kernels (an attention's forward and
+      // backward): equal keys, equal sources.
+      auto [first, fresh] = firstWithSource.emplace(kernel.key, k);
       out << (fresh ? kernel.source : "  source: as kernel " + std::to_string(first->second) + "'s\n");
     }
     moved += kernel.bytesRead + kernel.bytesWritten;

@@ -263,7 +263,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const a
     gemmInto(batched(block(probs, r0, r1, 0, keys)), batched(block(q, r0, r1, 0, d)),
              batched(block(k, 0, keys, 0, d)).transpose(1, 2));
   }
-  attentionSoftmaxInPlace(probs, scale, causal);
+  TORCH_CHECK(attentionSoftmaxKernels().forward, "spmd::fused_attention: the gemm kernel's softmax is not linked in "
+              "(backend/generated_kernels.h: ensureCudaBackendRegistered)");
+  attentionSoftmaxKernels().forward(probs, scale, causal);
   at::Tensor out = at::empty({q.size(0), q.size(1), queries, v.size(3)}, q.options());
   for (int64_t i = 0; i < by.blocks; ++i) {
     const int64_t r0 = i * by.rows, r1 = r0 + by.rows, keys = by.keysOf(i);
@@ -297,7 +299,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
     gemmInto(batched(block(dscores, r0, r1, 0, keys)), batched(block(g, r0, r1, 0, dv)),
              batched(block(v, 0, keys, 0, dv)).transpose(1, 2));
   }
-  attentionSoftmaxBackwardInPlace(dscores, probs, scale, causal);
+  TORCH_CHECK(attentionSoftmaxKernels().backward, "spmd::fused_attention_backward: the gemm kernel's softmax is not "
+              "linked in (backend/generated_kernels.h: ensureCudaBackendRegistered)");
+  attentionSoftmaxKernels().backward(dscores, probs, scale, causal);
   at::Tensor dq = at::empty_like(q), dkT = at::empty({k.size(0), k.size(1), d, by.keys}, k.options()),
              dvOut = at::empty_like(v);
   for (int64_t i = 0; i < by.blocks; ++i) {  // dq: query block i against its keys
@@ -439,6 +443,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackwardMeta(
 }  // namespace
 
 void ensureAttentionOpsRegistered() {}
+
+#ifdef SPMD_WITH_CUDA
+namespace {
+AttentionSoftmaxKernels& softmaxKernels() {
+  static AttentionSoftmaxKernels kernels;
+  return kernels;
+}
+}  // namespace
+
+void setAttentionSoftmaxKernels(const AttentionSoftmaxKernels& kernels) { softmaxKernels() = kernels; }
+const AttentionSoftmaxKernels& attentionSoftmaxKernels() { return softmaxKernels(); }
+#endif
 
 }  // namespace spmd
 

@@ -4,7 +4,7 @@
 // dimensions). keepdim keeps them as 1s, as the sum it replaces did.
 //
 // CUDA runs the generated kernels (ops/column_sum_codegen.h, launched in
-// ops/reduction_kernels_cuda.cpp); the CPU kernel here is the reference
+// backend/reduction_kernels_cuda.cpp); the CPU kernel here is the reference
 // they are tested against, ATen's sum.
 #include "spmd/ops/spmd_ops.h"
 

@@ -15,7 +15,7 @@
 // fp32; the logits' gradient has the logits' type.
 //
 // CUDA runs the generated kernels (ops/cross_entropy_codegen.h, launched in
-// ops/fused_kernels_cuda.cpp); the CPU kernel here is the reference they are
+// backend/fused_kernels_cuda.cpp); the CPU kernel here is the reference they are
 // tested against, the same ATen ops the pass replaced.
 #include "spmd/ops/spmd_ops.h"
 

@@ -26,27 +26,6 @@ std::string shapeText(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
-const char* storageType(c10::ScalarType t) {
-  if (t == c10::ScalarType::Long) return "long long";  // a bernoulli's seed
-  return t == c10::ScalarType::Float ? "float" : "unsigned short";
-}
-
-std::string loadExpr(c10::ScalarType t, const std::string& element) {
-  switch (t) {
-    case c10::ScalarType::BFloat16: return "spmd_bf16_to_f32(" + element + ")";
-    case c10::ScalarType::Half: return "spmd_f16_to_f32(" + element + ")";
-    default: return element;
-  }
-}
-
-std::string storeExpr(c10::ScalarType t, const std::string& value) {
-  switch (t) {
-    case c10::ScalarType::BFloat16: return "spmd_f32_to_bf16(" + value + ")";
-    case c10::ScalarType::Half: return "spmd_f32_to_f16(" + value + ")";
-    default: return value;
-  }
-}
-
 // The offset of element `i` of the iteration space `out` in a contiguous
 // input of shape `in`: runs of dimensions the input has in full act as one
 // dimension; the broadcast ones contribute nothing.
@@ -90,7 +69,7 @@ std::string enclosed(const std::string& expr) {
 
 std::string rounded(c10::ScalarType t, const std::string& expr) {
   if (t == c10::ScalarType::Float) return expr;
-  return loadExpr(t, storeExpr(t, expr));
+  return toFloatExpr(t, fromFloatExpr(t, expr));
 }
 
 // The two kernels of one program: `spmd_fused`, one element per iteration,
@@ -122,11 +101,11 @@ struct KernelText {
   std::string signature(const std::string& name) const {
     std::string s = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kFusedBlockSize) + ") " + name + "(";
     for (size_t k = 0; k < inputs.size(); ++k) {
-      s += std::string(k ? ",\n    " : "\n    ") + "const " + storageType(inputs[k].dtype) + "* __restrict__ in" +
+      s += std::string(k ? ",\n    " : "\n    ") + "const " + storageTypeName(inputs[k].dtype) + "* __restrict__ in" +
            std::to_string(k) + "  /* " + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape) + " */";
     }
     for (size_t r = 0; r < program.results.size(); ++r) {
-      s += std::string(",\n    ") + storageType(resultType(r)) + "* __restrict__ out" + std::to_string(r) + "  /* " +
+      s += std::string(",\n    ") + storageTypeName(resultType(r)) + "* __restrict__ out" + std::to_string(r) + "  /* " +
            dtypeShortName(resultType(r)) + shapeText(resultShape(program, r, shape)) + " */";
     }
     return s + ") {\n";
@@ -149,8 +128,8 @@ struct KernelText {
       const std::string n = std::to_string(i);
       if (isResult(static_cast<int>(i)) && st.dtype != c10::ScalarType::Float && st.op != PointwiseOp::Bernoulli) {
         // Rounded once: the result stores the bits its readers read.
-        b += pad + "const unsigned short h" + n + " = " + storeExpr(st.dtype, opExpr(st)) + ";\n";
-        b += pad + "const float t" + n + " = " + loadExpr(st.dtype, "h" + n) + ";\n";
+        b += pad + "const unsigned short h" + n + " = " + fromFloatExpr(st.dtype, opExpr(st)) + ";\n";
+        b += pad + "const float t" + n + " = " + toFloatExpr(st.dtype, "h" + n) + ";\n";
         stored.insert(static_cast<int>(i));
       } else {
         // A bernoulli's value is rounded already (bernoulliExpr).
@@ -160,7 +139,7 @@ struct KernelText {
     }
     for (size_t r = 0; r < program.results.size(); ++r) {
       const int k = program.results[r];
-      const std::string value = stored.count(k) ? "h" + std::to_string(k) : storeExpr(resultType(r), "t" + std::to_string(k));
+      const std::string value = stored.count(k) ? "h" + std::to_string(k) : fromFloatExpr(resultType(r), "t" + std::to_string(k));
       b += pad + store(r, value) + ";\n";
     }
     return b;
@@ -173,7 +152,7 @@ struct KernelText {
   }
 
   std::string elementAt(size_t k) const {
-    return loadExpr(inputs[k].dtype, "in" + std::to_string(k) + "[" + indexExpr(inputs[k].shape, shape, suffix) + "]");
+    return toFloatExpr(inputs[k].dtype, "in" + std::to_string(k) + "[" + indexExpr(inputs[k].shape, shape, suffix) + "]");
   }
 
   std::string scalarKernel(const std::string& index, int64_t numel) const {
@@ -232,7 +211,7 @@ struct KernelText {
     s += body(
         "      ",
         [&](size_t k) {
-          return full(k) || runs(k, w) ? loadExpr(inputs[k].dtype, "l" + std::to_string(k) + ".v[j]") : elementAt(k);
+          return full(k) || runs(k, w) ? toFloatExpr(inputs[k].dtype, "l" + std::to_string(k) + ".v[j]") : elementAt(k);
         },
         [&](size_t k) { return "r" + std::to_string(k) + "[j / 4" + suffix + "].v[j % 4" + suffix + "]"; },
         [&](size_t r, const std::string& v) { return "s" + std::to_string(r) + ".v[j] = " + v; });
@@ -372,7 +351,7 @@ struct RowKernelText {
     std::string tail, rowStores;
     for (size_t r = 0; r < program().results.size(); ++r) {
       const int k = program().results[r];
-      const std::string value = storeExpr(base.resultType(r), "t" + std::to_string(k));
+      const std::string value = fromFloatExpr(base.resultType(r), "t" + std::to_string(k));
       if (isPerRowResult(program(), r)) {
         rowStores += "  if (lane == 0) out" + std::to_string(r) + "[row] = " + value + ";\n";
       } else {
@@ -498,7 +477,7 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
     if (s.op == PointwiseOp::GeluTanhGrad) geluTanh.insert(geluTanhName(s.dtype) + "_grad");
   }
 
-  std::string src = "// Generated by spmd-lower (codegen version " + std::to_string(kCodegenVersion) + ").\n";
+  std::string src = generatedBanner();
   src += "// " + printPointwiseProgram(program) + "\n";
   src += "// iteration space " + shapeText(shape) + ", " + std::to_string(numel) + " elements\n";
   src += prelude(dtypes, geluTanh, ops);
@@ -510,6 +489,39 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
   src += k.scalarKernel(index, numel);
   if (numel % k.vectorWidth() == 0) src += k.vectorKernel(index, numel);
   return src;
+}
+
+namespace {
+
+std::string pointwiseKey(const PointwiseProgram& program, const std::vector<KernelTensor>& inputs) {
+  std::string key = "pointwise " + printPointwiseProgram(program) + " in=";
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    key += (k ? "," : "") + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape);
+  }
+  return key;
+}
+
+}  // namespace
+
+PointwiseKernelSpec::PointwiseKernelSpec(const std::string& programText, std::vector<KernelTensor> inputs)
+    : PointwiseKernelSpec(parsePointwiseProgram(programText), std::move(inputs)) {}
+
+PointwiseKernelSpec::PointwiseKernelSpec(PointwiseProgram program, std::vector<KernelTensor> inputs)
+    : KernelSpec(pointwiseKey(program, inputs)), program_(std::move(program)), inputs_(std::move(inputs)) {}
+
+const char* PointwiseKernelSpec::scalarKernelName() const {
+  return hasRowReductions(program_) ? kFusedRowsKernelName : kFusedKernelName;
+}
+
+KernelLaunch PointwiseKernelSpec::launch(int multiprocessors, bool aligned) const {
+  const std::vector<int64_t> space = shape();
+  const int64_t numel = product(space, 0, space.size());
+  if (hasRowReductions(program_)) {
+    return {kFusedRowsKernelName, fusedRowBlocks(numel / space.back()), kFusedBlockSize, 0, std::nullopt};
+  }
+  const int width = aligned ? fusedVectorWidth(program_, inputs_) : 0;
+  return {width > 0 ? kFusedVectorKernelName : kFusedKernelName,
+          fusedGridSize(width > 0 ? numel / width : numel, multiprocessors), kFusedBlockSize, 0, std::nullopt};
 }
 
 }  // namespace spmd

@@ -1,7 +1,7 @@
 // spmd::fused's schema, its meta kernel (shapes and dtypes for the verifier)
 // and its CPU kernel: the program evaluated with ATen's own float kernels,
 // each result rounded to its statement's dtype, which is what the unfused ops
-// compute. The CUDA kernel is in fused_kernels_cuda.cpp.
+// compute. The CUDA kernel is in backend/fused_kernels_cuda.cpp.
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/pointwise_program.h"
@@ -143,21 +143,7 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
 
 }  // namespace
 
-#ifdef SPMD_WITH_CUDA
-void ensureFusedKernelOpsRegistered() {
-  ensureFusedKernelsCudaRegistered();
-  ensureReductionKernelsCudaRegistered();
-}
-#else
 void ensureFusedKernelOpsRegistered() {}
-bool canCompileKernels() { return false; }
-std::string currentKernelArch() { return ""; }
-CompiledKernel compileKernel(const std::string&) {
-  throw std::runtime_error("this build has no CUDA LibTorch to compile generated kernels with");
-}
-void installCompiledKernel(const CompiledKernel&) {}
-size_t kernelsCompiledAtLaunch() { return 0; }
-#endif
 
 }  // namespace spmd
 

@@ -11,10 +11,10 @@
 // input's shape with the last dimension 1.
 //
 // CUDA runs the generated kernels (ops/layer_norm_codegen.h, launched in
-// ops/reduction_kernels_cuda.cpp); the CPU kernels here are the reference they are
+// backend/reduction_kernels_cuda.cpp); the CPU kernels here are the reference they are
 // tested against, the ATen ops the pass replaced.
 #include "spmd/ops/spmd_ops.h"
-#include "op_helpers.h"
+#include "spmd/ops/op_helpers.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>

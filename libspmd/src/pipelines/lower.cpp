@@ -3,7 +3,7 @@
 
 #include "spmd/analysis/kernels.h"
 #include "spmd/ir/verify.h"
-#include "spmd/ops/fused_kernels.h"
+#include "spmd/backend/generated_kernels.h"
 #include "spmd/support/phase_times.h"
 #include "spmd/io/weights.h"
 #include "spmd/support/diagnostic.h"
@@ -34,7 +34,7 @@ std::vector<CompiledKernel> compileKernels(const Graph& graph, DiagnosticEngine*
   std::set<std::string> seen;
   const bool gpu = canCompileKernels();
   for (const FusedKernel& k : fusedKernels(graph)) {
-    if (!seen.insert(k.source).second) continue;
+    if (!seen.insert(k.key).second) continue;  // equal keys, equal sources
     if (!gpu) {
       kernels.push_back({k.source, "", ""});
       continue;

@@ -4,7 +4,7 @@
 // (op_profile), progress lines (run_progress), and the reports after the
 // last step (run_report).
 #include "spmd/runtime/runner.h"
-#include "spmd/ops/fused_kernels.h"
+#include "spmd/backend/generated_kernels.h"
 
 #include "spmd/runtime/checkpoint.h"
 #include "iteration_plans.h"
@@ -154,6 +154,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const std::string dataName = checkpoints ? dataIdentity(o.dataFile, o.tokens) : "";
 
   device.makeCurrent();
+  ensureCudaBackendRegistered();  // the spmd ops' CUDA kernels
   // Compiled at lower time: a launch finds them instead of compiling them.
   for (const CompiledKernel& kernel : artifact.kernels) {
     if (!kernel.image.empty()) installCompiledKernel(kernel);

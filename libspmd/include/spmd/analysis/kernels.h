@@ -20,7 +20,8 @@ struct FusedKernel {
   std::vector<ValueId> inputs, outputs;
   int64_t bytesRead = 0;       // each input once, at its own size (the attention softmax: what it reads)
   int64_t bytesWritten = 0;
-  std::string source;          // CUDA C (ops/cuda_codegen.h)
+  std::string key;             // its spec's key (ops/kernel_spec.h): equal keys, equal sources
+  std::string source;          // CUDA C (its spec's source())
 };
 
 // Throws Diagnostic naming the node for a program that does not parse or

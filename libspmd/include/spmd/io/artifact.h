@@ -6,7 +6,7 @@
 #pragma once
 
 #include "spmd/ir/graph.h"
-#include "spmd/ops/fused_kernels.h"
+#include "spmd/ops/kernel_spec.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -16,8 +16,11 @@
 // headers, like the pointwise kernels' (ops/cuda_codegen.h).
 #pragma once
 
+#include "spmd/ops/kernel_spec.h"
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spmd {
 
@@ -47,8 +50,30 @@ struct AttentionSoftmaxElements {
 };
 AttentionSoftmaxElements attentionSoftmaxElements(int64_t queries, int64_t keys, bool causal);
 
-// Throws std::invalid_argument for keys outside [1, kAttentionSoftmaxMaxKeys]
-// or queries < 1.
-std::string attentionSoftmaxSource(int64_t queries, int64_t keys, double scale, bool causal);
+// The softmax kernels of spmd::fused_attention(_backward)'s "gemm" kernel
+// (one source holds both): the score matrix's queries and keys, the scale
+// and the causal mask. Key "attention_softmax q=1024 k=1024 scale=0.125 causal=1".
+class AttentionSoftmaxKernelSpec final : public KernelSpec {
+ public:
+  // Throws std::invalid_argument for keys outside [1,
+  // kAttentionSoftmaxMaxKeys], queries < 1 or a scale that is not finite.
+  AttentionSoftmaxKernelSpec(int64_t queries, int64_t keys, double scale, bool causal);
+  // Over scores (or probabilities) of `shape` [..., queries, keys]; throws
+  // for fewer than 2 dimensions.
+  static AttentionSoftmaxKernelSpec forScores(const std::vector<int64_t>& shape, double scale, bool causal);
+  // The scores a load or store moves (attentionSoftmaxWidth): the rows
+  // must start 4 * width bytes aligned.
+  int64_t width() const { return attentionSoftmaxWidth(queries_, keys_, causal_); }
+  // One warp a row, kAttentionSoftmaxRowsPerBlock rows a block.
+  KernelLaunch forwardLaunch(int64_t rows) const;
+  KernelLaunch backwardLaunch(int64_t rows) const;
+
+ private:
+  std::string generateSource() const override;
+
+  int64_t queries_, keys_;
+  double scale_;
+  bool causal_;
+};
 
 }  // namespace spmd

@@ -20,10 +20,13 @@
 // deterministic and needs no headers, like the pointwise kernels'.
 #pragma once
 
+#include "spmd/ops/kernel_spec.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spmd {
 
@@ -47,7 +50,26 @@ int64_t columnSumParts(int64_t rows);
 // bf16, and a row a whole number of 16-byte pieces.
 std::string columnSumUnsupported(int64_t columns, c10::ScalarType dtype);
 
-// Throws std::invalid_argument for what columnSumUnsupported refuses.
-std::string columnSumSource(int64_t columns, c10::ScalarType dtype);
+// spmd::column_sum's kernels: the columns and their dtype. Key
+// "column_sum c=3072 in=f32".
+class ColumnSumKernelSpec final : public KernelSpec {
+ public:
+  // Throws std::invalid_argument for what columnSumUnsupported refuses.
+  ColumnSumKernelSpec(int64_t columns, c10::ScalarType dtype);
+  // spmd::column_sum(input, keepdim): the input's last dimension and dtype.
+  static ColumnSumKernelSpec forCall(const KernelCallArgs& call);
+  // For [rows, columns]: spmd_column_sum_whole alone up to
+  // kColumnSumWholeRows rows; else spmd_column_sum into
+  // columnSumParts(rows) rows of float partial sums, then
+  // spmd_column_sum_parts over them. No launch for rows = 0 (the caller
+  // fills the result with zeros).
+  std::vector<KernelLaunch> launches(int64_t rows) const;
+
+ private:
+  std::string generateSource() const override;
+
+  int64_t columns_;
+  c10::ScalarType dtype_;
+};
 
 }  // namespace spmd

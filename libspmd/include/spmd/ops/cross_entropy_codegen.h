@@ -34,6 +34,8 @@
 // result is never written.
 #pragma once
 
+#include "spmd/ops/kernel_spec.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -59,16 +61,62 @@ int64_t crossEntropyVectorWidth(c10::ScalarType logits);
 // start 16-byte aligned.
 bool crossEntropyVectorized(int64_t classes, c10::ScalarType logits);
 
-// ATen's reduction codes (at::Reduction): 1 mean, 2 sum; the kernels take
-// those two. Throws std::invalid_argument for classes < 1, another
-// reduction or logits of another type.
-std::string crossEntropySource(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits);
-// The same source with the forward-and-backward kernel added, for a loss
-// gradient of `gradScale`; and the dynamic shared memory it asks for (a
+// spmd::cross_entropy's and spmd::cross_entropy_backward's kernels (one
+// source holds both): the classes, ATen's reduction code (at::Reduction: 1
+// mean, 2 sum; the kernels take those two), ignore_index and the logits'
+// dtype. Key "cross_entropy c=50304 red=mean ignore=-100 logits=bf16".
+class CrossEntropyKernelSpec : public KernelSpec {
+ public:
+  // Throws std::invalid_argument for classes < 1, another reduction or
+  // logits of another type.
+  CrossEntropyKernelSpec(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits);
+  // spmd::cross_entropy(logits, target, reduction, ignore_index) and
+  // spmd::cross_entropy_backward(grad, logits, target, lse, total_weight,
+  // reduction, ignore_index): the logits' classes and dtype, the reduction
+  // and ignore_index.
+  static CrossEntropyKernelSpec forCall(const KernelCallArgs& call);
+  static CrossEntropyKernelSpec forBackwardCall(const KernelCallArgs& call);
+  // One block a row, for both kernels.
+  KernelLaunch forwardLaunch(int64_t rows) const;
+  KernelLaunch backwardLaunch(int64_t rows) const;
+
+ protected:
+  CrossEntropyKernelSpec(std::string key, int64_t classes, int64_t reduction, int64_t ignoreIndex,
+                         c10::ScalarType logits);
+  std::string generateSource() const override;
+
+  int64_t classes_, reduction_, ignoreIndex_;
+  c10::ScalarType logits_;
+};
+
+// spmd::cross_entropy_with_grad's kernels: CrossEntropyKernelSpec's source
+// with the forward-and-backward kernel added, for a loss gradient of
+// `gradScale`. Key "cross_entropy_with_grad c=... red=... ignore=...
+// scale=1.0 logits=...".
+class CrossEntropyWithGradKernelSpec final : public CrossEntropyKernelSpec {
+ public:
+  // Throws std::invalid_argument as CrossEntropyKernelSpec's, and for a
+  // gradScale that is not finite.
+  CrossEntropyWithGradKernelSpec(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale,
+                                 c10::ScalarType logits);
+  // spmd::cross_entropy_with_grad(logits, target, reduction, ignore_index, grad_scale).
+  static CrossEntropyWithGradKernelSpec forCall(const KernelCallArgs& call);
+  // Whether a block can hold a row's first classes (crossEntropyRowBytes)
+  // in the `sharedPerBlock` bytes of dynamic shared memory the GPU allows
+  // it: then withGradLaunch, else forwardLaunch and backwardLaunch (the
+  // same values).
+  bool fitsOneKernel(int64_t sharedPerBlock) const;
+  KernelLaunch withGradLaunch(int64_t rows) const;
+
+ private:
+  std::string generateSource() const override;
+
+  double gradScale_;
+};
+
+// The dynamic shared memory the forward-and-backward kernel asks for (a
 // GPU whose blocks cannot have that much runs the two kernels instead),
 // the first crossEntropyCachedClasses of a row.
-std::string crossEntropyWithGradSource(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale,
-                                       c10::ScalarType logits);
 int64_t crossEntropyRowBytes(int64_t classes, c10::ScalarType logits);
 int64_t crossEntropyCachedClasses(int64_t classes, c10::ScalarType logits);
 

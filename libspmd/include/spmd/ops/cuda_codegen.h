@@ -5,7 +5,8 @@
 // (golden tests read it) and needs no headers, so NVRTC compiles it as is.
 #pragma once
 
-#include "spmd/ops/cuda_emitter.h"  // the bf16 and f16 helpers every kernel family writes
+#include "spmd/ops/cuda_emitter.h"  // the pieces every kernel family writes
+#include "spmd/ops/kernel_spec.h"
 #include "spmd/ops/pointwise_program.h"
 
 #include <c10/core/ScalarType.h>
@@ -16,9 +17,6 @@
 
 namespace spmd {
 
-// Bumped whenever the generated code changes meaning or calling convention:
-// an artifact's compiled kernels are used only by the version that made them.
-constexpr int kCodegenVersion = 1;
 constexpr const char* kFusedKernelName = "spmd_fused";
 constexpr int kFusedBlockSize = 256;
 constexpr const char* kFusedVectorKernelName = "spmd_fused_vec";
@@ -52,5 +50,34 @@ int64_t fusedRowBlocks(int64_t rows);
 
 // Blocks to launch for `numel` elements (a grid-stride loop covers the rest).
 int64_t fusedGridSize(int64_t numel, int multiprocessors);
+
+// The kernel of one spmd::fused(Tensor[] inputs, str program) call, a
+// pointwise or a row program (fuse-pointwise's and fuse-rows' nodes are the
+// same op): the program and its inputs' dtypes and shapes. Its key is
+// "pointwise <the program as printed> in=<dtype[shape]>,...".
+class PointwiseKernelSpec final : public KernelSpec {
+ public:
+  // Throws std::invalid_argument for a program that does not parse; inputs
+  // that do not fit it are refused by source() and shape().
+  PointwiseKernelSpec(const std::string& programText, std::vector<KernelTensor> inputs);
+
+  const PointwiseProgram& program() const { return program_; }
+  const std::vector<KernelTensor>& inputs() const { return inputs_; }
+  // The broadcast iteration space.
+  std::vector<int64_t> shape() const { return broadcastShapes(inputs_); }
+  // The launch over the iteration space: a row program's row kernel, else
+  // spmd_fused_vec where every data pointer is 16-byte aligned (`aligned`)
+  // and the source has it, else spmd_fused. No count argument.
+  KernelLaunch launch(int multiprocessors, bool aligned) const;
+  // The kernel every such source has: the row kernel or spmd_fused.
+  const char* scalarKernelName() const;
+
+ private:
+  PointwiseKernelSpec(PointwiseProgram program, std::vector<KernelTensor> inputs);
+  std::string generateSource() const override { return pointwiseKernelSource(program_, inputs_); }
+
+  PointwiseProgram program_;
+  std::vector<KernelTensor> inputs_;
+};
 
 }  // namespace spmd

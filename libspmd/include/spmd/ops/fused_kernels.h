@@ -1,10 +1,10 @@
 // spmd::fused(Tensor[] inputs, str program) -> Tensor[]: a group of
 // pointwise ops as one node (spmd-lower's fuse-pointwise pass), its body a
 // pointwise program (ops/pointwise_program.h). On CUDA it runs as one
-// generated kernel (ops/cuda_codegen.h) compiled with the CUDA toolkit's
-// NVRTC and loaded through the driver API; on the CPU the
-// program is evaluated op by op with ATen (the reference the GPU kernels
-// are tested against); on the meta device it gives shapes and dtypes.
+// generated kernel (ops/cuda_codegen.h), which the CUDA backend compiles
+// and launches (backend/generated_kernels.h); on the CPU the program is
+// evaluated op by op with ATen (the reference the GPU kernels are tested
+// against); on the meta device it gives shapes and dtypes.
 #pragma once
 
 #include <cstddef>
@@ -15,53 +15,24 @@
 namespace at {
 class Tensor;
 }
-namespace c10 {
-struct Device;
-}
 
 namespace spmd {
 
 void ensureFusedKernelOpsRegistered();
+
 #ifdef SPMD_WITH_CUDA
-void ensureFusedKernelsCudaRegistered();  // ops/fused_kernels_cuda.cpp
-
-// spmd::fused_attention's "gemm" kernel: attention's row softmax and its
-// backward (ops/attention_codegen.h) over contiguous fp32 scores
-// [..., queries, keys], in place, on the current stream.
-void attentionSoftmaxInPlace(const at::Tensor& scores, double scale, bool causal);
-void attentionSoftmaxBackwardInPlace(const at::Tensor& grad, const at::Tensor& probs, double scale, bool causal);
-
-// Launches kernel `name` of `source` (compiled once per device, or taken
-// from the installed images) on the current stream of `device`: `blocks`
-// blocks of `threads`, its arguments `pointers` and then `count`, with
-// `sharedBytes` of dynamic shared memory. `op` names the caller in errors.
-void launchGenerated(const char* op, const std::string& source, const char* name, const c10::Device& device,
-                     int64_t blocks, int threads, std::vector<void*> pointers, long long count, int sharedBytes = 0);
-void ensureReductionKernelsCudaRegistered();  // ops/reduction_kernels_cuda.cpp
-#endif
-
-// A generated kernel's source and its compiled code for one architecture.
-struct CompiledKernel {
-  std::string source;
-  std::string arch;   // "sm_90"
-  std::string image;  // the cubin, as NVRTC returned it
+// spmd::fused_attention's "gemm" kernel (ops/attention_ops.cpp) runs its
+// row softmax and the softmax's backward as generated kernels
+// (ops/attention_codegen.h), over contiguous fp32 scores [..., queries,
+// keys], in place, on the current stream. The CUDA backend, a layer above
+// ops, launches them: it sets these while the program starts, where it is
+// linked in (backend/generated_kernels.h: ensureCudaBackendRegistered).
+struct AttentionSoftmaxKernels {
+  void (*forward)(const at::Tensor& scores, double scale, bool causal) = nullptr;
+  void (*backward)(const at::Tensor& grad, const at::Tensor& probs, double scale, bool causal) = nullptr;
 };
-
-// Whether this build can compile and launch generated kernels (a CUDA
-// LibTorch) and a GPU is present.
-bool canCompileKernels();
-// The current device's architecture ("sm_90"); "" without a GPU.
-std::string currentKernelArch();
-// Compiles `source` for the current device. Throws std::runtime_error with
-// NVRTC's log on failure, or when canCompileKernels() is false.
-CompiledKernel compileKernel(const std::string& source);
-// Makes `kernel` the code spmd::fused launches for its source on devices of
-// its architecture, so that no launch compiles it again (spmd-run installs
-// an artifact's kernels before the first step).
-void installCompiledKernel(const CompiledKernel& kernel);
-// How many kernels launches of spmd::fused have compiled in this process,
-// finding no installed image: 0 for an artifact lowered on a GPU of the
-// architecture it runs on.
-size_t kernelsCompiledAtLaunch();
+void setAttentionSoftmaxKernels(const AttentionSoftmaxKernels& kernels);
+const AttentionSoftmaxKernels& attentionSoftmaxKernels();
+#endif
 
 }  // namespace spmd

@@ -31,6 +31,8 @@
 // and needs no headers, like the pointwise kernels' (ops/cuda_codegen.h).
 #pragma once
 
+#include "spmd/ops/kernel_spec.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -60,12 +62,53 @@ int64_t layerNormBackwardBlocks(int64_t rows);
 // most kLayerNormMaxFeatures.
 std::string layerNormUnsupported(int64_t features);
 
-// Both throw std::invalid_argument for features that layerNormUnsupported
-// refuses, or a dtype other than Float and BFloat16: the forward's for y
-// and the residual (nullopt: none), the backward's for dy. `residual` of
-// the backward: it adds an f32 gradient to dx.
-std::string layerNormSource(int64_t features, double eps, c10::ScalarType outDtype,
-                            std::optional<c10::ScalarType> residual);
-std::string layerNormBackwardSource(int64_t features, c10::ScalarType gradDtype, bool residual);
+// spmd::layer_norm's kernel: its rows' length, eps, y's dtype and the
+// residual's (none: no residual). Key "layer_norm f=768 eps=1e-05 out=bf16
+// res=f32" (res=none without one).
+class LayerNormKernelSpec final : public KernelSpec {
+ public:
+  // Throws std::invalid_argument for features that layerNormUnsupported
+  // refuses, a dtype other than Float and BFloat16, or an eps that is
+  // negative or not finite.
+  LayerNormKernelSpec(int64_t features, double eps, c10::ScalarType outDtype, std::optional<c10::ScalarType> residual);
+  // spmd::layer_norm(input, residual?, weight, bias, eps, dtype): the
+  // input's last dimension, eps, dtype and the residual's dtype.
+  static LayerNormKernelSpec forCall(const KernelCallArgs& call);
+  // One warp a row, kLayerNormWarps rows a block.
+  KernelLaunch launch(int64_t rows) const;
+
+ private:
+  std::string generateSource() const override;
+
+  int64_t features_;
+  double eps_;
+  c10::ScalarType out_;
+  std::optional<c10::ScalarType> residual_;
+};
+
+// spmd::layer_norm_backward's kernels: the rows' length, dy's dtype and
+// whether an f32 residual gradient is added to dx. Key
+// "layer_norm_backward f=768 grad=bf16 res=1".
+class LayerNormBackwardKernelSpec final : public KernelSpec {
+ public:
+  // Throws std::invalid_argument as LayerNormKernelSpec's.
+  LayerNormBackwardKernelSpec(int64_t features, c10::ScalarType gradDtype, bool residual);
+  // spmd::layer_norm_backward(grad, input, mean, rstd, weight, residual?):
+  // the input's last dimension, the gradient's dtype, whether a residual
+  // is given.
+  static LayerNormBackwardKernelSpec forCall(const KernelCallArgs& call);
+  // The row kernel (each block writes its partial sums:
+  // layerNormBackwardBlocks(rows) of [2, features] floats), then the params
+  // kernel, which sums them.
+  KernelLaunch rowsLaunch(int64_t rows) const;
+  KernelLaunch paramsLaunch(int64_t rows) const;
+
+ private:
+  std::string generateSource() const override;
+
+  int64_t features_;
+  c10::ScalarType grad_;
+  bool residual_;
+};
 
 }  // namespace spmd

@@ -1,11 +1,13 @@
 // spmd::layer_norm(_backward) and spmd::column_sum on CUDA: the generated
 // kernels of ops/layer_norm_codegen.h and ops/column_sum_codegen.h, launched
-// on the current stream (so a CUDA graph captures them). Compiled only into
-// CUDA builds.
+// through the kernel cache (backend/generated_kernels.h) on the current
+// stream (so a CUDA graph captures them). Compiled only into CUDA builds.
+#include "spmd/backend/generated_kernels.h"
+
 #include "spmd/ops/column_sum_codegen.h"
-#include "spmd/ops/fused_kernels.h"
+#include "spmd/ops/ivalue_call_args.h"
 #include "spmd/ops/layer_norm_codegen.h"
-#include "op_helpers.h"
+#include "spmd/ops/op_helpers.h"
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -44,20 +46,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layerNormCuda(const a
   checkRows(op, input, weight);
   TORCH_CHECK(!given(residual) || residual->sizes() == input.sizes(), op, ": a residual of the input's shape");
   const int64_t features = input.size(-1), rows = input.numel() / std::max<int64_t>(features, 1);
-  const std::optional<at::ScalarType> residualDtype =
-      given(residual) ? std::optional<at::ScalarType>(residual->scalar_type()) : std::nullopt;
-  const std::string source = generatedSource(op, [&] { return layerNormSource(features, eps, dtype, residualDtype); });
+  const LayerNormKernelSpec spec = generatedSpec(
+      op, [&] { return LayerNormKernelSpec::forCall(IValueCallArgs({input, residual, weight, bias, eps, dtype})); });
   const at::Tensor x = aligned(input), w = aligned(weight), b = aligned(bias.to(at::kFloat));
   const at::Tensor r = given(residual) ? aligned(*residual) : at::Tensor();
   at::Tensor y = at::empty(input.sizes(), input.options().dtype(dtype));
   const std::vector<int64_t> stats = layerNormStatsShape(input);
   at::Tensor mean = at::empty(stats, input.options()), rstd = at::empty(stats, input.options());
   at::Tensor sum = given(residual) ? at::empty(input.sizes(), input.options()) : at::Tensor();
-  launchGenerated(op, source, kLayerNormKernelName, x.device(), (rows + kLayerNormWarps - 1) / kLayerNormWarps,
-                  32 * kLayerNormWarps,
+  launchGenerated(op, spec, spec.launch(rows), x.device(),
                   {x.data_ptr(), r.defined() ? r.data_ptr() : nullptr, w.data_ptr(), b.data_ptr(), y.data_ptr(),
-                   mean.data_ptr(), rstd.data_ptr(), sum.defined() ? sum.data_ptr() : nullptr},
-                  rows);
+                   mean.data_ptr(), rstd.data_ptr(), sum.defined() ? sum.data_ptr() : nullptr});
   return {y, mean, rstd, sum};
 }
 
@@ -72,8 +71,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCuda(const at::T
                                                                   residual->scalar_type() == at::kFloat)),
               op, ": a gradient, and an fp32 residual, of the input's shape");
   const int64_t features = input.size(-1), rows = input.numel() / std::max<int64_t>(features, 1);
-  const std::string source =
-      generatedSource(op, [&] { return layerNormBackwardSource(features, grad.scalar_type(), withResidual); });
+  const LayerNormBackwardKernelSpec spec = generatedSpec(op, [&] {
+    return LayerNormBackwardKernelSpec::forCall(IValueCallArgs({grad, input, mean, rstd, weight, residual}));
+  });
   const at::Tensor dy = aligned(grad), x = aligned(input), w = aligned(weight);
   const at::Tensor m = mean.contiguous(), r = rstd.contiguous();
   const at::Tensor add = withResidual ? aligned(*residual) : at::Tensor();
@@ -81,39 +81,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCuda(const at::T
   const int64_t blocks = layerNormBackwardBlocks(rows);
   at::Tensor partial = at::empty({blocks, 2, features}, input.options());
   at::Tensor dw = at::empty_like(w), db = at::empty_like(w);
-  launchGenerated(op, source, kLayerNormBackwardKernelName, x.device(), blocks, 32 * kLayerNormWarps,
+  launchGenerated(op, spec, spec.rowsLaunch(rows), x.device(),
                   {dy.data_ptr(), x.data_ptr(), m.data_ptr(), r.data_ptr(), w.data_ptr(),
-                   withResidual ? add.data_ptr() : nullptr, dx.data_ptr(), partial.data_ptr()},
-                  rows);
-  launchGenerated(op, source, kLayerNormParamsKernelName, x.device(),
-                  (features + kLayerNormParamsColumns - 1) / kLayerNormParamsColumns, kLayerNormParamsThreads,
-                  {partial.data_ptr(), dw.data_ptr(), db.data_ptr()}, blocks);
+                   withResidual ? add.data_ptr() : nullptr, dx.data_ptr(), partial.data_ptr()});
+  launchGenerated(op, spec, spec.paramsLaunch(rows), x.device(), {partial.data_ptr(), dw.data_ptr(), db.data_ptr()});
   return {dx, dw, db};
 }
 
 at::Tensor columnSumCuda(const at::Tensor& input, bool keepdim) {
   constexpr const char* op = "spmd::column_sum";
   TORCH_CHECK(input.is_cuda() && input.dim() >= 2, op, ": a tensor of at least two dimensions on the GPU");
-  const at::ScalarType dtype = input.scalar_type();
   const int64_t columns = input.size(-1), rows = input.numel() / std::max<int64_t>(columns, 1);
-  const std::string source = generatedSource(op, [&] { return columnSumSource(columns, dtype); });
+  const ColumnSumKernelSpec spec =
+      generatedSpec(op, [&] { return ColumnSumKernelSpec::forCall(IValueCallArgs({input, keepdim})); });
   const at::Tensor x = aligned(input);
   std::vector<int64_t> shape(keepdim ? static_cast<size_t>(input.dim() - 1) : 0, 1);
   shape.push_back(columns);
   at::Tensor out = at::empty(shape, input.options());
-  if (rows <= kColumnSumWholeRows) {
-    if (rows == 0) return out.zero_();
-    launchGenerated(op, source, kColumnSumWholeKernelName, x.device(), columnSumTiles(columns, dtype),
-                    32 * kColumnSumWarps, {x.data_ptr(), out.data_ptr()}, rows);
+  const std::vector<KernelLaunch> launches = spec.launches(rows);
+  if (launches.empty()) return out.zero_();  // no rows
+  if (launches.size() == 1) {  // one kernel sums whole columns
+    launchGenerated(op, spec, launches[0], x.device(), {x.data_ptr(), out.data_ptr()});
     return out;
   }
-  const int64_t parts = columnSumParts(rows);
-  at::Tensor partial = at::empty({parts, columns}, input.options().dtype(at::kFloat));
-  launchGenerated(op, source, kColumnSumKernelName, x.device(), parts * columnSumTiles(columns, dtype),
-                  32 * kColumnSumWarps, {x.data_ptr(), partial.data_ptr()}, rows);
-  if (rows == 0) return out.zero_();
-  launchGenerated(op, source, kColumnSumPartsKernelName, x.device(), (columns + 31) / 32, kColumnSumPartsThreads,
-                  {partial.data_ptr(), out.data_ptr()}, parts);
+  at::Tensor partial = at::empty({columnSumParts(rows), columns}, input.options().dtype(at::kFloat));
+  launchGenerated(op, spec, launches[0], x.device(), {x.data_ptr(), partial.data_ptr()});
+  launchGenerated(op, spec, launches[1], x.device(), {partial.data_ptr(), out.data_ptr()});
   return out;
 }
 

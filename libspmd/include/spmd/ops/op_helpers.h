@@ -1,7 +1,7 @@
 // Helpers that the ATen implementations of spmd's ops share: the CPU and
-// meta kernels (layer_norm_ops.cpp) and the CUDA launches of generated
-// kernels (fused_kernels_cuda.cpp, reduction_kernels_cuda.cpp), so that both
-// give the same shapes and errors. Internal to ops/.
+// meta kernels (ops/layer_norm_ops.cpp) and the CUDA launches of generated
+// kernels (backend/fused_kernels_cuda.cpp, backend/reduction_kernels_cuda.cpp),
+// so that both give the same shapes and errors.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -23,17 +23,17 @@ inline std::vector<int64_t> layerNormStatsShape(const at::Tensor& input) {
   return shape;
 }
 
-// `generate()`'s kernel source; the std::invalid_argument with which the
-// code generators refuse a shape becomes an error of `op` (c10::Error, what
-// the dispatcher's callers catch).
+// `make()`'s kernel spec (ops/kernel_spec.h); the std::invalid_argument
+// with which a spec refuses its attributes becomes an error of `op`
+// (c10::Error, what the dispatcher's callers catch).
 template <typename F>
-std::string generatedSource(const char* op, F generate) {
+auto generatedSpec(const char* op, F make) -> decltype(make()) {
   try {
-    return generate();
+    return make();
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, op, ": ", e.what());
+    throw;  // not reached: TORCH_CHECK(false) throws
   }
-  return {};  // not reached: TORCH_CHECK(false) throws
 }
 
 }  // namespace spmd
