@@ -20,6 +20,20 @@
 namespace spmd {
 namespace {
 
+// The ops whose kernels spmd generates (ir/op_name.h).
+struct Ops {
+  OpName column_sum = OpName::known("spmd::column_sum");
+  OpName cross_entropy = OpName::known("spmd::cross_entropy");
+  OpName cross_entropy_backward = OpName::known("spmd::cross_entropy_backward");
+  OpName cross_entropy_with_grad = OpName::known("spmd::cross_entropy_with_grad");
+  OpName fused = OpName::known("spmd::fused");
+  OpName fused_attention = OpName::known("spmd::fused_attention");
+  OpName fused_attention_backward = OpName::known("spmd::fused_attention_backward");
+  OpName layer_norm = OpName::known("spmd::layer_norm");
+  OpName layer_norm_backward = OpName::known("spmd::layer_norm_backward");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
 std::string typed(const Graph& g, ValueId v) {
   const Value& value = g.value(v);
   std::string s = "%" + value.name + ": " + dtypeShortName(value.dtype) + "[";
@@ -84,9 +98,9 @@ FusedKernel pointwiseKernel(const Graph& g, size_t i) {
 // (attentionSoftmaxElements: under a causal mask fewer than the matrix).
 std::optional<FusedKernel> attentionSoftmaxKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
-  const bool forward = n.op == "spmd::fused_attention";
+  const bool forward = n.is(ops().fused_attention);
   const size_t kernelArg = forward ? 7 : 12, scaleArg = forward ? 4 : 9, probsArg = 6;
-  if ((!forward && n.op != "spmd::fused_attention_backward") || n.args.size() <= kernelArg ||
+  if ((!forward && !n.is(ops().fused_attention_backward)) || n.args.size() <= kernelArg ||
       n.args[kernelArg].kind != Arg::Kind::Str || n.args[kernelArg].s != "gemm") {
     return std::nullopt;
   }
@@ -135,9 +149,9 @@ FusedKernel crossEntropyWithGradKernel(const Graph& g, size_t i) {
 // backward reads them and writes their gradient.
 std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
-  const bool forward = n.op == "spmd::cross_entropy";
-  if (n.op == "spmd::cross_entropy_with_grad") return crossEntropyWithGradKernel(g, i);
-  if (!forward && n.op != "spmd::cross_entropy_backward") return std::nullopt;
+  const bool forward = n.is(ops().cross_entropy);
+  if (n.is(ops().cross_entropy_with_grad)) return crossEntropyWithGradKernel(g, i);
+  if (!forward && !n.is(ops().cross_entropy_backward)) return std::nullopt;
   const size_t logitsArg = forward ? 0 : 1;
   FusedKernel k;
   k.node = i;
@@ -163,8 +177,8 @@ std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
 // result written once (the backward's partial sums, a few KB, not counted).
 std::optional<FusedKernel> layerNormKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
-  const bool forward = n.op == "spmd::layer_norm";
-  if (!forward && n.op != "spmd::layer_norm_backward") return std::nullopt;
+  const bool forward = n.is(ops().layer_norm);
+  if (!forward && !n.is(ops().layer_norm_backward)) return std::nullopt;
   FusedKernel k;
   k.node = i;
   k.ops = forward ? "layer-norm" : "layer-norm-backward";
@@ -197,7 +211,7 @@ std::optional<FusedKernel> layerNormKernel(const Graph& g, size_t i) {
 // spmd::column_sum: reads its input once, writes one row.
 std::optional<FusedKernel> columnSumKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
-  if (n.op != "spmd::column_sum") return std::nullopt;
+  if (!n.is(ops().column_sum)) return std::nullopt;
   FusedKernel k;
   k.node = i;
   k.ops = "column-sum";
@@ -220,7 +234,7 @@ std::optional<FusedKernel> columnSumKernel(const Graph& g, size_t i) {
 std::vector<FusedKernel> fusedKernels(const Graph& g) {
   std::vector<FusedKernel> kernels;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (g.nodes()[i].op == "spmd::fused") {
+    if (g.nodes()[i].is(ops().fused)) {
       kernels.push_back(pointwiseKernel(g, i));
     } else if (auto k = attentionSoftmaxKernel(g, i)) {
       kernels.push_back(std::move(*k));

@@ -253,7 +253,7 @@ at::Tensor block(const at::Tensor& t, int64_t from, int64_t to, int64_t colFrom,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gemmAttention(const at::Tensor& query, const at::Tensor& key,
                                                                          const at::Tensor& value, double scale, bool causal) {
 #ifdef SPMD_WITH_CUDA
-  // fuse-attention hands them over contiguous; a direct call may not.
+  // attention-to-fused-kernel hands them over contiguous; a direct call may not.
   const at::Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
   const GemmBlocks by(q, k, causal);
   const int64_t queries = q.size(2), d = q.size(3);

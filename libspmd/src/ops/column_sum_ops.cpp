@@ -1,6 +1,6 @@
 // spmd::column_sum(Tensor x, bool keepdim): the sum over every dimension of
 // x but the last, in x's dtype (a Linear bias's gradient; spmd-lower's
-// fuse-column-sum puts it in place of aten::sum.dim_IntList over those
+// column-sum-to-kernel puts it in place of aten::sum.dim_IntList over those
 // dimensions). keepdim keeps them as 1s, as the sum it replaces did.
 //
 // CUDA runs the generated kernels (ops/column_sum_codegen.h, launched in

@@ -1,7 +1,7 @@
 // spmd::cross_entropy and spmd::cross_entropy_backward: log_softmax over the
 // classes of [rows, classes] logits followed by nll_loss (no class
 // weights; reduction mean or sum), and the backward of both, as one op each
-// (spmd-lower's fuse-cross-entropy puts them in place of the four ATen ops).
+// (spmd-lower's cross-entropy-to-kernel puts them in place of the four ATen ops).
 // The forward returns nll_loss's loss and total weight, and each row's
 // log-sum-exp for the backward, which recomputes the softmax from the
 // logits instead of reading a stored log_softmax. spmd::cross_entropy_with_grad

@@ -1,4 +1,4 @@
-// The ops of spmd-lower's fuse-dropout (passes/fuse_dropout.cpp):
+// The ops of spmd-lower's dropout-mask-in-kernel (passes/fuse_dropout.cpp):
 //
 //   spmd::dropout_seed(Tensor like) -> Tensor
 //     a 0-dim int64 seed on like's device, drawn from its default generator

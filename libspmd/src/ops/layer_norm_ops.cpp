@@ -1,6 +1,6 @@
 // spmd::layer_norm and spmd::layer_norm_backward: LayerNorm over the last
 // dimension with a weight and a bias, and its backward, as one op each
-// (spmd-lower's fuse-layer-norm puts them in place of aten::native_layer_norm
+// (spmd-lower's layer-norm-to-kernel puts them in place of aten::native_layer_norm
 // and aten::native_layer_norm_backward). The forward's `dtype` is its
 // output's: bf16 where the cast autocast puts after it is fused; with a
 // `residual` it normalizes input + residual and returns that sum too (the

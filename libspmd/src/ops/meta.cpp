@@ -254,7 +254,7 @@ void indexSelectMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   stack->emplace_back(at::empty(shape, self.options()));
 }
 
-// The _foreach ops fuse-optimizer emits: element i of the result takes the
+// The _foreach ops optimizer-to-foreach emits: element i of the result takes the
 // broadcast shape and promoted dtype of element i of every tensor list.
 void foreachMeta(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t argc = op.schema().arguments().size();

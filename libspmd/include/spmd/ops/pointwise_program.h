@@ -27,7 +27,7 @@
 // row). The reductions accumulate in float and round once, as ATen's do.
 //
 // `bernoulli(inS, p, v)` is dropout's scaled mask (spmd-lower's
-// fuse-dropout): v with probability p, else 0 (v rounded to the statement's
+// dropout-mask-in-kernel): v with probability p, else 0 (v rounded to the statement's
 // dtype), drawn again wherever a program needs the mask rather than stored.
 // inS is a 0-dim int64 input, the seed (spmd::dropout_seed); element i of
 // the iteration space (row-major) draws word i % 4 of Philox4x32-10 with key

@@ -23,20 +23,20 @@
 //                           the update is the state's last reader.
 //   spmd::cross_entropy(_backward)  log_softmax + nll_loss and their backward as
 //                           one generated kernel each on CUDA (spmd-lower's
-//                           fuse-cross-entropy; ops/cross_entropy_ops.cpp);
+//                           cross-entropy-to-kernel; ops/cross_entropy_ops.cpp);
 //   spmd::cross_entropy_with_grad  both in one kernel, for the loss's seed ones_like.
 //   spmd::layer_norm(_backward)  LayerNorm over the last dimension and its
 //                           backward as generated kernels on CUDA, with the
 //                           casts and the residual gradient around them
-//                           (spmd-lower's fuse-layer-norm; ops/layer_norm_ops.cpp).
+//                           (spmd-lower's layer-norm-to-kernel; ops/layer_norm_ops.cpp).
 //   spmd::column_sum        the sum over every dimension but the last (a bias's
 //                           gradient) as generated kernels on CUDA (spmd-lower's
-//                           fuse-column-sum; ops/column_sum_ops.cpp).
+//                           column-sum-to-kernel; ops/column_sum_ops.cpp).
 //   spmd::fused             a group of pointwise ops as one generated kernel
 //                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
 //   spmd::dropout_seed      a seed for a dropout mask, and
 //   spmd::dropout_mul       a product with the mask it draws (spmd-lower's
-//                           fuse-dropout; ops/dropout_ops.cpp).
+//                           dropout-mask-in-kernel; ops/dropout_ops.cpp).
 // On one rank the collectives are the identity.
 #pragma once
 
