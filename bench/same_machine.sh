@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Before/after on one GPU machine: bench.sh for a baseline tree (a `git archive`
-# of another commit) and for this tree, in one call, so that both numbers come
+# of another commit) and for this tree, in one run, so that both numbers come
 # from the same card. Both trees build at once; then, in
 # this tree's build, the CUDA unit tests; then each tree's bench, baseline first.
 # The builds share the cores (ninja's default jobs each).
