@@ -13,8 +13,12 @@ in-place update made explicit, and writes:
 * a ``torch.save`` file with the parameters, buffers and initial optimizer
   state, by name, that the dump references.
 
+``export_program(model, batch, path)`` writes only the model's forward, which
+returns the loss, as a torch.export program (.pt2) for spmd-expand, which adds
+the backward and the optimizer.
+
 Works with the user's own PyTorch, 2.6 or later.
 """
-from ._export import SpmdExportError, export
+from ._export import SpmdExportError, export, export_program
 
-__all__ = ["export", "SpmdExportError"]
+__all__ = ["export", "export_program", "SpmdExportError"]

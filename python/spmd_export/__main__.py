@@ -1,8 +1,14 @@
-"""python3 -m spmd_export MODULE:FUNCTION [-o step.json] [--weights step.weights.pt]
+"""python3 -m spmd_export MODULE:FUNCTION [-o step.json] [--weights step.weights.pt] [--format json|pt2]
 
 FUNCTION (in an importable module, or a .py file path) takes no arguments and
 returns (train_step, model, optimizer, batch), the arguments of
-spmd_export.export.
+spmd_export.export. With --format json (the default) the whole train step is
+traced with make_fx and written as spmd's JSON graph dump (-o) and weights
+(--weights), which spmd-split reads. With --format pt2 only the model's
+forward on the batch, which must return the loss, is exported with
+torch.export and written as a .pt2 (-o, default model.pt2), which spmd-expand
+reads and gives the optimizer its flags name (train_step and optimizer are
+not used).
 
 Every failure is one line on stderr, `spmd_export: error: ...`, with exit
 status 1 (2 for a bad command line), never a traceback: the user's code that
@@ -14,7 +20,7 @@ import importlib.util
 import os
 import sys
 
-from ._export import SpmdExportError, describe, export
+from ._export import SpmdExportError, describe, export, export_program
 
 
 def _load(target):
@@ -66,11 +72,20 @@ class _Parser(argparse.ArgumentParser):
 def main(argv=None):
     parser = _Parser(prog="python3 -m spmd_export", description=__doc__.split("\n\n")[0])
     parser.add_argument("target", help="MODULE:FUNCTION returning (train_step, model, optimizer, batch)")
-    parser.add_argument("-o", "--output", default="step.json", help="JSON graph dump to write (default step.json)")
+    parser.add_argument("-o", "--output", help="file to write (default step.json, or model.pt2 with --format pt2)")
     parser.add_argument("--weights", help="torch.save file for parameters and state (default: OUTPUT with .weights.pt)")
+    parser.add_argument("--format", choices=["json", "pt2"], default="json",
+                        help="json: the train step as spmd's graph dump; pt2: the model's loss as a torch.export program")
     args = parser.parse_args(argv)
+    if args.format == "pt2" and args.weights:
+        parser.error("--weights is for --format json: a .pt2 holds its weights")
+    args.output = args.output or ("model.pt2" if args.format == "pt2" else "step.json")
     try:
-        export(*_arguments(args.target), args.output, args.weights)
+        if args.format == "pt2":
+            _, model, _, batch = _arguments(args.target)
+            export_program(model, batch, args.output)
+        else:
+            export(*_arguments(args.target), args.output, args.weights)
     except SpmdExportError as e:
         print("spmd_export: error: " + " ".join(str(e).splitlines()), file=sys.stderr)
         return 1

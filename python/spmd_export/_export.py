@@ -381,3 +381,41 @@ def export(train_step, model, optimizer, batch, path, weights_path=None):
                 os.remove(target + ".tmp")
         raise SpmdExportError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
     return doc
+
+
+def _forward_arguments(batch):
+    """model(*batch), model(**batch) or model(batch), as (args, kwargs)."""
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch), {}
+    if isinstance(batch, dict):
+        return (), dict(batch)
+    return (batch,), {}
+
+
+def export_program(model, batch, path):
+    """Writes `model`'s forward on `batch` (model(*batch) for a tuple or list,
+    model(**batch) for a dict), which must return the loss, as a torch.export
+    program (.pt2, the training IR of torch.export.export) to `path`. The
+    optimizer is spmd-expand's to add. Raises SpmdExportError naming the cause."""
+    args, kwargs = _forward_arguments(batch)
+    try:
+        program = torch.export.export(model, args, kwargs)
+    except Exception as e:
+        raise SpmdExportError(f"torch.export.export failed: {describe(e)}") from None
+    outputs = [spec.arg.name for spec in program.graph_signature.output_specs
+               if spec.kind == torch.export.graph_signature.OutputKind.USER_OUTPUT]
+    values = {node.name: node.meta.get("val") for node in program.graph.nodes}
+    loss = values.get(outputs[0]) if outputs else None
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+        got = "nothing" if not outputs else f"{type(loss).__name__}" if not isinstance(loss, torch.Tensor) else \
+            f"a {loss.dtype} tensor of shape {list(loss.shape)}"
+        raise SpmdExportError(f"the model's forward must return the loss (a floating scalar) first, got {got}")
+    try:
+        with open(path + ".tmp", "wb") as f:
+            torch.export.save(program, f)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
+        raise SpmdExportError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
+    return program

@@ -1,7 +1,7 @@
 // A bounded, deterministic mutation fuzzer over spmd's readers (issue #19):
 // the JSON graph dump (read and verified, as every tool does), the artifact,
 // a file as the tools read it (artifact or TorchScript module, told from its
-// content), torch.save files, --input specs, --data's NumPy files and a
+// content), torch.export programs (.pt2, both layouts) and their weights, torch.save files, --input specs, --data's NumPy files and a
 // checkpoint's manifest.json, model.pt and optimizer.pt as --resume reads them. Each target's seeds come
 // from tests/fuzz/ (the artifact's are lowered here from the JSON seeds;
 // the module is samples/lm.pt); zip seeds are first cut short at
@@ -17,6 +17,7 @@
 // Run from the repository root (the JSON seeds name their weights by a
 // relative path).
 #include "spmd/io/artifact.h"
+#include "spmd/io/exported_program.h"
 #include "spmd/io/input_spec.h"
 #include "spmd/io/load.h"
 #include "spmd/io/torch_save.h"
@@ -309,6 +310,13 @@ std::vector<Target> targets(const Options& o) {
        [](const Bytes& b) { spmd::loadGraphFrom(b, "fuzz", spmd::parseInputSpecs({"tokens:i64[4,16]", "targets:i64[4,16]"})); },
        true},
       {"torch.save", filesIn(dir / "torch_save"), [](const Bytes& b) { spmd::loadTorchSaveBytes(b); }, true},
+      // A .pt2 as the tools read it: the program, then its weights (from a file, which they map).
+      {"torch.export .pt2", filesIn(dir / "pt2"), [o](const Bytes& b) {
+         spmd::loadGraphFrom(b, "fuzz", {});
+         const std::string path = o.crashFile + ".pt2";
+         std::ofstream(path, std::ios::binary | std::ios::trunc) << b;
+         spmd::loadExportedWeights(path);
+       }, true},
       {"--input", lines(readFile(dir / "input_specs.txt")), [](const Bytes& b) { spmd::parseInputSpec(b); }},
       {"--data .npy", {readFile(dir / "numpy/x.npy"), readFile(dir / "numpy/tokens.npy")},
        [](const Bytes& b) { readDataFile(b, "x.npy"); }, true},

@@ -1,7 +1,7 @@
 """Data-parallel parity tests: spmd's pipeline against PyTorch DDP.
 
   run_parity.py BIN_DIR [--case NAME ...] [--strict] [--list] [--keep]
-                [--python PY] [--timeout SECONDS] [--zoo DIR]
+                [--python PY] [--timeout SECONDS] [--zoo DIR [--format pt|pt2|core.pt2]]
 
 For each case it writes the reference with ddp_reference.py (PyTorch DDP on
 Gloo, N local processes) into a temporary folder, which also gives the data
@@ -53,7 +53,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # flags (the same names); extra: spmd-split's and ddp_reference.py's flags (the same names).
 # `optimizer` flags go to spmd-expand and the reference, `extra` to spmd-split
 # and the reference; `unroll`: the pipeline runs spmd-unroll.
-Case = namedtuple("Case", "name sample optimizer nproc steps extra seed strict unroll atol", defaults=[True, 1e-6])
+# program: the file spmd-expand reads instead of the sample's TorchScript
+# module, a torch.export program (.pt2) whose shapes come with it (no --input).
+Case = namedtuple("Case", "name sample optimizer nproc steps extra seed strict unroll atol program",
+                  defaults=[True, 1e-6, None])
 
 ADAM = "--optimizer adam --lr 1e-2 --eps 1e-2"
 SGD_MOMENTUM = "--optimizer sgd --lr 0.05 --momentum 0.9"
@@ -120,6 +123,17 @@ CASES = [
     Case("mlp_adam_all_three_autocast_bf16", "mlp",
          ADAM + " --lr-schedule step --step-size 2 --clip-grad-norm 0.5 --micro-batches 2 --autocast cpu:bf16",
          2, 5, "", 1, False),
+    # torch.export programs in the PT2 archive layout of torch 2.8 and later
+    # (tests/pt2/fixtures, written by torch 2.14 from the samples' weights):
+    # the training IR and core ATen.
+    Case("pt2_mlp_adam", "mlp", ADAM, 2, 5, "", 1, False, program="tests/pt2/fixtures/mlp.pt2"),
+    Case("pt2_lm_adamw_buckets", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5,
+         "--bucket-cap-mb 0.01 --first-bucket-cap-mb 0.01", 1, False, program="tests/pt2/fixtures/lm.pt2"),
+    Case("pt2_cnn_sgd_momentum", "cnn", SGD_MOMENTUM, 2, 5, "", 1, False, program="tests/pt2/fixtures/cnn.pt2"),
+    Case("pt2_core_lm_adamw", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5, "", 1, False,
+         program="tests/pt2/fixtures/lm.core.pt2"),
+    Case("pt2_core_cnn_sgd_clip_micro_batches", "cnn", SGD_MOMENTUM + " --clip-grad-norm 0.5 --micro-batches 2", 2, 5,
+         "", 1, False, program="tests/pt2/fixtures/cnn.core.pt2"),
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     # The LM's key bias (gradient: rounding noise, which eps 1e-8 lets Adam
     # turn into full steps) drifts from eager's by up to 3e-5 (torch 2.6), as
@@ -171,10 +185,12 @@ def run(argv, timeout, stdin=None, what=None, env=None):
     return proc.stdout
 
 
-def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None):
+def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None, zoo_format="pt"):
     """Runs one case in folder tmp; returns compare_params.py's last line; raises Failure.
     zoo_module: with zoo_dir, the Python file whose ZOO builds the reference's
-    models (tests/zoo/sweep_torchvision.py), not tests/zoo/zoo.py."""
+    models (tests/zoo/sweep_torchvision.py), not tests/zoo/zoo.py. zoo_format:
+    which of gen_zoo.py's files spmd reads (pt: TorchScript; pt2, core.pt2:
+    torch.export programs, without --input flags)."""
     tools = {t: os.path.join(bin_dir, t) for t in TOOLS}
     missing = [t for t, path in tools.items() if not os.access(path, os.X_OK)]
     if missing:
@@ -198,7 +214,12 @@ def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None)
             what="export_step.py", env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
         graph = run([tools["spmd-split"], dump, *extra], timeout)
     else:
-        graph = run([tools["spmd-expand"], model, *inputs, *optimizer], timeout)
+        source = model
+        if case.program:
+            source, inputs = os.path.join(ROOT, case.program), []
+        elif zoo_dir and zoo_format != "pt":
+            source, inputs = os.path.join(zoo_dir, case.sample + "." + zoo_format), []
+        graph = run([tools["spmd-expand"], source, *inputs, *optimizer], timeout)
         graph = run([tools["spmd-split"], *extra], timeout, stdin=graph)
     # Cases run unrolled (the last bucket's update moved into the next
     # iteration) unless they say not, and lowered with the optimizer fused
@@ -239,6 +260,8 @@ def main():
     p.add_argument("--python", default=default_python(), help="python that imports torch (/usr/bin/python3)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per command (300)")
     p.add_argument("--zoo", metavar="DIR", help="run the zoo's cases, on tests/zoo/gen_zoo.py's files in DIR")
+    p.add_argument("--format", default="pt", choices=["pt", "pt2", "core.pt2"],
+                   help="with --zoo: spmd reads NAME.pt (TorchScript), NAME.pt2 or NAME.core.pt2 (torch.export)")
     a = p.parse_args()
     all_cases = ZOO_CASES if a.zoo else CASES
 
@@ -261,7 +284,8 @@ def main():
         tmp = tempfile.mkdtemp(prefix=f"spmd-parity-{case.name}-")
         start = time.monotonic()
         try:
-            summary = run_case(case, bin_dir, a.python, tmp, a.timeout, a.zoo and os.path.abspath(a.zoo))
+            summary = run_case(case, bin_dir, a.python, tmp, a.timeout, a.zoo and os.path.abspath(a.zoo),
+                               zoo_format=a.format)
         except Failure as f:
             failed += 1
             if os.listdir(tmp):

@@ -1,12 +1,17 @@
-"""Writes the zoo's models as TorchScript files for spmd's pipeline.
+"""Writes the zoo's models as TorchScript files and torch.export programs
+for spmd's pipeline.
 
-  gen_zoo.py OUTDIR [NAME ...]
+  gen_zoo.py OUTDIR [--pt2] [NAME ...]
 
 For each model of zoo.ZOO (or only those named): OUTDIR/NAME.pt, the
 wrapped model (forward returns the loss) traced in train mode with
 torch.jit.trace from weights seeded per model, and OUTDIR/NAME.inputs, its
---input flags. tests/parity/run_parity.py --zoo OUTDIR trains them against
-DDP. Run with a python that imports torch and torchvision (/usr/bin/python3).
+--input flags. With --pt2 also, from the same weights, OUTDIR/NAME.pt2, the
+model exported with torch.export.export (the training IR), and
+OUTDIR/NAME.core.pt2, that program after run_decompositions() (core ATen).
+tests/parity/run_parity.py --zoo OUTDIR [--format pt2|core.pt2] trains them
+against DDP. Run with a python that imports torch and torchvision
+(/usr/bin/python3).
 """
 import os
 import re
@@ -27,16 +32,24 @@ def example(spec):
     return torch.randn(shape) if DTYPES[dtype].is_floating_point else torch.randint(0, 64, shape)
 
 
-def write(out, names, zoo=ZOO):
+def write(out, names, zoo=ZOO, pt2=False):
     """Writes OUT/NAME.pt and OUT/NAME.inputs for each name of zoo (a dict of
-    ZOO's shape; tests/zoo/sweep_torchvision.py passes its own)."""
+    ZOO's shape; tests/zoo/sweep_torchvision.py passes its own), and with pt2
+    OUT/NAME.pt2 and OUT/NAME.core.pt2."""
     os.makedirs(out, exist_ok=True)
     for name in names:
         constructor, specs = zoo[name]
         torch.manual_seed(zlib.crc32(name.encode()))
         model = constructor().train()
-        traced = torch.jit.trace(model, tuple(example(s) for s in specs), check_trace=False)
+        args = tuple(example(s) for s in specs)
+        traced = torch.jit.trace(model, args, check_trace=False)
         traced.save(os.path.join(out, name + ".pt"))
+        # After the trace, which ran forward and so moved BatchNorm's running
+        # statistics: export runs on fake tensors, so both files hold the same state.
+        if pt2:
+            program = torch.export.export(model, args)
+            torch.export.save(program, os.path.join(out, name + ".pt2"))
+            torch.export.save(program.run_decompositions(), os.path.join(out, name + ".core.pt2"))
         with open(os.path.join(out, name + ".inputs"), "w") as f:
             f.write(" ".join("--input " + s for s in specs) + "\n")
 
@@ -45,8 +58,10 @@ def main(argv):
     if not argv:
         print(__doc__.strip(), file=sys.stderr)
         return 2
+    pt2 = "--pt2" in argv
+    argv = [a for a in argv if a != "--pt2"]
     out, names = argv[0], argv[1:] or sorted(ZOO)
-    write(out, names)
+    write(out, names, pt2=pt2)
     print(f"wrote {len(names)} models to {out}")
     return 0
 

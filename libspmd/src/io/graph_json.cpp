@@ -343,7 +343,7 @@ class Reader {
   void readWeights(const json& j) {
     expectObject(j, "/weights", {"file", "format"}, {"file", "format"});
     WeightsRef w{str(j["file"], "/weights/file"), str(j["format"], "/weights/format")};
-    if (w.format != "torchscript" && w.format != "torch.save") {
+    if (w.format != "torchscript" && w.format != "torch.save" && w.format != "pt2") {
       fail("/weights/format", "unknown weights format '" + echo(w.format) + "'");
     }
     graph_.setWeights(w);

@@ -1,6 +1,7 @@
 #include "spmd/io/load.h"
 
 #include "spmd/io/artifact.h"
+#include "spmd/io/exported_program.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/torchscript.h"
 #include "spmd/io/zip_members.h"
@@ -120,6 +121,10 @@ LoadedGraph loadGraphFrom(std::string_view bytes, const std::string& displayName
       if (inMapping) mapping->prefault();  // the checksum reads all of it
       loaded.artifact = std::make_shared<Artifact>(readArtifact(bytes, inMapping ? mapping : nullptr));
       loaded.graph = loaded.artifact->graph;
+    } else if (isZip(bytes) && isExportedProgram(bytes)) {
+      loaded.format = InputFormat::ExportedProgram;
+      const bool inMapping = mapping && bytes.data() == mapping->bytes() && bytes.size() == mapping->size();
+      loaded.graph = importExportedProgram(bytes, loaded.displayName, specs, inMapping ? mapping : nullptr);
     } else if (isZip(bytes)) {
       loaded.format = InputFormat::TorchScript;
       loaded.graph = importTorchScript(bytes, loaded.displayName, specs);
@@ -128,7 +133,7 @@ LoadedGraph loadGraphFrom(std::string_view bytes, const std::string& displayName
       loaded.graph = readGraphJson(std::string(bytes));
     } else {
       const std::string text(bytes);
-      if (!looksLikeListing(text)) throw Diagnostic("", "neither a TorchScript module (zip) nor a JSON graph dump");
+      if (!looksLikeListing(text)) throw Diagnostic("", "neither a torch.export program or TorchScript module (zip) nor a JSON graph dump or listing");
       loaded.format = InputFormat::Listing;
       loaded.graph = parseListing(text);
     }

@@ -544,7 +544,7 @@ class Unpickler {
 }  // namespace
 
 c10::IValue unpickle(const std::string& pickle, PyTorchStreamReader& reader, const UnpickleOptions& options) {
-  Storages storages(reader, options.mapping);
+  Storages storages(reader, options);
   return Unpickler(pickle, storages, options.torchScriptObjects).run();
 }
 

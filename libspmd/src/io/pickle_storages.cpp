@@ -25,10 +25,12 @@ void checkSize(const std::string& record, size_t size, at::ScalarType dtype, int
 
 }  // namespace
 
-Storages::Storages(caffe2::serialize::PyTorchStreamReader& reader, std::shared_ptr<MappedFile> mapping)
-    : reader_(reader), mapping_(std::move(mapping)) {
+Storages::Storages(caffe2::serialize::PyTorchStreamReader& reader, const UnpickleOptions& options)
+    : reader_(reader), mapping_(options.mapping) {
   if (!mapping_) return;
-  for (ZipMember& m : zipMembers(*mapping_)) {
+  const std::string_view archive = mapping_->view().substr(options.archiveOffset, options.archiveSize ? options.archiveSize : std::string_view::npos);
+  for (ZipMember& m : zipMembers(archive)) {
+    m.offset += options.archiveOffset;
     const size_t slash = m.name.find('/');
     if (slash != std::string::npos) members_.emplace(m.name.substr(slash + 1), std::move(m));
   }

@@ -61,7 +61,8 @@ void rejectLegacy(char firstByte) {
   }
 }
 
-c10::IValue readArchive(std::shared_ptr<ReadAdapterInterface> in) {
+c10::IValue readArchive(std::shared_ptr<ReadAdapterInterface> in,
+                        const torch_save_detail::UnpickleOptions& options = {}) {
   std::unique_ptr<PyTorchStreamReader> reader;
   try {
     reader = std::make_unique<PyTorchStreamReader>(std::move(in));
@@ -81,7 +82,7 @@ c10::IValue readArchive(std::shared_ptr<ReadAdapterInterface> in) {
   size_t size = 0;
   std::tie(data, size) = reader->getRecord("data.pkl");
   const std::string pickle(static_cast<const char*>(data.get()), size);
-  return unpickle(pickle, *reader);
+  return unpickle(pickle, *reader, options);
 }
 
 }  // namespace
@@ -97,6 +98,24 @@ c10::IValue loadTorchSaveBytes(const std::string& bytes) {
     throw Diagnostic("", "cannot read torch.save file: " + firstLine(e));
   } catch (const std::exception& e) {  // std::bad_alloc for a record whose size is a lie, say
     throw Diagnostic("", std::string("cannot read torch.save file: ") + e.what());
+  }
+}
+
+c10::IValue loadTorchSaveMember(const std::shared_ptr<MappedFile>& mapping, const ZipMember& member) {
+  try {
+    if (member.compressed) fail("compressed; a torch.save file inside a zip must be stored");
+    const std::string_view bytes = mapping->view().substr(member.offset, member.size);
+    if (!bytes.empty()) rejectLegacy(bytes[0]);
+    checkZipStructure(bytes, ZipCrc::UpTo1MiB);  // its weights are views: not read here
+    torch_save_detail::UnpickleOptions options;
+    options.mapping = mapping;
+    options.archiveOffset = member.offset;
+    options.archiveSize = member.size;
+    return readArchive(std::make_shared<caffe2::serialize::MemoryReadAdapter>(bytes.data(), bytes.size()), options);
+  } catch (const Diagnostic& d) {
+    throw Diagnostic(member.name, d.message());
+  } catch (const c10::Error& e) {
+    throw Diagnostic(member.name, "cannot read torch.save file: " + firstLine(e));
   }
 }
 

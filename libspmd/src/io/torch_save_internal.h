@@ -64,13 +64,17 @@ struct UnpickleOptions {
   // When set, the archive's file mapped: storages are copy-on-write views of
   // it where their alignment allows, not copies.
   std::shared_ptr<MappedFile> mapping;
+  // Where the archive lies in `mapping`: a torch.save file stored whole as
+  // a member of another zip (a .pt2's state dict) starts at archiveOffset.
+  size_t archiveOffset = 0;
+  size_t archiveSize = 0;  // 0: to the end of the mapping
 };
 
 // The storages of an archive, each read once, so that tensors saved as views
 // of one storage share it again (pickle_storages.cpp).
 class Storages {
  public:
-  Storages(caffe2::serialize::PyTorchStreamReader& reader, std::shared_ptr<MappedFile> mapping);
+  Storages(caffe2::serialize::PyTorchStreamReader& reader, const UnpickleOptions& options);
   // A 1-D CPU tensor of `numel` elements over the whole storage `key`.
   at::Tensor get(const std::string& key, at::ScalarType dtype, int64_t numel);
 

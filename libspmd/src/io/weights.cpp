@@ -1,5 +1,6 @@
 #include "spmd/io/weights.h"
 
+#include "spmd/io/exported_program.h"
 #include "spmd/io/torch_save.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/phase_times.h"
@@ -56,7 +57,9 @@ std::map<std::string, at::Tensor> loadWeights(const WeightsRef& ref) {
   TimedPhase phase("read weights " + ref.file);
   try {
     const std::string file = resolvedPath(ref);
-    return ref.format == "torchscript" ? fromModule(file) : fromPickle(file);
+    if (ref.format == "torchscript") return fromModule(file);
+    if (ref.format == "pt2") return loadExportedWeights(file);
+    return fromPickle(file);
   } catch (Diagnostic& d) {
     throw d.inFile(ref.file);
   } catch (const c10::Error& e) {

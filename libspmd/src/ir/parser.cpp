@@ -88,8 +88,8 @@ class Parser {
       if (fmt != std::string::npos) {
         w.file = body.substr(0, fmt);
         w.format = body.substr(fmt + 10);
-        if (w.format != "torchscript" && w.format != "torch.save") {
-          c.failAt(start + fmt + 10, "unknown weights format " + inQuotes(w.format) + " (torchscript, torch.save)");
+        if (w.format != "torchscript" && w.format != "torch.save" && w.format != "pt2") {
+          c.failAt(start + fmt + 10, "unknown weights format " + inQuotes(w.format) + " (torchscript, pt2, torch.save)");
         }
       }
       if (w.file.empty()) c.failAt(start, "expected a weights file name");

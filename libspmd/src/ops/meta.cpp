@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <mutex>
+#include <set>
 #include <optional>
 
 namespace spmd {
@@ -189,10 +190,10 @@ void layerNormBackwardMeta(const c10::OperatorHandle&, torch::jit::Stack* stack)
 
 // Debian's LibTorch 2.6 runs convolution on meta tensors into the
 // "overrideable" backend, which throws (pip's meta kernels pick a real one);
-// on zero CPU tensors it would compute the whole convolution.
-void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
-  // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
-  auto args = torch::jit::last(*stack, 9);
+// on zero CPU tensors it would compute the whole convolution. The shape is
+// conv_output_size's (conv_input_size's for a transposed one).
+at::Tensor convolutionShaped(const at::ArrayRef<c10::IValue>& args) {
+  // input, weight, bias, stride, padding, dilation, transposed, output_padding, groups, ...
   const at::Tensor input = args[0].toTensor(), weight = args[1].toTensor();
   const auto stride = args[3].toIntVector(), padding = args[4].toIntVector(), dilation = args[5].toIntVector();
   const auto outputPadding = args[7].toIntVector();
@@ -202,11 +203,29 @@ void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
       transposed ? at::native::conv_input_size(input.sizes(), weight.sizes(), padding, outputPadding, stride, dilation,
                                                groups)
                  : at::native::conv_output_size(input.sizes(), weight.sizes(), padding, stride, dilation);
-  torch::jit::drop(*stack, 9);
-  // Under LibTorch's tracer (the TorchScript import) the result is the
-  // traced convolution's, not an aten::empty of its own.
   c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);
-  stack->emplace_back(at::empty(shape, input.options().memory_format(input.suggest_memory_format())));
+  return at::empty(shape, input.options().memory_format(input.suggest_memory_format()));
+}
+
+// aten::_convolution: what LibTorch's tracer records for every convolution.
+void internalConvolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  at::Tensor result = convolutionShaped(torch::jit::last(*stack, 13));
+  torch::jit::drop(*stack, 13);
+  stack->emplace_back(std::move(result));
+}
+
+// aten::convolution, which the tracer does not record (conv2d and the rest
+// neither): it calls aten::_convolution, as its own kernel does, so that
+// under the tracer (a TorchScript module's or a torch.export program's
+// trace on the meta device) the result is a traced _convolution's.
+void convolutionMeta(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  auto args = torch::jit::last(*stack, 9);
+  at::Tensor result = at::_convolution(args[0].toTensor(), args[1].toTensor(), args[2].toOptional<at::Tensor>(),
+                                       args[3].toIntVector(), args[4].toIntVector(), args[5].toIntVector(),
+                                       args[6].toBool(), args[7].toIntVector(), args[8].toInt(), false, false, true,
+                                       true);
+  torch::jit::drop(*stack, 9);
+  stack->emplace_back(std::move(result));
 }
 
 // Whether convolution fails on meta tensors in this LibTorch (asked once,
@@ -330,6 +349,21 @@ struct MetaRegistrations {
     }
   }
 
+  // The CPU stand-in as the Meta kernel of an aten op that fails on meta
+  // tensors (MetaFallbackScope::standInOnCpu), once per op.
+  void standIn(const c10::OperatorHandle& op) {
+    const c10::OperatorName& name = op.operator_name();
+    if (name.name.rfind("aten::", 0) != 0) return;
+    const std::string key = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+    if (!standIns.insert(key).second) return;
+    try {
+      shapes.impl(key.c_str(), torch::CppFunction::makeFromBoxedFunction<&standInsOnCpu>());
+    } catch (const c10::Error&) {
+      // A Meta kernel registered already (ours): the op fails for another reason.
+    }
+  }
+  std::set<std::string> standIns;
+
   MetaRegistrations() {
     for (const char* name : {"_foreach_add.Scalar", "_foreach_mul.Scalar", "_foreach_add.List", "_foreach_sub.List",
                              "_foreach_mul.List", "_foreach_div.List", "_foreach_maximum.List",
@@ -345,6 +379,7 @@ struct MetaRegistrations {
     shapesFor<&whereOutMeta>("where.self_out");
     if (convolutionFailsOnMeta()) {
       shapes.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolutionMeta>());
+      shapes.impl("_convolution", torch::CppFunction::makeFromBoxedFunction<&internalConvolutionMeta>());
       shapes.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&standInsOnCpu>());
     }
     for (const std::string& qualified : smallBatchOps()) {
@@ -369,6 +404,11 @@ MetaFallbackScope::MetaFallbackScope() {
 MetaFallbackScope::~MetaFallbackScope() {
   std::lock_guard<std::mutex> lock(scopesMutex);
   if (--liveScopes == 0) registrations.reset();
+}
+
+void MetaFallbackScope::standInOnCpu(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> lock(scopesMutex);
+  registrations->standIn(op);
 }
 
 std::optional<std::string> takeStandInRefusal() { return takeLastStandInRefusal(); }

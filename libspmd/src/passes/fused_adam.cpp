@@ -215,7 +215,24 @@ bool readersFollow(const Graph& g, const std::vector<Update>& group, const Node*
   return true;
 }
 
+// The per-parameter nodes the call replaced, erased latest first once
+// nothing reads them: some read a new value (the bias correction reads the
+// new step) and may stand before the call, which now defines that value. A
+// node another group still reads stays.
+void eraseReplaced(Graph& g, const std::set<const Node*>& replaced) {
+  std::vector<const Node*> latestFirst(replaced.begin(), replaced.end());
+  std::sort(latestFirst.begin(), latestFirst.end(),
+            [&](const Node* a, const Node* b) { return g.indexOf(*a) > g.indexOf(*b); });
+  for (const Node* n : latestFirst) {
+    const bool read = std::any_of(n->outputs.begin(), n->outputs.end(), [&](ValueId v) {
+      return v != kNoValue && (!g.users(v).empty() || g.readBeyondNodes(v));
+    });
+    if (!read) g.erase(*n);
+  }
+}
+
 void emit(Graph& g, const std::vector<Update>& group) {
+  const std::set<const Node*> replaced = updateNodes(g, group);
   GraphBuilder b(g);
   const Node* after = lastProducer(g, group);
   if (after) {
@@ -239,7 +256,7 @@ void emit(Graph& g, const std::vector<Update>& group) {
        Arg::ofFloat(h.weightDecay), Arg::ofFloat(h.eps), Arg::ofBool(h.adamw)},
       "adam");
   // Every read of a new value (state updates, graph outputs, the nodes after
-  // the call) takes the call's; the per-parameter nodes die.
+  // the call) takes the call's; the per-parameter nodes go.
   const size_t n = group.size();
   for (size_t k = 0; k < n; ++k) {
     const Update& u = group[k];
@@ -248,6 +265,7 @@ void emit(Graph& g, const std::vector<Update>& group) {
       g.replaceAllUsesWith(old, out[i]);
     }
   }
+  eraseReplaced(g, replaced);
 }
 
 class FusedAdamPass final : public Pass {

@@ -1,6 +1,6 @@
-// Reading any stage's input: a TorchScript module, a JSON graph dump, a
+// Reading any stage's input: a torch.export program (.pt2), a TorchScript module, a JSON graph dump, a
 // listing (ir/parser.h) or an artifact, from a file or stdin, told apart by
-// content (zip magic, '{', or a first line starting with `graph`). Outputs
+// content (zip magic and members, '{', or a first line starting with `graph`). Outputs
 // are written through io/output_file.h, which this header includes.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 namespace spmd {
 
-enum class InputFormat { TorchScript, Json, Artifact, Listing };
+enum class InputFormat { TorchScript, ExportedProgram, Json, Artifact, Listing };
 
 struct Artifact;
 class MappedFile;

@@ -5,11 +5,15 @@
 #include <ATen/core/ivalue.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace spmd {
+
+class MappedFile;
+struct ZipMember;
 
 // The object torch.save wrote: tensors (CPU, sharing storage where the saved
 // tensors did; nn.Parameter becomes its tensor), dicts (GenericDict; keys
@@ -21,6 +25,10 @@ namespace spmd {
 // file in it.
 c10::IValue loadTorchSave(const std::string& path);
 c10::IValue loadTorchSaveBytes(const std::string& bytes);
+// A torch.save file stored uncompressed as `member` of the zip `mapping`
+// holds (a .pt2's state dict): its storages are copy-on-write views of the
+// mapping. Throws Diagnostic (where: the member's name).
+c10::IValue loadTorchSaveMember(const std::shared_ptr<MappedFile>& mapping, const ZipMember& member);
 
 // The tensors of a TorchScript module file (torch.jit.save) by attribute
 // path ("blocks.0.attn.weight"): every tensor attribute of the module and of

@@ -26,6 +26,11 @@ class MetaFallbackScope {
   ~MetaFallbackScope();
   MetaFallbackScope(const MetaFallbackScope&) = delete;
   MetaFallbackScope& operator=(const MetaFallbackScope&) = delete;
+
+  // For as long as scopes live: `op`, an aten op that fails on meta tensors
+  // for want of a meta kernel somewhere below it, runs as runMetaOnCpu does
+  // instead (a program's _native_batch_norm_legit_functional, say).
+  void standInOnCpu(const c10::OperatorHandle& op);
 };
 
 // Runs `op` on the boxed `stack` as its meta kernel would: on zero-filled CPU
