@@ -8,7 +8,8 @@ wrapped model (forward returns the loss) traced in train mode with
 torch.jit.trace from weights seeded per model, and OUTDIR/NAME.inputs, its
 --input flags. With --pt2 also, from the same weights, OUTDIR/NAME.pt2, the
 model exported with torch.export.export (the training IR), and
-OUTDIR/NAME.core.pt2, that program after run_decompositions() (core ATen).
+OUTDIR/NAME.core.pt2, that program after run_decompositions() (core ATen); or,
+where torch.export cannot export the model, OUTDIR/NAME.pt2.error saying why.
 tests/parity/run_parity.py --zoo OUTDIR [--format pt2|core.pt2] trains them
 against DDP. Run with a python that imports torch and torchvision
 (/usr/bin/python3).
@@ -46,12 +47,24 @@ def write(out, names, zoo=ZOO, pt2=False):
         traced.save(os.path.join(out, name + ".pt"))
         # After the trace, which ran forward and so moved BatchNorm's running
         # statistics: export runs on fake tensors, so both files hold the same state.
-        if pt2:
-            program = torch.export.export(model, args)
-            torch.export.save(program, os.path.join(out, name + ".pt2"))
-            torch.export.save(program.run_decompositions(), os.path.join(out, name + ".core.pt2"))
         with open(os.path.join(out, name + ".inputs"), "w") as f:
             f.write(" ".join("--input " + s for s in specs) + "\n")
+        if pt2:
+            export_program(model, args, os.path.join(out, name))
+
+
+def export_program(model, args, stem):
+    """STEM.pt2 and STEM.core.pt2; where this torch cannot export the model,
+    STEM.pt2.error instead, one line saying why (run_parity.py expects it only
+    for the models it lists)."""
+    try:
+        program = torch.export.export(model, args)
+    except Exception as e:  # torch's own refusal: recorded, not ours to fix
+        with open(stem + ".pt2.error", "w") as f:
+            f.write(f"torch {torch.__version__}: {type(e).__name__}: {str(e).strip().splitlines()[0]}\n")
+        return
+    torch.export.save(program, stem + ".pt2")
+    torch.export.save(program.run_decompositions(), stem + ".core.pt2")
 
 
 def main(argv):

@@ -80,6 +80,11 @@ class ProgramRunner {
     if (it == values_.end()) throw Diagnostic(where, "reads '" + name + "', which no earlier node made");
     return it->second;
   }
+  at::Tensor tensor(const std::string& name, const std::string& where) const {
+    const c10::IValue& v = value(name, where);
+    if (!v.isTensor()) throw Diagnostic(where, "reads '" + name + "' as a tensor, which it is not");
+    return v.toTensor();
+  }
 
  private:
   std::string describe(const ser::Node& node, size_t index) const;
@@ -88,7 +93,7 @@ class ProgramRunner {
   std::vector<int64_t> symInts(const std::vector<ser::SymIntArgument>& list, const std::string& where) const;
   c10::IValue argument(const ser::Argument& a, const c10::Argument& formal, const std::string& where) const;
   c10::IValue number(const ser::Argument& a, const c10::TypePtr& type, const std::string& where) const;
-  void bindOutputs(const ser::Node& node, const c10::FunctionSchema& schema, jit::Stack& results);
+  void bindOutputs(const ser::Node& node, jit::Stack& results);
 
   c10::OperatorHandle operatorThatRuns(const c10::OperatorHandle& op, const jit::Stack& stack);
 
@@ -184,14 +189,14 @@ c10::IValue ProgramRunner::argument(const ser::Argument& a, const c10::Argument&
     case Tag::AS_TENSOR: return value(a.get_as_tensor().get_name(), at);
     case Tag::AS_TENSORS: {
       c10::List<at::Tensor> list;
-      for (const auto& t : a.get_as_tensors()) list.push_back(value(t.get_name(), at).toTensor());
+      for (const auto& t : a.get_as_tensors()) list.push_back(tensor(t.get_name(), at));
       return list;
     }
     case Tag::AS_OPTIONAL_TENSORS: {
       c10::List<std::optional<at::Tensor>> list;
       for (const auto& t : a.get_as_optional_tensors()) {
         if (t.tag() == ser::OptionalTensorArgument::Tag::AS_NONE) list.push_back(std::nullopt);
-        else list.push_back(value(t.get_as_tensor().get_name(), at).toTensor());
+        else list.push_back(tensor(t.get_as_tensor().get_name(), at));
       }
       return list;
     }
@@ -267,7 +272,7 @@ void ProgramRunner::runSymbolic(const ser::Node& node, const std::string& where)
   }
 }
 
-void ProgramRunner::bindOutputs(const ser::Node& node, const c10::FunctionSchema& schema, jit::Stack& results) {
+void ProgramRunner::bindOutputs(const ser::Node& node, jit::Stack& results) {
   const auto& outputs = node.get_outputs();
   // One Tensor[] result (split, unbind) may be written as one output per element.
   if (results.size() == 1 && results[0].isTensorList() && !outputs.empty() && outputs[0].tag() == Tag::AS_TENSOR) {
@@ -291,7 +296,6 @@ void ProgramRunner::bindOutputs(const ser::Node& node, const c10::FunctionSchema
       symInts_[out.get_as_sym_int().get_as_name()] = results[i].toInt();
     }
   }
-  (void)schema;
 }
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
@@ -367,7 +371,7 @@ void ProgramRunner::run(const ser::Node& node, size_t index) {
     throw Diagnostic(where, firstLine(e.what()));
   }
   currentRange = nullptr;
-  bindOutputs(node, schema, stack);
+  bindOutputs(node, stack);
 }
 
 }  // namespace
@@ -428,7 +432,7 @@ Graph traceProgram(const ser::ExportedProgram& program, const std::string& fileN
     for (const Placeholder* tied : tiedPlaces) {
       auto first = std::find_if(statePlaces.begin(), statePlaces.end(),
                                 [&](const Placeholder* s) { return storageOf(s) == storageOf(tied); });
-      runner.bindTensor(tied->argName, runner.value((*first)->argName, "graph_signature").toTensor());
+      runner.bindTensor(tied->argName, runner.tensor((*first)->argName, "graph_signature"));
     }
     const auto& nodes = graph.get_nodes();
     for (size_t i = 0; i < nodes.size(); ++i) runner.run(nodes[i], i);
@@ -437,14 +441,14 @@ Graph traceProgram(const ser::ExportedProgram& program, const std::string& fileN
     const auto& specs = signature.get_output_specs();
     for (size_t i = 0; i < specs.size() && i < outs.size(); ++i) {
       if (outs[i].tag() != Tag::AS_TENSOR) throw Diagnostic("output " + std::to_string(i), "not a tensor");
-      const at::Tensor& value = runner.value(outs[i].get_as_tensor().get_name(), "output " + std::to_string(i)).toTensor();
+      const at::Tensor value = runner.tensor(outs[i].get_as_tensor().get_name(), "output " + std::to_string(i));
       if (specs[i].tag() == ser::OutputSpec::Tag::BUFFER_MUTATION) {
         // The functional program returns the buffer's new value: written
         // back in place, as the module did, the conversion makes it a state update.
         const std::string& buffer = specs[i].get_buffer_mutation().get_buffer_name();
         auto p = std::find_if(statePlaces.begin(), statePlaces.end(), [&](const Placeholder* s) { return s->name == buffer; });
         if (p == statePlaces.end()) throw Diagnostic("graph_signature", "a mutation of unknown buffer '" + buffer + "'");
-        runner.value((*p)->argName, "graph_signature").toTensor().copy_(value);
+        runner.tensor((*p)->argName, "graph_signature").copy_(value);
       } else {
         outputs.emplace_back(value);
       }
@@ -465,6 +469,9 @@ Graph traceProgram(const ser::ExportedProgram& program, const std::string& fileN
     try {
       traced = jit::tracer::trace(std::move(inputs), body, [](const at::Tensor&) { return std::string(); },
                                   /*strict=*/false, /*force_outplace=*/false).first->graph;
+    } catch (const c10::Error& e) {  // outside a node's call: writing back a buffer, say
+      jit::tracer::setRecordSourceLocation([](jit::Node*) {});
+      throw Diagnostic("graph_signature", firstLine(e.what_without_backtrace()));
     } catch (...) {
       jit::tracer::setRecordSourceLocation([](jit::Node*) {});
       throw;
