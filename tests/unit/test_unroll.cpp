@@ -383,7 +383,7 @@ TEST_CASE("relu-to-gemm-epilogue trains the MLP as the unfused step does", "[unr
 TEST_CASE("adam-to-fused-kernel takes the update that spmd-unroll moved", "[unroll][cuda]") {
   if (!torch::cuda::is_available()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
   const Graph step = trainStep("mlp", "adam", 25, 1e-2);  // one bucket: every update moves
-  const std::vector<std::string> lowering = {"relu-to-gemm-epilogue", "adam-to-fused-kernel"};
+  const std::vector<std::string> lowering = {"relu-to-gemm-epilogue", "adam-to-fused-kernel", "dce"};
   const Graph plain = forCudaGraphs(step, lowering);
   const Graph moved = forCudaGraphs(withPasses(step, unrollPipeline({}), 4), lowering);
   for (const Graph* g : {&plain, &moved}) {

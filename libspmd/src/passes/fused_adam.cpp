@@ -14,7 +14,6 @@
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
-#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -215,19 +214,18 @@ bool readersFollow(const Graph& g, const std::vector<Update>& group, const Node*
   return true;
 }
 
-// The per-parameter nodes the call replaced, erased latest first once
-// nothing reads them: some read a new value (the bias correction reads the
-// new step) and may stand before the call, which now defines that value. A
-// node another group still reads stays.
-void eraseReplaced(Graph& g, const std::set<const Node*>& replaced) {
-  std::vector<const Node*> latestFirst(replaced.begin(), replaced.end());
-  std::sort(latestFirst.begin(), latestFirst.end(),
-            [&](const Node* a, const Node* b) { return g.indexOf(*a) > g.indexOf(*b); });
-  for (const Node* n : latestFirst) {
-    const bool read = std::any_of(n->outputs.begin(), n->outputs.end(), [&](ValueId v) {
-      return v != kNoValue && (!g.users(v).empty() || g.readBeyondNodes(v));
-    });
-    if (!read) g.erase(*n);
+// Every read of `from` outside the nodes the call replaced (later nodes,
+// graph outputs, state updates) takes `to`. The replaced nodes keep reading
+// each other's values: some read a new value (the bias correction reads the
+// new step) and may stand before the call, which could not define it for
+// them. Dead now, they are dce's to remove.
+void redirectReads(Graph& g, ValueId from, ValueId to, const std::set<const Node*>& replaced) {
+  g.replaceUsesWith(from, to, [&](const Node& n) { return !replaced.count(&n); });
+  for (ValueId& out : g.outputs()) {
+    if (out == from) out = to;
+  }
+  for (StateUpdate& u : g.updates()) {
+    if (u.value == from) u.value = to;
   }
 }
 
@@ -256,16 +254,15 @@ void emit(Graph& g, const std::vector<Update>& group) {
        Arg::ofFloat(h.weightDecay), Arg::ofFloat(h.eps), Arg::ofBool(h.adamw)},
       "adam");
   // Every read of a new value (state updates, graph outputs, the nodes after
-  // the call) takes the call's; the per-parameter nodes go.
+  // the call) takes the call's; the per-parameter nodes die.
   const size_t n = group.size();
   for (size_t k = 0; k < n; ++k) {
     const Update& u = group[k];
     for (auto [old, i] : {std::pair{u.newParam, k}, {u.newExpAvg, n + k}, {u.newExpAvgSq, 2 * n + k},
                           {u.newStep, 3 * n + k}}) {
-      g.replaceAllUsesWith(old, out[i]);
+      redirectReads(g, old, out[i], replaced);
     }
   }
-  eraseReplaced(g, replaced);
 }
 
 class FusedAdamPass final : public Pass {
