@@ -245,29 +245,24 @@ namespace {
 // The logits' type: how a kernel loads one, stores a gradient, and rounds a
 // float to it and back (what the unfused graph's casts do).
 std::string logitType(c10::ScalarType logits) {
-  const auto common = [](const std::string& load, const std::string& store) {
-    return "__device__ __forceinline__ float spmd_load(spmd_logit v) { return " + load + "; }\n" +
-           "__device__ __forceinline__ spmd_logit spmd_store(float v) { return " + store + "; }\n" +
-           "__device__ __forceinline__ float spmd_as_logit(float v) { return spmd_load(spmd_store(v)); }\n";
-  };
+  std::string helpers, comment;
   switch (logits) {
-    case c10::ScalarType::Float:
-      return "// fp32 logits and gradient\n"
-             "typedef float spmd_logit;\n" +
-             common("v", "v");
+    case c10::ScalarType::Float: comment = "// fp32 logits and gradient\n"; break;
     case c10::ScalarType::BFloat16:
-      return bfloat16Helpers() +
-             "// bf16 logits and gradient; the arithmetic in fp32\n"
-             "typedef unsigned short spmd_logit;\n" +
-             common("spmd_bf16_to_f32(v)", "spmd_f32_to_bf16(v)");
+      helpers = bfloat16Helpers();
+      comment = "// bf16 logits and gradient; the arithmetic in fp32\n";
+      break;
     case c10::ScalarType::Half:
-      return float16Helpers() +
-             "// f16 logits and gradient; the arithmetic in fp32\n"
-             "typedef unsigned short spmd_logit;\n" +
-             common("spmd_f16_to_f32(v)", "spmd_f32_to_f16(v)");
+      helpers = float16Helpers();
+      comment = "// f16 logits and gradient; the arithmetic in fp32\n";
+      break;
     default:
       throw std::invalid_argument(std::string("cross entropy: ") + c10::toString(logits) + " logits");
   }
+  return helpers + comment + storageTypedef("spmd_logit", logits) +
+         "__device__ __forceinline__ float spmd_load(spmd_logit v) { return " + toFloatExpr(logits, "v") + "; }\n" +
+         "__device__ __forceinline__ spmd_logit spmd_store(float v) { return " + fromFloatExpr(logits, "v") + "; }\n" +
+         "__device__ __forceinline__ float spmd_as_logit(float v) { return spmd_load(spmd_store(v)); }\n";
 }
 
 // 16 bytes of logits (kVec of them), how the kernels unpack them to floats

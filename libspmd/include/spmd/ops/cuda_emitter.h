@@ -1,6 +1,7 @@
 // CUDA source pieces the generated kernel families share (pointwise, rows,
-// LayerNorm, column sums, attention's softmax; cross entropy its banner
-// only): the banner, how a dtype is stored and converted to and from float,
+// LayerNorm, column sums, attention's softmax; cross entropy the banner, the
+// storage typedef and the conversions, its reduction of (maximum, sum of
+// exp) pairs and its two-a-word bf16 packing being its own): the banner, how a dtype is stored and converted to and from float,
 // vectors of 16 (or 8) bytes and their loads and stores, and warp reductions. The
 // lowest layer of code generation: it knows CUDA C++, not the graph. The
 // text each piece gives is what the families wrote themselves before, so
