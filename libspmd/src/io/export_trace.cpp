@@ -29,12 +29,12 @@ namespace export_detail {
 namespace {
 
 namespace jit = torch::jit;
+using torchscript_detail::baseName;
+using torchscript_detail::isLibraryFile;
 using torchscript_detail::NamedTensor;
 using Tag = ser::Argument::Tag;
 
 // ---- where a node came from ---------------------------------------------------
-
-bool isLibraryFile(const std::string& path) { return path.find("/torch/") != std::string::npos; }
 
 // The Python frame a node's stack_trace names that the user wrote: the
 // innermost outside torch, else the innermost ("File \"p.py\", line 6, in f").
@@ -53,11 +53,6 @@ std::optional<std::pair<std::string, size_t>> userFrame(const std::string& stack
     if (!isLibraryFile(path)) user = any;
   }
   return user ? user : any;
-}
-
-std::string baseName(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 // The traced nodes of one program node take its source line (what sourceOf reads).

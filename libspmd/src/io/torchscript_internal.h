@@ -32,6 +32,10 @@ namespace jit = torch::jit;
 
 // ---- Python source lines (torchscript_source.cpp) ---------------------------
 
+// Whether a Python file is torch's own (a /torch/ folder in its path), and
+// a path's last component: how a node's line names the user's frame.
+bool isLibraryFile(const std::string& file);
+std::string baseName(const std::string& path);
 c10::optional<jit::SourceRange> preferredSource(const std::vector<jit::SourceRange>& frames);
 std::string sourceOf(const jit::Node* n);
 std::string describe(const jit::Node* n);

@@ -8,6 +8,13 @@
 
 namespace spmd {
 namespace torchscript_detail {
+bool isLibraryFile(const std::string& file) { return file.find("/torch/") != std::string::npos; }
+
+std::string baseName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 namespace {
 
 // The Python source range a (possibly deserialized) range was generated from.
@@ -17,12 +24,6 @@ c10::optional<jit::SourceRange> originalRange(const jit::SourceRange& range) {
   return c10::nullopt;
 }
 
-bool isLibraryFile(const std::string& file) { return file.find("/torch/") != std::string::npos; }
-
-std::string baseName(const std::string& path) {
-  size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
 
 // torch.jit.trace records each op's Python stack as the text of its source
 // range, one "path(line): function" per frame, innermost first: the first
