@@ -56,6 +56,9 @@ test: deps build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(if $(TESTS),-R '$(TESTS)')
 
 demo: deps build
+	@echo "== spmd-inspect: the seeds' MLP, a torch.export program (shapes and source lines come with it)"
+	$(INSPECT) samples/mlp.pt2 --verify
+	$(INSPECT) samples/cnn.pt2 --stats
 	@echo "== spmd-inspect: the seeds' MLP imported from TorchScript"
 	$(INSPECT) samples/mlp.pt $$(cat samples/mlp.inputs)
 	@echo "== verify and stats of the CNN (BatchNorm running stats become state updates)"
