@@ -63,6 +63,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -124,12 +125,17 @@ def make_data(specs, nproc, steps, seed, micro_batches=1):
 
 def make_optimizer(params, a):
     if a.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, dampening=a.dampening,
-                               nesterov=a.nesterov, weight_decay=a.weight_decay or 0.0)
-    betas = tuple(float(b) for b in a.betas.split(","))
-    cls = torch.optim.Adam if a.optimizer == "adam" else torch.optim.AdamW
-    wd = a.weight_decay if a.weight_decay is not None else (0.0 if a.optimizer == "adam" else 1e-2)
-    return cls(params, lr=a.lr, betas=betas, eps=a.eps, weight_decay=wd, amsgrad=a.amsgrad)
+        cls, kwargs = torch.optim.SGD, dict(lr=a.lr, momentum=a.momentum, dampening=a.dampening,
+                                            nesterov=a.nesterov, weight_decay=a.weight_decay or 0.0)
+    else:
+        betas = tuple(float(b) for b in a.betas.split(","))
+        cls = torch.optim.Adam if a.optimizer == "adam" else torch.optim.AdamW
+        wd = a.weight_decay if a.weight_decay is not None else (0.0 if a.optimizer == "adam" else 1e-2)
+        kwargs = dict(lr=a.lr, betas=betas, eps=a.eps, weight_decay=wd, amsgrad=a.amsgrad)
+    if a.zero_redundancy:
+        # ZeRO-1 as PyTorch ships it: each rank keeps the state of a part of the parameters.
+        return ZeroRedundancyOptimizer(params, optimizer_class=cls, **kwargs)
+    return cls(params, **kwargs)
 
 
 def nanogpt_lr(it, a):
@@ -265,6 +271,10 @@ def worker(rank, a, store_path, state, data):
         params = {n: p.detach().clone() for n, p in model.named_parameters()}
         if a.all_ranks:
             torch.save(params, sibling(a.out, f".rank{rank}.pt"))
+        if a.zero_redundancy:
+            opt.consolidate_state_dict(to=0)
+            if rank == 0:
+                torch.save(opt.state_dict(), a.zero_redundancy)
         if rank == 0:
             torch.save(params, a.out)
             torch.save(torch.stack(losses), sibling(a.out, ".losses.pt"))
@@ -333,6 +343,9 @@ def main():
     p.add_argument("--clip-grad-norm-type", choices=["2", "inf"], default="2")
     p.add_argument("--micro-batches", type=int, default=1)
     p.add_argument("--all-ranks", action="store_true", help="also write REF.rankR.pt for every rank")
+    p.add_argument("--zero-redundancy", metavar="OPT.pt",
+                   help="train with torch.distributed.optim.ZeroRedundancyOptimizer and write its consolidated "
+                        "state_dict() to OPT.pt")
     p.add_argument("-v", "--verbose", action="store_true", help="rank 0 prints its loss and DDP buckets per step")
     a = p.parse_args()
     if a.sample not in models_of(a):

@@ -55,8 +55,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # and the reference; `unroll`: the pipeline runs spmd-unroll.
 # program: the file spmd-expand reads instead of the sample's TorchScript
 # module, a torch.export program (.pt2) whose shapes come with it (no --input).
-Case = namedtuple("Case", "name sample optimizer nproc steps extra seed strict unroll atol program",
-                  defaults=[True, 1e-6, None])
+# shard: spmd-split --shard MODE --world-size NPROC (ZeRO); DDP stays the oracle,
+# since a sharded step computes the same numbers.
+Case = namedtuple("Case", "name sample optimizer nproc steps extra seed strict unroll atol program shard",
+                  defaults=[True, 1e-6, None, None])
 
 ADAM = "--optimizer adam --lr 1e-2 --eps 1e-2"
 SGD_MOMENTUM = "--optimizer sgd --lr 0.05 --momentum 0.9"
@@ -134,6 +136,32 @@ CASES = [
          program="tests/pt2/fixtures/lm.core.pt2"),
     Case("pt2_core_cnn_sgd_clip_micro_batches", "cnn", SGD_MOMENTUM + " --clip-grad-norm 0.5 --micro-batches 2", 2, 5,
          "", 1, False, program="tests/pt2/fixtures/cnn.core.pt2"),
+    # Sharded data parallelism (spmd-split --shard): ZeRO-1 and ZeRO-2 at 2,
+    # 3 and 4 ranks, with the step's features; 3 ranks pad most shards.
+    Case("lm_adamw_shard_optimizer", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5, "", 1, False,
+         shard="optimizer"),
+    Case("lm_adam_shard_gradients_n4_buckets", "lm", "--optimizer adam --lr 1e-2 --eps 1e-5", 4, 5,
+         "--bucket-cap-mb 0.01 --first-bucket-cap-mb 0.01", 1, False, shard="gradients"),
+    Case("cnn_sgd_shard_optimizer_n4", "cnn", SGD_MOMENTUM, 4, 5, "", 1, False, shard="optimizer"),
+    Case("cnn_sgd_shard_gradients_n3_ignore", "cnn", SGD_MOMENTUM, 3, 5, "--ignore-param fc.bias", 1, False,
+         shard="gradients"),
+    Case("mlp_adam_shard_gradients_n4_amsgrad_wd", "mlp", ADAM + " --amsgrad --weight-decay 1e-2", 4, 5,
+         "--bucket-cap-mb 0.05 --first-bucket-cap-mb 0.05", 1, False, shard="gradients"),
+    Case("lm_adamw_shard_optimizer_all_three", "lm",
+         "--optimizer adamw --lr 1e-2 --eps 1e-5 --lr-schedule cosine --warmup-steps 2 --decay-steps 5 --min-lr 1e-3 "
+         "--clip-grad-norm 0.05 --micro-batches 2", 2, 7, "--bucket-cap-mb 0.01 --first-bucket-cap-mb 0.01", 1, False,
+         shard="optimizer"),
+    Case("mlp_adam_shard_gradients_clip_inf_n3", "mlp", ADAM + " --clip-grad-norm 0.5 --clip-grad-norm-type inf", 3, 5,
+         "--bucket-cap-mb 0.05 --first-bucket-cap-mb 0.05", 1, False, shard="gradients"),
+    Case("cnn_sgd_shard_optimizer_clip_micro_batches_not_unrolled", "cnn",
+         SGD_MOMENTUM + " --clip-grad-norm 0.5 --micro-batches 2", 2, 5, "", 1, False, False, shard="optimizer"),
+    Case("lm_adamw_shard_gradients_autocast_bf16_reduce_f16_n4", "lm",
+         "--optimizer adamw --lr 1e-2 --eps 1e-5 --autocast cpu:bf16 --reduce-dtype f16", 4, 5, "", 1, False,
+         shard="gradients"),
+    Case("cnn_sgd_shard_optimizer_autocast_bf16", "cnn", SGD_MOMENTUM + " --autocast cpu:bf16", 2, 5, "", 1, False,
+         shard="optimizer"),
+    Case("pt2_lm_adamw_shard_optimizer_n4", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 4, 5, "", 1, False,
+         program="tests/pt2/fixtures/lm.pt2", shard="optimizer"),
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     # The LM's key bias (gradient: rounding noise, which eps 1e-8 lets Adam
     # turn into full steps) drifts from eager's by up to 3e-5 (torch 2.6), as
@@ -243,12 +271,13 @@ def run_spmd(case, tools, python, tmp, timeout, models, fmt, data, ref):
     with open(os.path.join(models, case.sample + ".inputs")) as f:
         inputs = shlex.split(f.read())
     optimizer, extra = shlex.split(case.optimizer), shlex.split(case.extra)
+    shard = ["--shard", case.shard, "--world-size", str(case.nproc)] if case.shard else []
     ours, step = os.path.join(tmp, f"ours.{fmt}.pt"), os.path.join(tmp, f"step.{fmt}.spmd")
     if case.name.startswith("export_"):
         dump = os.path.join(tmp, "exported.json")
         run([python, os.path.join(HERE, "export_step.py"), "--sample", case.sample, *optimizer, "--out", dump], timeout,
             what="export_step.py", env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
-        graph = run([tools["spmd-split"], dump, *extra], timeout)
+        graph = run([tools["spmd-split"], dump, *extra, *shard], timeout)
     else:
         source = os.path.join(models, case.sample + "." + fmt)
         if case.program:
@@ -256,7 +285,7 @@ def run_spmd(case, tools, python, tmp, timeout, models, fmt, data, ref):
         elif fmt != "pt":
             inputs = []
         graph = run([tools["spmd-expand"], source, *inputs, *optimizer], timeout)
-        graph = run([tools["spmd-split"], *extra], timeout, stdin=graph)
+        graph = run([tools["spmd-split"], *extra, *shard], timeout, stdin=graph)
     # Cases run unrolled (the last bucket's update moved into the next
     # iteration) unless they say not, and lowered with the optimizer fused
     # into _foreach calls.
@@ -305,7 +334,8 @@ def main():
     if a.list:
         for c in all_cases:
             print(f"{c.name}{' (strict)' if c.strict else ''}: {c.sample} {c.optimizer} --nproc {c.nproc} "
-                  f"--steps {c.steps} --seed {c.seed}{' ' + c.extra if c.extra else ''}")
+                  f"--steps {c.steps} --seed {c.seed}{' ' + c.extra if c.extra else ''}"
+                  f"{' --shard ' + c.shard if c.shard else ''}")
         return 0
     if not a.bin_dir:
         p.error("BIN_DIR is required")

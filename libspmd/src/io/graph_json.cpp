@@ -136,6 +136,8 @@ ojson trainingJson(const TrainingConfig& c) {
     out["clip_norm_type"] = floatJson(c.clipNormType);
   }
   if (c.microBatches != 1) out["micro_batches"] = c.microBatches;
+  if (c.worldSize) out["world_size"] = c.worldSize;
+  if (c.shard != ShardMode::None) out["shard"] = shardModeName(c.shard);
   return out;
 }
 
@@ -274,7 +276,7 @@ class Reader {
 
   void readTraining(const json& j) {
     expectObject(j, "/training", {"lr_schedule", "lr", "warmup_steps", "decay_steps", "min_lr", "step_size", "gamma",
-                                  "clip_grad_norm", "clip_norm_type", "micro_batches"}, {});
+                                  "clip_grad_norm", "clip_norm_type", "micro_batches", "world_size", "shard"}, {});
     TrainingConfig& c = graph_.training();
     LrSchedule& s = c.schedule;
     if (j.contains("lr_schedule")) {
@@ -295,6 +297,13 @@ class Reader {
     }
     if (j.contains("clip_norm_type")) c.clipNormType = number(j["clip_norm_type"], "/training/clip_norm_type");
     if (j.contains("micro_batches")) c.microBatches = integer(j["micro_batches"], "/training/micro_batches");
+    if (j.contains("world_size")) {
+      c.worldSize = integer(j["world_size"], "/training/world_size");
+      if (c.worldSize < 1) fail("/training/world_size", "expected an integer >= 1");
+    }
+    if (j.contains("shard") && !parseShardMode(str(j["shard"], "/training/shard"), c.shard)) {
+      fail("/training/shard", "unknown shard mode (none, optimizer, gradients)");
+    }
     try {
       validateTraining(c);
     } catch (const Diagnostic& d) {

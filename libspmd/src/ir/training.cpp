@@ -30,6 +30,25 @@ bool parseLrScheduleKind(const std::string& name, LrScheduleKind& kind) {
   return false;
 }
 
+const char* shardModeName(ShardMode mode) {
+  switch (mode) {
+    case ShardMode::None: return "none";
+    case ShardMode::Optimizer: return "optimizer";
+    case ShardMode::Gradients: return "gradients";
+  }
+  return "?";
+}
+
+bool parseShardMode(const std::string& name, ShardMode& mode) {
+  for (ShardMode m : {ShardMode::None, ShardMode::Optimizer, ShardMode::Gradients}) {
+    if (name == shardModeName(m)) {
+      mode = m;
+      return true;
+    }
+  }
+  return false;
+}
+
 double learningRateAt(const LrSchedule& s, int64_t it) {
   const int64_t w = s.warmupSteps;
   if (it < w) return s.lr * static_cast<double>(it + 1) / static_cast<double>(w + 1);
@@ -73,6 +92,8 @@ void validateTraining(const TrainingConfig& c) {
   }
   if (c.clipNormType != 2.0 && c.clipNormType != kInfNorm) throw Diagnostic("--clip-grad-norm-type", "must be 2 or inf");
   if (c.microBatches < 1) throw Diagnostic("--micro-batches", "must be at least 1");
+  if (c.worldSize < 0) throw Diagnostic("--world-size", "must be at least 1");
+  if (c.shard != ShardMode::None && c.worldSize < 1) throw Diagnostic("--shard", "needs --world-size");
 }
 
 namespace {
@@ -102,6 +123,8 @@ std::string trainingText(const TrainingConfig& c) {
     parts.push_back("norm-type=" + normTypeText(c.clipNormType));
   }
   if (c.microBatches != 1) parts.push_back("micro-batches=" + std::to_string(c.microBatches));
+  if (c.worldSize) parts.push_back("world-size=" + std::to_string(c.worldSize));
+  if (c.shard != ShardMode::None) parts.push_back(std::string("shard=") + shardModeName(c.shard));
   std::string text;
   for (size_t i = 0; i < parts.size(); ++i) text += (i ? " " : "") + parts[i];
   return text;
@@ -161,6 +184,10 @@ std::string parseTrainingText(const std::string& text, TrainingConfig& c) {
     } else if (key == "micro-batches") {
       ok = wholeInt(value, i);
       c.microBatches = i;
+    } else if (key == "world-size") {
+      ok = wholeInt(value, c.worldSize) && c.worldSize >= 1;
+    } else if (key == "shard") {
+      ok = parseShardMode(value, c.shard);
     } else {
       return "unknown key '" + key.substr(0, 40) + "'";
     }

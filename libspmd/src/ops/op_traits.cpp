@@ -82,6 +82,9 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"spmd::broadcast", kCollective},
       {"spmd::bucket_start", kCollective},
       {"spmd::bucket_wait", kCollective},
+      {"spmd::reduce_scatter", kCollective},
+      {"spmd::all_gather", kCollective},
+      {"spmd::shard", kCollective},
       {"spmd::dropout_seed", kRandom},
       {"spmd::fused_adam", kOwn},
   };
@@ -101,6 +104,9 @@ CollectiveKind collectiveKind(const std::string& op) {
       {"spmd::broadcast", CollectiveKind::Broadcast},
       {"spmd::bucket_start", CollectiveKind::BucketStart},
       {"spmd::bucket_wait", CollectiveKind::BucketWait},
+      {"spmd::reduce_scatter", CollectiveKind::ReduceScatter},
+      {"spmd::all_gather", CollectiveKind::AllGather},
+      {"spmd::shard", CollectiveKind::Shard},
   };
   auto it = kinds.find(op);
   return it == kinds.end() ? CollectiveKind::None : it->second;

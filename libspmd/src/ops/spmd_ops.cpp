@@ -26,13 +26,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> batchNorm
 // Collectives on one rank: the identity. A multi-rank runtime executes these
 // nodes with its process group instead of through these kernels.
 at::Tensor allReduceOneRank(const at::Tensor& self, c10::string_view reduce) {
-  TORCH_CHECK(reduce == "mean" || reduce == "sum", "spmd::all_reduce: reduce must be 'mean' or 'sum'");
+  TORCH_CHECK(reduce == "mean" || reduce == "sum" || reduce == "max", "spmd::all_reduce: reduce must be 'mean', 'sum' or 'max'");
   return self.clone();
 }
 
 at::Tensor bucketStartOneRank(const at::Tensor& flat, c10::string_view reduce, int64_t bucket) {
   TORCH_CHECK(reduce == "mean" || reduce == "sum", "spmd::bucket_start: reduce must be 'mean' or 'sum'");
   return flat.clone();
+}
+
+// The sharded collectives on one process: the shapes a rank of `world` sees
+// (what shape inference on the meta device needs), and the identity at a
+// world size of 1. A run of more ranks executes them with its group.
+void checkWorld(const char* op, int64_t world, int64_t rows) {
+  TORCH_CHECK(world >= 1, op, ": world size must be at least 1");
+  TORCH_CHECK(rows % world == 0, op, ": ", rows, " rows do not divide among ", world, " ranks");
+}
+
+at::Tensor reduceScatterOneRank(const at::Tensor& flat, c10::string_view reduce, int64_t world, int64_t bucket) {
+  TORCH_CHECK(reduce == "mean" || reduce == "sum", "spmd::reduce_scatter: reduce must be 'mean' or 'sum'");
+  TORCH_CHECK(flat.dim() == 1, "spmd::reduce_scatter: expected a flat tensor");
+  checkWorld("spmd::reduce_scatter", world, flat.size(0));
+  return flat.narrow(0, 0, flat.size(0) / world).clone();
+}
+
+at::Tensor allGatherOneRank(const at::Tensor& shard, int64_t world, int64_t bucket) {
+  TORCH_CHECK(shard.dim() == 1, "spmd::all_gather: expected a flat tensor");
+  checkWorld("spmd::all_gather", world, 0);
+  return shard.repeat({world});
+}
+
+at::Tensor shardOneRank(const at::Tensor& self, int64_t world) {
+  TORCH_CHECK(self.dim() >= 1, "spmd::shard: expected at least one dimension");
+  checkWorld("spmd::shard", world, self.size(0));
+  return self.narrow(0, 0, self.size(0) / world).clone();
 }
 
 at::Tensor bucketWaitOneRank(const at::Tensor& inflight, int64_t bucket) { return inflight.clone(); }
@@ -66,6 +93,9 @@ TORCH_LIBRARY(spmd, m) {
   m.def("broadcast(Tensor self, int src) -> Tensor");
   m.def("bucket_start(Tensor flat, str reduce, int bucket) -> Tensor");
   m.def("bucket_wait(Tensor inflight, int bucket) -> Tensor");
+  m.def("reduce_scatter(Tensor flat, str reduce, int world, int bucket) -> Tensor");
+  m.def("all_gather(Tensor shard, int world, int bucket) -> Tensor");
+  m.def("shard(Tensor self, int world) -> Tensor");
 }
 
 // Composite of differentiable ATen ops, so LibTorch autograd (the tests'
@@ -79,4 +109,7 @@ TORCH_LIBRARY_IMPL(spmd, CompositeExplicitAutograd, m) {
   m.impl("broadcast", &spmd::broadcastOneRank);
   m.impl("bucket_start", &spmd::bucketStartOneRank);
   m.impl("bucket_wait", &spmd::bucketWaitOneRank);
+  m.impl("reduce_scatter", &spmd::reduceScatterOneRank);
+  m.impl("all_gather", &spmd::allGatherOneRank);
+  m.impl("shard", &spmd::shardOneRank);
 }

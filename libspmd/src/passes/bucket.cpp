@@ -356,6 +356,7 @@ bool BucketPass::run(Graph& g, DiagnosticEngine& diagnostics) {
       return false;
     }
   }
+  if (options_.worldSize > 0) g.training().worldSize = options_.worldSize;
   std::vector<PlanBucket> plan = planBuckets(g, options_);
   std::vector<Bucket> table;
   for (auto& b : plan) table.push_back(Bucket{inForwardOrder(g, b.params), b.bytes});

@@ -222,10 +222,12 @@ std::vector<size_t> schedule(const Graph& g, const Analysis& a, const std::vecto
   return out;
 }
 
+// The order of the nodes that talk to other ranks (spmd::shard, a local
+// slice, does not).
 std::vector<std::string> commOrder(const NodeList& nodes) {
   std::vector<std::string> order;
   for (const Node& n : nodes) {
-    if (isCollective(n.op)) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
+    if (isCollective(n.op) && collectiveKind(n.op) != CollectiveKind::Shard) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
   }
   return order;
 }

@@ -26,6 +26,8 @@ const std::vector<PassInfo>& registeredPasses() {
       {"grad-sync", "one all-reduce per gradient across ranks; broadcast buffers from rank 0", createGradSyncPass},
       {"optimizer", "the optimizer update (SGD, Adam, AdamW) as explicit nodes and state", createOptimizerPass},
       {"bucket", "DDP buckets: one flat all-reduce per bucket, started after its last gradient", createBucketPass},
+      {"shard", "ZeRO: each bucket reduce-scattered, the optimizer on this rank's dim-0 shards, the updates all-gathered",
+       createShardPass},
       {"attention-to-fused-kernel", "spmd::attention and its backward as ATen's fused attention kernel; spmd-lower runs it for --device cuda",
        createFuseAttentionPass, "fuse-attention"},
       {"adam-to-fused-kernel", "Adam/AdamW as torch.optim's fused kernel (spmd::fused_adam); spmd-lower runs it for --device cuda",

@@ -4,8 +4,9 @@
 //
 // The last bucket is the one whose all-reduce starts last (the first layers'
 // parameters): its communication cannot overlap the backward, which is done
-// by then. The moved block is that bucket's bucket_start and bucket_wait,
-// everything computed from the reduced gradients, and the optimizer nodes
+// by then. The moved block is that bucket's bucket_start (a sharded step's
+// reduce_scatter) and bucket_wait, everything computed from the reduced
+// gradients (with a sharded step's all-gather of the updates), and the optimizer nodes
 // that only feed those (step counters, bias corrections). See ir/iter_graph.h
 // for how the unrolled graph holds setup, main and cleanup.
 //
@@ -24,14 +25,17 @@ namespace {
 struct Ops {
   OpName spmd_bucket_wait = OpName::known("spmd::bucket_wait");
   OpName spmd_bucket_start = OpName::known("spmd::bucket_start");
+  OpName spmd_reduce_scatter = OpName::known("spmd::reduce_scatter");  // a sharded step's bucket_start
 };
 const Ops& ops() { return opTable<Ops>(); }
 
-// Index of the bucket_start node that comes last, or -1.
+// Index of the bucket_start (or a sharded step's reduce_scatter) node that
+// comes last, or -1.
 int lastBucketStart(const Graph& g) {
   int last = -1;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
-    if (g.nodes()[i].is(ops().spmd_bucket_start)) last = static_cast<int>(i);
+    const Node& n = g.nodes()[i];
+    if (n.is(ops().spmd_bucket_start) || n.is(ops().spmd_reduce_scatter)) last = static_cast<int>(i);
   }
   return last;
 }

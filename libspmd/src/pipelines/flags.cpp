@@ -144,6 +144,16 @@ void addBucketFlags(CLI::App& app, BucketOptions& options) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--ignore-param", options.ignored, "a parameter DDP ignores: never bucketed, never synced");
+  app.add_option("--world-size", options.worldSize,
+                 "the ranks spmd-run will run the step on (recorded in the graph; spmd-run refuses another)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  CLI::Option* shard = app.add_option_function<std::string>(
+      "--shard",
+      [&options](const std::string& mode) {
+        if (!parseShardMode(mode, options.shard)) throw CLI::ValidationError("--shard", "expected none, optimizer or gradients");
+      },
+      "none (DDP), optimizer (ZeRO-1: optimizer state sharded) or gradients (ZeRO-2: gradients too); needs --world-size");
+  shard->type_name("MODE")->default_str("none");
 }
 
 void addUnrollFlags(CLI::App& app, UnrollOptions& options) {

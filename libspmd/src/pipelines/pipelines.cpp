@@ -49,7 +49,10 @@ std::vector<std::string> expandPipeline(const PipelineOptions& options) {
   return names;
 }
 
-std::vector<std::string> splitPipeline(const PipelineOptions&) { return {"grad-sync", "bucket"}; }
+std::vector<std::string> splitPipeline(const PipelineOptions& options) {
+  if (options.buckets.shard == ShardMode::None) return {"grad-sync", "bucket"};
+  return {"grad-sync", "bucket", "shard", "dce"};
+}
 
 std::vector<std::string> unrollPipeline(const PipelineOptions&) { return {"unroll"}; }
 

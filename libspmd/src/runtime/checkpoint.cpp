@@ -23,6 +23,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <set>
 #include <map>
 #include <sstream>
 
@@ -448,6 +450,90 @@ void requireConsistentStep(const Checkpoint& c) {
 }
 
 }  // namespace
+
+namespace {
+
+constexpr const char* kShardIndexFormat = "spmd-sharded-checkpoint";
+
+// The steps a checkpoint root holds whole (a step folder with a manifest).
+std::set<int64_t> wholeSteps(const std::string& root) {
+  std::set<int64_t> steps;
+  for (const std::string& name : entriesOf(root)) {
+    if (!startsWith(name, kFolderPrefix) || ::access((root + "/" + name + "/manifest.json").c_str(), F_OK) != 0) continue;
+    char* end = nullptr;
+    const long long step = std::strtoll(name.c_str() + std::strlen(kFolderPrefix), &end, 10);
+    if (end && *end == '\0') steps.insert(step);
+  }
+  return steps;
+}
+
+}  // namespace
+
+std::string rankCheckpointRoot(const std::string& root, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/rank-%05d", rank);
+  return root + name;
+}
+
+std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const std::string& shardMode) {
+  if (::mkdir(root.c_str(), 0777) != 0 && errno != EEXIST) {
+    throw Diagnostic("--checkpoint " + root, "cannot create the folder: " + errnoText());
+  }
+  if (rank == 0) {
+    nlohmann::ordered_json j = {{"format", kShardIndexFormat}, {"version", kVersion},
+                                {"world_size", worldSize}, {"shard", shardMode}};
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    for (int r = 0; r < worldSize; ++r) ranks.push_back(rankCheckpointRoot("", r).substr(1));
+    j["ranks"] = ranks;
+    const std::string temp = root + "/" + kTempPrefix + "index.json";
+    writeSynced(temp, j.dump(2) + "\n");
+    if (::rename(temp.c_str(), (root + "/index.json").c_str()) != 0) {
+      throw Diagnostic("--checkpoint", "cannot write " + root + "/index.json: " + errnoText());
+    }
+  }
+  return rankCheckpointRoot(root, rank);
+}
+
+bool isShardedCheckpoint(const std::string& root) { return ::access((root + "/index.json").c_str(), F_OK) == 0; }
+
+std::string shardedCheckpointFolder(const std::string& root, int rank, int worldSize) {
+  const std::string index = root + "/index.json";
+  if (!isShardedCheckpoint(root)) {
+    throw Diagnostic("--resume " + root, "holds no sharded checkpoint (no index.json); a sharded step resumes from "
+                                         "the --checkpoint folder its run wrote");
+  }
+  int written = 0;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(readText(index));
+    if (j.value("format", "") != kShardIndexFormat) throw Diagnostic("/format", "not an spmd sharded checkpoint index");
+    written = j.at("world_size").get<int>();
+  } catch (Diagnostic& d) {
+    throw d.inFile(index);
+  } catch (const nlohmann::json::exception& e) {
+    throw Diagnostic("", std::string("damaged index: ") + e.what()).inFile(index);
+  }
+  if (written != worldSize) {
+    throw Diagnostic("--resume " + root, "was written by a sharded run of " + std::to_string(written) +
+                                             " ranks, this one has " + std::to_string(worldSize) +
+                                             ": the shards' shapes depend on it; --resume-weights-only takes the "
+                                             "weights alone");
+  }
+  std::set<int64_t> common;
+  for (int r = 0; r < worldSize; ++r) {
+    const std::string dir = rankCheckpointRoot(root, r);
+    if (!isDirectory(dir)) throw Diagnostic("--resume " + root, "has no folder for rank " + std::to_string(r));
+    const std::set<int64_t> steps = wholeSteps(dir);
+    if (r == 0) {
+      common = steps;
+      continue;
+    }
+    std::set<int64_t> both;
+    std::set_intersection(common.begin(), common.end(), steps.begin(), steps.end(), std::inserter(both, both.end()));
+    common = both;
+  }
+  if (common.empty()) throw Diagnostic("--resume " + root, "holds no step that every rank's folder has whole");
+  return rankCheckpointRoot(root, rank) + "/" + folderName(*common.rbegin());
+}
 
 Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsOnly) {
   Checkpoint c;

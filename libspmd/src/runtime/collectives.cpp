@@ -100,9 +100,30 @@ class GroupCollectives : public Collectives {
         return t;
       }
       case CollectiveKind::AllReduce: {
-        std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
-        group_->allreduce(t)->wait();
+        const std::string& reduce = node.args.at(1).s;
+        std::vector<at::Tensor> t = {prepared(tensors.at(0), reduce, mayReuseInput)};
+        c10d::AllreduceOptions opts;
+        if (reduce == "max") opts.reduceOp = c10d::ReduceOp::MAX;
+        group_->allreduce(t, opts)->wait();
         return t;
+      }
+      case CollectiveKind::ReduceScatter: {
+        // In flight like a bucket's all-reduce; spmd::bucket_wait takes it.
+        at::Tensor flat = prepared(tensors.at(0), node.args.at(1).s, mayReuseInput).contiguous();
+        at::Tensor shard = at::empty({flat.size(0) / worldSize_}, flat.options());
+        inFlight_[node.args.back().i] = {group_->_reduce_scatter_base(shard, flat), shard};
+        return {shard};
+      }
+      case CollectiveKind::AllGather: {
+        at::Tensor shard = tensors.at(0).contiguous();
+        at::Tensor full = at::empty({shard.size(0) * worldSize_}, shard.options());
+        group_->_allgather_base(full, shard)->wait();
+        return {full};
+      }
+      case CollectiveKind::Shard: {
+        const at::Tensor& whole = tensors.at(0);
+        const int64_t rows = whole.size(0) / worldSize_;
+        return {whole.narrow(0, rows * group_->getRank(), rows).clone()};
       }
       case CollectiveKind::BucketStart: {
         std::vector<at::Tensor> t = {prepared(tensors.at(0), node.args.at(1).s, mayReuseInput)};
@@ -124,6 +145,7 @@ class GroupCollectives : public Collectives {
 
   // The tensor the group reduces in place: the input itself when it may be
   // reused, else a copy; divided first for a mean (one pass either way).
+  // A reduce-scatter reads it only, but the rows must be contiguous.
   at::Tensor prepared(const at::Tensor& t, const std::string& reduce, bool mayReuseInput) {
     if (reduce == "mean") return mayReuseInput ? t.div_(worldSize_) : t.div(worldSize_);
     return mayReuseInput ? t : t.clone();

@@ -104,7 +104,18 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
     }
   }
   if (o.resume.empty()) return 0;
-  const Checkpoint c = readCheckpoint(g, o.resume, o.resumeWeightsOnly);
+  // A sharded run's ranks each read their own folder, at the newest step
+  // all of them hold; the weights alone come from rank 0's.
+  std::string folder = o.resume;
+  if (o.resumeWeightsOnly && isShardedCheckpoint(o.resume)) {
+    folder = rankCheckpointRoot(o.resume, 0);
+  } else if (!o.resumeWeightsOnly && g.training().shard != ShardMode::None) {
+    folder = shardedCheckpointFolder(o.resume, info.rank, info.worldSize);
+  } else if (isShardedCheckpoint(o.resume)) {
+    throw Diagnostic("--resume " + o.resume, "holds a sharded run's checkpoint and this step is not sharded; "
+                                             "--resume-weights-only takes its weights alone");
+  }
+  const Checkpoint c = readCheckpoint(g, folder, o.resumeWeightsOnly);
   if (o.resumeWeightsOnly) {
     restoreState(g, c, /*weightsOnly=*/true, state);
     return 0;
@@ -140,6 +151,12 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const bool lead = info.rank == 0;
 
   // Bad input is refused before step 1.
+  const int64_t compiledFor = g.training().worldSize;
+  if (compiledFor > 0 && compiledFor != info.worldSize) {
+    throw Diagnostic("/training/world_size", "the step was compiled for " + std::to_string(compiledFor) +
+                                                 " ranks (spmd-split --world-size), this run has " +
+                                                 std::to_string(info.worldSize));
+  }
   const RunDevice device(artifact, o.device, info.localRank);
   const int steps = o.steps > 0 ? o.steps : (g.iters() > 0 ? g.iters() : 10);
   if (lead) {
@@ -147,8 +164,15 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     requireWritableDirectory(o.profile, "--profile");
     requireWritableDirectory(o.trace, "--trace");
   }
+  // A sharded step's ranks each hold state of their own: each checkpoints it.
+  const bool sharded = g.training().shard != ShardMode::None;
   std::optional<CheckpointWriter> checkpoints;
-  if (lead && !o.checkpoint.empty()) checkpoints.emplace(o.checkpoint, o.keep);
+  if (sharded && !o.checkpoint.empty()) {
+    checkpoints.emplace(shardedCheckpointRoot(o.checkpoint, info.rank, info.worldSize, shardModeName(g.training().shard)),
+                        o.keep);
+  } else if (lead && !o.checkpoint.empty()) {
+    checkpoints.emplace(o.checkpoint, o.keep);
+  }
   const int every = o.checkpoint.empty() ? 0 : o.checkpointEvery;
   const std::string fingerprint = checkpoints ? stepFingerprint(artifact) : "";
   const std::string dataName = checkpoints ? dataIdentity(o.dataFile, o.tokens) : "";

@@ -32,6 +32,15 @@ struct LrSchedule {
 };
 double learningRateAt(const LrSchedule& schedule, int64_t step);
 
+// How spmd-split shards the model state across ranks (--shard): none is
+// DDP (every rank holds everything); optimizer (ZeRO-1) reduce-scatters each
+// bucket's gradients and keeps each parameter's optimizer state as this
+// rank's dim-0 shard; gradients (ZeRO-2) is the same step, whose full
+// gradients die at their reduce-scatter (see passes/shard.cpp).
+enum class ShardMode { None, Optimizer, Gradients };
+const char* shardModeName(ShardMode mode);
+bool parseShardMode(const std::string& name, ShardMode& mode);
+
 // Norm types clip_grad_norm_ takes here: 2 (Euclidean) or infinity (max abs).
 inline constexpr double kInfNorm = std::numeric_limits<double>::infinity();
 
@@ -47,13 +56,18 @@ struct TrainingConfig {
   // Forward and backward run on this many consecutive slices of each data
   // input's rows, gradients reduced once (the micro-batches pass).
   int64_t microBatches = 1;
+  // The ranks the step was compiled for (spmd-split --world-size; 0: any):
+  // spmd-run refuses another world size. A sharded step's shapes depend on it.
+  int64_t worldSize = 0;
+  ShardMode shard = ShardMode::None;  // spmd-split --shard
 
   bool clips() const { return clipMaxNorm > 0.0; }
 };
 
 // Rejects what makes no schedule: negative step counts, decay ending before
 // warmup does, a step size below 1, a clip norm <= 0 or of another type,
-// fewer than one micro-batch. Throws Diagnostic naming the flag.
+// fewer than one micro-batch, a
+// negative world size, sharding without one. Throws Diagnostic naming the flag.
 void validateTraining(const TrainingConfig& config);
 
 // "lr-schedule=cosine lr=0.0006 warmup=10 ..." listing only what differs

@@ -4,10 +4,17 @@
 //
 //   spmd::batch_norm_train  BatchNorm in training mode with its running-stat
 //                           update returned as outputs instead of done in place.
-//   spmd::all_reduce        a gradient reduced across ranks ("mean" or "sum").
+//   spmd::all_reduce        a gradient reduced across ranks ("mean" or "sum"; "max"
+//                           for a sharded step's infinity-norm clipping).
 //   spmd::broadcast         a buffer as rank `src` holds it.
 //   spmd::bucket_start      launches the all-reduce of a bucket's packed gradients.
 //   spmd::bucket_wait       waits for it and returns the reduced flat tensor.
+//   spmd::reduce_scatter    launches a sharded bucket's reduce-scatter: the flat
+//                           gradients of `world` ranks' rows in, this rank's
+//                           reduced row out, waited for by spmd::bucket_wait.
+//   spmd::all_gather        every rank's flat shard, concatenated in rank order.
+//   spmd::shard             this rank's 1/world of a tensor's rows (no
+//                           communication: the rows are the same on every rank).
 //   spmd::attention         softmax(q k^T * scale [+ mask]) v, as a model writes it
 //                           (spmd-expand's attention pass; `divide`: q k^T / scale;
 //                           `softmax_dtype`: softmax's dtype), or, with `sdpa`, a

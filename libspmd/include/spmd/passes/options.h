@@ -52,6 +52,8 @@ struct BucketOptions {
   double capMb = 25.0;       // --bucket-cap-mb
   double firstCapMb = 1.0;   // --first-bucket-cap-mb
   std::vector<std::string> ignored;  // --ignore-param: never bucketed, never synced
+  int64_t worldSize = 0;             // --world-size: recorded in the graph (0: any)
+  ShardMode shard = ShardMode::None; // --shard (needs a world size)
 };
 
 // IterGraphModule's unrolling (spmd-unroll).

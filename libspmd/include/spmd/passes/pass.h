@@ -98,6 +98,7 @@ std::unique_ptr<Pass> createGradSyncPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createMicroBatchesPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createOptimizerPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createBucketPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createShardPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createUnrollPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseAttentionPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFusedAdamPass(const PipelineOptions& options);

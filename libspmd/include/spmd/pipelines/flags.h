@@ -76,7 +76,8 @@ void addTrainingFlags(CLI::App& app, TrainingFlags& flags);
 // values (validateTraining). Throws Diagnostic naming the flag.
 void finishTrainingFlags(const TrainingFlags& flags, PipelineOptions& options);
 
-// spmd-split's --bucket-cap-mb, --first-bucket-cap-mb, --ignore-param.
+// spmd-split's --bucket-cap-mb, --first-bucket-cap-mb, --ignore-param,
+// --world-size, --shard.
 void addBucketFlags(CLI::App& app, BucketOptions& options);
 
 // spmd-unroll's --iters, --no-move.

@@ -17,6 +17,13 @@
 //                  fingerprint, seed, learning rate
 // A folder is written under a temporary name, synced and renamed, so a crash
 // while writing leaves the previous checkpoints as they were.
+//
+// A sharded step (spmd-split --shard) is checkpointed by every rank: DIR
+// holds index.json (format "spmd-sharded-checkpoint", world size, shard
+// mode, the rank folders) and rank-KKKKK/ per rank, each a checkpoint root
+// as above whose optimizer.pt holds that rank's shards (dim-0 shards of
+// ceil(rows / world) rows, zero-padded: passes/shard.cpp). A resume reads
+// the newest step every rank's folder holds whole.
 #pragma once
 
 #include "spmd/io/artifact.h"
@@ -80,6 +87,19 @@ struct Checkpoint {
   TensorMap optimizer;  // optimizer.pt's tensors by the step's state names (<param>.exp_avg, ...)
   TensorMap extra;      // extra.pt
 };
+
+// Where rank `rank` of a sharded step's run keeps its checkpoints under
+// --checkpoint `root`. shardedCheckpointRoot also creates `root` and, on
+// rank 0, writes its index.json.
+std::string rankCheckpointRoot(const std::string& root, int rank);
+std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const std::string& shardMode);
+// Whether `root` holds a sharded checkpoint (an index.json).
+bool isShardedCheckpoint(const std::string& root);
+
+// For a --resume of a sharded step: `root`'s index must record `worldSize`
+// ranks (Diagnostic naming --resume otherwise); returns rank `rank`'s folder
+// of the newest step all ranks hold whole.
+std::string shardedCheckpointFolder(const std::string& root, int rank, int worldSize);
 
 // Reads `path`: a checkpoint folder, or a --checkpoint root (its latest);
 // with `weightsOnly`, only the manifest and model.pt. Throws Diagnostic
