@@ -3,6 +3,7 @@
 #include "spmd/analysis/memory_plan.h"
 
 #include "spmd/ir/boxing.h"
+#include "spmd/ir/optimizer_state.h"
 #include "spmd/ops/dispatch.h"
 #include "spmd/ops/op_traits.h"
 
@@ -235,6 +236,34 @@ MemoryPlan planMemory(const Graph& graph) {
   return plan;
 }
 
+ModelStateBytes modelStateBytes(const Graph& graph) {
+  ModelStateBytes out;
+  for (const GraphInput& in : graph.inputs()) {
+    const Value& v = graph.value(in.value);
+    if (in.kind == InputKind::Parameter) out.parameters += bytes(v);
+    if (in.kind == InputKind::State && optimizerStateOf(v.name)) out.optimizerState += bytes(v);
+  }
+  for (const Gradient& grad : graph.gradients()) {
+    const ValueId held = grad.reduced != kNoValue ? grad.reduced : grad.value;
+    if (held != kNoValue) out.gradients += bytes(graph.value(held));
+  }
+  return out;
+}
+
+namespace {
+
+std::string modelStateLine(const Graph& graph) {
+  const ModelStateBytes m = modelStateBytes(graph);
+  std::ostringstream out;
+  out << "model state per rank: parameters " << m.parameters << " bytes, gradients " << m.gradients
+      << " bytes, optimizer state " << m.optimizerState << " bytes";
+  const TrainingConfig& t = graph.training();
+  if (t.shard != ShardMode::None) out << " (--shard " << shardModeName(t.shard) << " over " << t.worldSize << " ranks)";
+  return out.str() + "\n";
+}
+
+}  // namespace
+
 std::string printMemoryPlan(const Graph& graph, const MemoryPlan& plan) {
   const double savedPercent =
       plan.unplannedBytes == 0 ? 0.0 : 100.0 * (plan.unplannedBytes - plan.peakBytes) / plan.unplannedBytes;
@@ -243,6 +272,7 @@ std::string printMemoryPlan(const Graph& graph, const MemoryPlan& plan) {
       << formatFixed(plan.peakBytes / 1048576.0, 2) << " MiB), live-bytes bound " << plan.liveBytesBound
       << ", without reuse " << plan.unplannedBytes << " bytes (saves " << formatFixed(savedPercent, 1)
       << "%), inputs " << plan.inputBytes << " bytes\n";
+  out << modelStateLine(graph);
   if (plan.buffers.empty()) return out.str();
 
   // The largest buffers, in the order the planner placed them.
@@ -269,6 +299,9 @@ std::string printMemoryPlanJson(const Graph& graph, const MemoryPlan& plan) {
   out += "  \"live_bytes_bound\": " + std::to_string(plan.liveBytesBound) + ",\n";
   out += "  \"unplanned_bytes\": " + std::to_string(plan.unplannedBytes) + ",\n";
   out += "  \"input_bytes\": " + std::to_string(plan.inputBytes) + ",\n";
+  const ModelStateBytes m = modelStateBytes(graph);
+  out += "  \"model_state\": {\"parameters\": " + std::to_string(m.parameters) + ", \"gradients\": " +
+         std::to_string(m.gradients) + ", \"optimizer_state\": " + std::to_string(m.optimizerState) + "},\n";
   out += "  \"buffers\": [";
   for (size_t i = 0; i < plan.buffers.size(); ++i) {
     const auto& b = plan.buffers[i];

@@ -13,7 +13,8 @@
 // node, and pow of a Scalar becomes _foreach_pow.ScalarAndTensor where this
 // LibTorch has it (2.1 on). What is left (_to_copy, where, ...) stays as it
 // is; a note lists it. The nodes are then rescheduled, a group running where
-// its last input is ready; communication keeps its order. Values and results
+// its last input is ready; collectives are launched in the same order (a
+// wait may move). Values and results
 // do not change: on CPU _foreach ops loop over the same per-tensor kernels.
 #include "spmd/ir/builder.h"
 #include "spmd/passes/pass.h"
@@ -222,12 +223,14 @@ std::vector<size_t> schedule(const Graph& g, const Analysis& a, const std::vecto
   return out;
 }
 
-// The order of the nodes that talk to other ranks (spmd::shard, a local
-// slice, does not).
+// The order in which the ranks launch collectives, which must stay the same
+// on every rank. A wait (bucket_wait) only waits for this rank's own launch,
+// and spmd::shard is a local slice: the schedule may move those.
 std::vector<std::string> commOrder(const NodeList& nodes) {
   std::vector<std::string> order;
   for (const Node& n : nodes) {
-    if (isCollective(n.op) && collectiveKind(n.op) != CollectiveKind::Shard) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
+    const CollectiveKind kind = collectiveKind(n.op);
+    if (isCollective(n.op) && kind != CollectiveKind::Shard && kind != CollectiveKind::BucketWait) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
   }
   return order;
 }

@@ -475,16 +475,21 @@ std::string rankCheckpointRoot(const std::string& root, int rank) {
   return root + name;
 }
 
-std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const std::string& shardMode) {
+std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const Graph& g) {
   if (::mkdir(root.c_str(), 0777) != 0 && errno != EEXIST) {
     throw Diagnostic("--checkpoint " + root, "cannot create the folder: " + errnoText());
   }
   if (rank == 0) {
     nlohmann::ordered_json j = {{"format", kShardIndexFormat}, {"version", kVersion},
-                                {"world_size", worldSize}, {"shard", shardMode}};
+                                {"world_size", worldSize}, {"shard", shardModeName(g.training().shard)}};
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
     for (int r = 0; r < worldSize; ++r) ranks.push_back(rankCheckpointRoot("", r).substr(1));
     j["ranks"] = ranks;
+    nlohmann::ordered_json params = nlohmann::ordered_json::array();
+    for (const auto& in : g.inputs()) {
+      if (in.kind == InputKind::Parameter) params.push_back({g.value(in.value).name, g.value(in.value).shape});
+    }
+    j["parameters"] = params;
     const std::string temp = root + "/" + kTempPrefix + "index.json";
     writeSynced(temp, j.dump(2) + "\n");
     if (::rename(temp.c_str(), (root + "/index.json").c_str()) != 0) {

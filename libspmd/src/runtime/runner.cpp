@@ -168,8 +168,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const bool sharded = g.training().shard != ShardMode::None;
   std::optional<CheckpointWriter> checkpoints;
   if (sharded && !o.checkpoint.empty()) {
-    checkpoints.emplace(shardedCheckpointRoot(o.checkpoint, info.rank, info.worldSize, shardModeName(g.training().shard)),
-                        o.keep);
+    checkpoints.emplace(shardedCheckpointRoot(o.checkpoint, info.rank, info.worldSize, g), o.keep);
   } else if (lead && !o.checkpoint.empty()) {
     checkpoints.emplace(o.checkpoint, o.keep);
   }

@@ -32,6 +32,18 @@ struct MemoryPlan {
   int64_t inputBytes = 0;      // graph inputs (parameters, buffers, state, data), owned by the runner
 };
 
+// What one rank holds of the model's training state, in bytes: the
+// parameters (graph inputs), the reduced gradients the optimizer reads (a
+// sharded step's are this rank's shards) and the optimizer state (inputs
+// such as exp_avg). A sharded step (spmd-split --shard) holds less of each
+// but the parameters.
+struct ModelStateBytes {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizerState = 0;
+};
+ModelStateBytes modelStateBytes(const Graph& graph);
+
 // The plan for `graph`, executed in node order; sizes are rounded up to 512
 // bytes as CUDA's caching allocator rounds them. Deterministic. The graph
 // must verify (every op resolves to a schema).

@@ -23,7 +23,8 @@
 // mode, the rank folders) and rank-KKKKK/ per rank, each a checkpoint root
 // as above whose optimizer.pt holds that rank's shards (dim-0 shards of
 // ceil(rows / world) rows, zero-padded: passes/shard.cpp). A resume reads
-// the newest step every rank's folder holds whole.
+// the newest step every rank's folder holds whole. `python3 -m spmd_checkpoint
+// merge DIR OUT` (python/) joins the shards into one checkpoint folder.
 #pragma once
 
 #include "spmd/io/artifact.h"
@@ -90,9 +91,11 @@ struct Checkpoint {
 
 // Where rank `rank` of a sharded step's run keeps its checkpoints under
 // --checkpoint `root`. shardedCheckpointRoot also creates `root` and, on
-// rank 0, writes its index.json.
+// rank 0, writes its index.json, which lists the parameters in
+// named_parameters() order with their whole shapes (`g`'s parameter inputs
+// are this rank's shards where the step shards them).
 std::string rankCheckpointRoot(const std::string& root, int rank);
-std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const std::string& shardMode);
+std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const Graph& g);
 // Whether `root` holds a sharded checkpoint (an index.json).
 bool isShardedCheckpoint(const std::string& root);
 
