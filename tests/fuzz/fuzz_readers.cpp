@@ -256,7 +256,7 @@ class CheckpointFuzz {
   explicit CheckpointFuzz(const fs::path& stepJson)
       : loaded_(spmd::loadGraphFrom(readFile(stepJson), stepJson.string(), {})),
         artifact_(spmd::artifactOf(loaded_, "cpu")),
-        state_(spmd::placeState(artifact_, at::Device(at::kCPU))),
+        state_(spmd::placeState(artifact_, at::Device(at::kCPU), /*rank=*/0)),
         root_(fs::temp_directory_path() / ("spmd-fuzz-checkpoint-" + std::to_string(::getpid()))) {
     fs::remove_all(root_);
     spmd::CheckpointInfo info;  // step 0: the state is the artifact's, before any step
@@ -277,7 +277,7 @@ class CheckpointFuzz {
     for (const auto& [name, seed] : members_) std::ofstream(folder_ / name, std::ios::binary) << (name == member ? bytes : seed);
     const spmd::Checkpoint c = spmd::readCheckpoint(graph(), root_.string(), /*weightsOnly=*/false);
     spmd::TensorMap state = state_;
-    spmd::restoreState(graph(), c, /*weightsOnly=*/false, state);
+    spmd::restoreState(graph(), c, /*weightsOnly=*/false, /*rank=*/0, state);
   }
 
  private:

@@ -138,6 +138,7 @@ CASES = [
          "", 1, False, program="tests/pt2/fixtures/cnn.core.pt2"),
     # Sharded data parallelism (spmd-split --shard): ZeRO-1 and ZeRO-2 at 2,
     # 3 and 4 ranks, with the step's features; 3 ranks pad most shards.
+    # DDP is the oracle: a sharded step computes the same numbers.
     Case("lm_adamw_shard_optimizer", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5, "", 1, False,
          shard="optimizer"),
     Case("lm_adam_shard_gradients_n4_buckets", "lm", "--optimizer adam --lr 1e-2 --eps 1e-5", 4, 5,
@@ -164,6 +165,21 @@ CASES = [
          shard="optimizer"),
     Case("pt2_lm_adamw_shard_optimizer_n4", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 4, 5, "", 1, False,
          program="tests/pt2/fixtures/lm.pt2", shard="optimizer"),
+    # ZeRO-3 (--shard parameters): the parameters too are shards, gathered
+    # whole for the forward and again for the backward.
+    Case("lm_adamw_shard_parameters", "lm", "--optimizer adamw --lr 1e-2 --eps 1e-5", 2, 5, "", 1, False,
+         shard="parameters"),
+    Case("lm_adam_shard_parameters_n4_buckets", "lm", "--optimizer adam --lr 1e-2 --eps 1e-5", 4, 5,
+         "--bucket-cap-mb 0.01 --first-bucket-cap-mb 0.01", 1, False, shard="parameters"),
+    Case("cnn_sgd_shard_parameters_n4", "cnn", SGD_MOMENTUM, 4, 5, "", 1, False, shard="parameters"),
+    Case("mlp_adam_shard_parameters_n3_clip_micro_batches", "mlp", ADAM + " --clip-grad-norm 0.5 --micro-batches 2", 3,
+         5, "--bucket-cap-mb 0.05 --first-bucket-cap-mb 0.05", 1, False, shard="parameters"),
+    Case("cnn_sgd_shard_parameters_autocast_bf16_not_unrolled", "cnn", SGD_MOMENTUM + " --autocast cpu:bf16", 2, 5,
+         "", 1, False, False, shard="parameters"),
+    Case("lm_adamw_shard_parameters_all_three_n4", "lm",
+         "--optimizer adamw --lr 1e-2 --eps 1e-5 --lr-schedule cosine --warmup-steps 2 --decay-steps 5 --min-lr 1e-3 "
+         "--clip-grad-norm 0.05 --micro-batches 2", 4, 7, "--bucket-cap-mb 0.01 --first-bucket-cap-mb 0.01", 1, False,
+         shard="parameters"),
     Case("strict_mlp_adam_eps1e-8", "mlp", "--optimizer adam --lr 1e-2", 2, 5, "", 0, True),
     # The LM's key bias (gradient: rounding noise, which eps 1e-8 lets Adam
     # turn into full steps) drifts from eager's by up to 3e-5 (torch 2.6), as

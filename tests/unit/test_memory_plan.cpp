@@ -198,6 +198,7 @@ TEST_CASE("the plan prints as a summary and table, and as JSON", "[memory]") {
   CHECK(printMemoryPlan(g, plan) ==
         "memory plan: 4 buffers, peak 8192 bytes (0.01 MiB), live-bytes bound 8192, without reuse 16384 bytes "
         "(saves 50.0%), inputs 4096 bytes\n"
+        "model state per rank: parameters 0 bytes, gradients 0 bytes, optimizer state 0 bytes\n"
         "largest buffers:\n"
         "  value       bytes      offset  lifetime\n"
         "  %a           4096           0  [0, 1]\n"
@@ -210,6 +211,7 @@ TEST_CASE("the plan prints as a summary and table, and as JSON", "[memory]") {
         "  \"live_bytes_bound\": 8192,\n"
         "  \"unplanned_bytes\": 16384,\n"
         "  \"input_bytes\": 4096,\n"
+        "  \"model_state\": {\"parameters\": 0, \"gradients\": 0, \"optimizer_state\": 0},\n"
         "  \"buffers\": [\n"
         "    {\"name\": \"a\", \"bytes\": 4096, \"offset\": 0, \"first\": 0, \"last\": 1},\n"
         "    {\"name\": \"b\", \"bytes\": 4096, \"offset\": 4096, \"first\": 1, \"last\": 2},\n"
@@ -220,7 +222,8 @@ TEST_CASE("the plan prints as a summary and table, and as JSON", "[memory]") {
   Graph empty;
   CHECK(printMemoryPlan(empty, planMemory(empty)) ==
         "memory plan: 0 buffers, peak 0 bytes (0.00 MiB), live-bytes bound 0, without reuse 0 bytes (saves 0.0%), "
-        "inputs 0 bytes\n");
+        "inputs 0 bytes\n"
+        "model state per rank: parameters 0 bytes, gradients 0 bytes, optimizer state 0 bytes\n");
 }
 
 // ----- the samples' train steps -----

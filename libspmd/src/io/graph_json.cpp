@@ -302,7 +302,7 @@ class Reader {
       if (c.worldSize < 1) fail("/training/world_size", "expected an integer >= 1");
     }
     if (j.contains("shard") && !parseShardMode(str(j["shard"], "/training/shard"), c.shard)) {
-      fail("/training/shard", "unknown shard mode (none, optimizer, gradients)");
+      fail("/training/shard", "unknown shard mode (none, optimizer, gradients, parameters)");
     }
     try {
       validateTraining(c);

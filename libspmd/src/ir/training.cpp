@@ -35,12 +35,13 @@ const char* shardModeName(ShardMode mode) {
     case ShardMode::None: return "none";
     case ShardMode::Optimizer: return "optimizer";
     case ShardMode::Gradients: return "gradients";
+    case ShardMode::Parameters: return "parameters";
   }
   return "?";
 }
 
 bool parseShardMode(const std::string& name, ShardMode& mode) {
-  for (ShardMode m : {ShardMode::None, ShardMode::Optimizer, ShardMode::Gradients}) {
+  for (ShardMode m : {ShardMode::None, ShardMode::Optimizer, ShardMode::Gradients, ShardMode::Parameters}) {
     if (name == shardModeName(m)) {
       mode = m;
       return true;

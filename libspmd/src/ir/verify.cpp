@@ -1,5 +1,7 @@
 #include "spmd/ir/verify.h"
 
+#include "spmd/ir/shard_layout.h"
+
 #include "spmd/ops/dtype.h"
 #include "spmd/ir/boxing.h"
 #include "spmd/ops/meta.h"
@@ -283,7 +285,11 @@ class Verifier {
     }
     const Value& p = graph_.value(g.parameter);
     const Value& v = graph_.value(g.value);
-    if (p.dtype != v.dtype || p.shape != v.shape) {
+    // --shard parameters: the parameter is this rank's shard of the whole
+    // tensor its local gradient has the shape of.
+    const bool sharded = graph_.training().shard == ShardMode::Parameters &&
+                         isShardOf(p.shape, v.shape, graph_.training().worldSize);
+    if (p.dtype != v.dtype || (p.shape != v.shape && !sharded)) {
       problem(where, "gradient of '" + p.name + "' " + dtypeShortName(p.dtype) + shapeText(p.shape) + " is '" + v.name +
                          "' " + dtypeShortName(v.dtype) + shapeText(v.shape));
     }

@@ -85,6 +85,8 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"spmd::reduce_scatter", kCollective},
       {"spmd::all_gather", kCollective},
       {"spmd::shard", kCollective},
+      {"spmd::gather_start", kCollective},
+      {"spmd::gather_wait", kCollective},
       {"spmd::dropout_seed", kRandom},
       {"spmd::fused_adam", kOwn},
   };
@@ -107,6 +109,8 @@ CollectiveKind collectiveKind(const std::string& op) {
       {"spmd::reduce_scatter", CollectiveKind::ReduceScatter},
       {"spmd::all_gather", CollectiveKind::AllGather},
       {"spmd::shard", CollectiveKind::Shard},
+      {"spmd::gather_start", CollectiveKind::GatherStart},
+      {"spmd::gather_wait", CollectiveKind::GatherWait},
   };
   auto it = kinds.find(op);
   return it == kinds.end() ? CollectiveKind::None : it->second;

@@ -56,6 +56,8 @@ at::Tensor allGatherOneRank(const at::Tensor& shard, int64_t world, int64_t buck
   return shard.repeat({world});
 }
 
+at::Tensor gatherWaitOneRank(const at::Tensor& inflight, int64_t bucket) { return inflight.clone(); }
+
 at::Tensor shardOneRank(const at::Tensor& self, int64_t world) {
   TORCH_CHECK(self.dim() >= 1, "spmd::shard: expected at least one dimension");
   checkWorld("spmd::shard", world, self.size(0));
@@ -96,6 +98,8 @@ TORCH_LIBRARY(spmd, m) {
   m.def("reduce_scatter(Tensor flat, str reduce, int world, int bucket) -> Tensor");
   m.def("all_gather(Tensor shard, int world, int bucket) -> Tensor");
   m.def("shard(Tensor self, int world) -> Tensor");
+  m.def("gather_start(Tensor shard, int world, int bucket) -> Tensor");
+  m.def("gather_wait(Tensor inflight, int bucket) -> Tensor");
 }
 
 // Composite of differentiable ATen ops, so LibTorch autograd (the tests'
@@ -112,4 +116,6 @@ TORCH_LIBRARY_IMPL(spmd, CompositeExplicitAutograd, m) {
   m.impl("reduce_scatter", &spmd::reduceScatterOneRank);
   m.impl("all_gather", &spmd::allGatherOneRank);
   m.impl("shard", &spmd::shardOneRank);
+  m.impl("gather_start", &spmd::allGatherOneRank);
+  m.impl("gather_wait", &spmd::gatherWaitOneRank);
 }

@@ -230,7 +230,8 @@ std::vector<std::string> commOrder(const NodeList& nodes) {
   std::vector<std::string> order;
   for (const Node& n : nodes) {
     const CollectiveKind kind = collectiveKind(n.op);
-    if (isCollective(n.op) && kind != CollectiveKind::Shard && kind != CollectiveKind::BucketWait) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
+    const bool launch = kind != CollectiveKind::Shard && kind != CollectiveKind::BucketWait && kind != CollectiveKind::GatherWait;
+    if (isCollective(n.op) && launch) order.push_back(n.qualifiedName() + std::to_string(n.args.back().i) + iterationTagName(n.meta.iteration));
   }
   return order;
 }

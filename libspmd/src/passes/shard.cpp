@@ -1,5 +1,5 @@
 // shard: ZeRO's sharding of a bucketed step over `world` ranks (spmd-split
-// --shard optimizer|gradients, after bucket).
+// --shard optimizer|gradients|parameters, after bucket).
 //
 // Layout: every parameter is cut along dim 0 into `world` equal shards of
 // ceil(rows / world) rows, the last padded with zero rows, as FSDP2 does
@@ -28,11 +28,21 @@
 // The full gradient dies at its bucket's reduce-scatter, the full optimizer
 // state never exists: in a compiled step gradients are values, not buffers
 // kept between steps, so ZeRO-1 (optimizer) and ZeRO-2 (gradients) are the
-// same step; the mode is recorded in the graph. The nodes replaced are left
-// for dce.
+// same step; the mode is recorded in the graph.
+//
+// --shard parameters (ZeRO-3, FSDP): the parameter inputs themselves are
+// this rank's shards, which the optimizer updates in place of a whole
+// parameter (no all-gather of updates). The forward gathers each bucket's
+// parameters whole (spmd::gather_start, started when the previous bucket's
+// gather is waited for: a prefetch one bucket ahead; spmd::gather_wait
+// right before the forward first reads the bucket); the whole parameters die
+// after the forward's last reader (reshard after forward, FSDP's default),
+// and the backward gathers them again the same way, in its own order.
+// The nodes replaced are left for dce.
 #include "spmd/ir/boxing.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ir/optimizer_state.h"
+#include "spmd/ir/shard_layout.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
@@ -65,9 +75,8 @@ ShardLayout layoutOf(const Value& v, int64_t world) {
   l.shape = v.shape;
   l.rows = v.shape.empty() ? 1 : v.shape[0];
   for (size_t d = 1; d < v.shape.size(); ++d) l.rest *= v.shape[d];
-  l.shardRows = (l.rows + world - 1) / world;
-  l.shardShape = {l.shardRows};
-  if (!v.shape.empty()) l.shardShape.insert(l.shardShape.end(), v.shape.begin() + 1, v.shape.end());
+  l.shardRows = shardRowsOf(v.shape, world);
+  l.shardShape = shardShapeOf(v.shape, world);
   return l;
 }
 
@@ -217,7 +226,8 @@ void retypeOptimizer(Graph& g, std::set<ValueId> changed) {
   for (const Node& n : g.nodes()) {
     bool reads = false;
     forEachTensorArg(n, [&](ValueId v) { reads = reads || changed.count(v) > 0; });
-    if (!reads) continue;
+    // The nodes this pass made (role comm) are typed already.
+    if (!reads || n.meta.role == NodeRole::Comm) continue;
     if (n.meta.role != NodeRole::Optimizer) {
       throw Diagnostic(n.meta.source.empty() ? n.qualifiedName() : n.meta.source,
                        "--shard: " + n.qualifiedName() + " outside the optimizer reads a gradient or optimizer state");
@@ -240,17 +250,52 @@ void retypeOptimizer(Graph& g, std::set<ValueId> changed) {
   }
 }
 
+// Each rank's flat shards of a bucket's parameters, as spmd::all_gather
+// returns them ([world * the shards' elements]), unpacked into the whole
+// parameters, named after them with `suffix`.
+std::vector<ValueId> unpackGathered(GraphBuilder& builder, ValueId gathered, const std::vector<ValueId>& params,
+                                    const std::vector<ShardLayout>& layouts, int64_t world, const std::string& suffix) {
+  Graph& g = builder.graph();
+  std::vector<int64_t> sizes;
+  for (const ShardLayout& l : layouts) sizes.push_back(l.shardNumel());
+  const ValueId ranks = builder.reshape(gathered, {world, numel(g.value(gathered)) / world});
+  std::vector<ValueId> pieces = {ranks};
+  if (sizes.size() > 1) pieces = builder.callMulti("aten::split_with_sizes", {Arg::tensor(ranks), intsArg(sizes), Arg::ofInt(1)});
+  std::vector<ValueId> whole;
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    const ShardLayout& l = layouts[k];
+    ValueId rows = builder.reshape(pieces[k], {l.shardRows * world, l.rest});
+    if (l.shardRows * world != l.rows) {
+      rows = builder.call("aten::slice.Tensor", {Arg::tensor(rows), Arg::ofInt(0), Arg::ofInt(0), Arg::ofInt(l.rows), Arg::ofInt(1)});
+    }
+    whole.push_back(builder.reshape(rows, l.shape));
+    g.value(whole.back()).name = g.freshName(g.value(params[k]).name + suffix);
+  }
+  return whole;
+}
+
+// The shards `shards` (one per layout), flattened into one.
+ValueId packShards(GraphBuilder& builder, const std::vector<ValueId>& shards, const std::vector<ShardLayout>& layouts,
+                   const std::string& name) {
+  std::vector<ValueId> flats;
+  for (size_t k = 0; k < shards.size(); ++k) flats.push_back(builder.reshape(shards[k], {layouts[k].shardNumel()}));
+  return catAlong(builder, flats, 0, name);
+}
+
 // After the bucket's last update, its updated shards all-gathered and
 // unpacked into full parameters: the parameters' new values.
 void gatherUpdates(Graph& g, const ShardBucket& b, int64_t world) {
   std::vector<StateUpdate*> updates;
-  std::vector<size_t> which;
+  std::vector<ValueId> shards, params;
+  std::vector<ShardLayout> layouts;
   const Node* last = nullptr;
   for (size_t i = 0; i < b.grads.size(); ++i) {
     for (StateUpdate& u : g.updates()) {
       if (u.input != b.grads[i]->parameter || g.value(u.value).shape != b.layouts[i].shardShape) continue;
       updates.push_back(&u);
-      which.push_back(i);
+      shards.push_back(u.value);
+      params.push_back(u.input);
+      layouts.push_back(b.layouts[i]);
       const Node* made = g.producer(u.value);
       if (made && (!last || g.indexOf(*made) > g.indexOf(*last))) last = made;
     }
@@ -263,30 +308,102 @@ void gatherUpdates(Graph& g, const ShardBucket& b, int64_t world) {
     builder.setInsertionPointToEnd();
   }
   builder.setMeta(NodeMeta{"", NodeRole::Comm, b.index, -1, IterationTag::Every});
-  std::vector<ValueId> flats;
-  std::vector<int64_t> sizes;
-  for (size_t k = 0; k < updates.size(); ++k) {
-    const ShardLayout& l = b.layouts[which[k]];
-    flats.push_back(builder.reshape(updates[k]->value, {l.shardNumel()}));
-    sizes.push_back(l.shardNumel());
-  }
   const std::string name = "bucket" + std::to_string(b.index);
-  const ValueId shard = catAlong(builder, flats, 0, name + ".updated");
+  const ValueId shard = packShards(builder, shards, layouts, name + ".updated");
   const ValueId full = builder.call("spmd::all_gather", {Arg::tensor(shard), Arg::ofInt(world), Arg::ofInt(b.index)},
                                     name + ".gathered");
-  ValueId ranks = builder.reshape(full, {world, numel(g.value(shard))});
-  std::vector<ValueId> pieces = {ranks};
-  if (sizes.size() > 1) pieces = builder.callMulti("aten::split_with_sizes", {Arg::tensor(ranks), intsArg(sizes), Arg::ofInt(1)});
-  for (size_t k = 0; k < updates.size(); ++k) {
-    const ShardLayout& l = b.layouts[which[k]];
-    ValueId rows = builder.reshape(pieces[k], {l.shardRows * world, l.rest});
-    if (l.shardRows * world != l.rows) {
-      rows = builder.call("aten::slice.Tensor", {Arg::tensor(rows), Arg::ofInt(0), Arg::ofInt(0), Arg::ofInt(l.rows), Arg::ofInt(1)});
+  const std::vector<ValueId> whole = unpackGathered(builder, full, params, layouts, world, ".gathered");
+  for (size_t k = 0; k < updates.size(); ++k) updates[k]->value = whole[k];
+}
+
+// ---- --shard parameters ------------------------------------------------------
+
+enum class Phase { Forward, Backward };
+
+// A bucket's parameters' readers in one phase, and the first of them.
+struct PhaseReaders {
+  const ShardBucket* bucket = nullptr;
+  std::vector<std::set<const Node*>> readers;  // per parameter of the bucket
+  const Node* first = nullptr;
+};
+
+// The forward's and the backward's readers of each bucket's parameters, in
+// the order each phase first reads the buckets. The optimizer reads the
+// shards themselves; any other reader is refused.
+std::vector<PhaseReaders> readersIn(const Graph& g, const std::vector<ShardBucket>& buckets, Phase phase) {
+  const NodeRole role = phase == Phase::Forward ? NodeRole::Forward : NodeRole::Backward;
+  std::vector<PhaseReaders> out;
+  for (const ShardBucket& b : buckets) {
+    PhaseReaders r{&b, std::vector<std::set<const Node*>>(b.grads.size()), nullptr};
+    for (size_t i = 0; i < b.grads.size(); ++i) {
+      for (const Node* n : g.users(b.grads[i]->parameter)) {
+        const NodeRole own = n->meta.role;
+        if (own != NodeRole::Forward && own != NodeRole::Backward && own != NodeRole::Optimizer) {
+          throw Diagnostic(n->meta.source.empty() ? n->qualifiedName() : n->meta.source,
+                           "--shard parameters: " + n->qualifiedName() + " (" + nodeRoleName(own) +
+                               ") reads a parameter outside the forward, backward and optimizer");
+        }
+        if (own != role) continue;
+        r.readers[i].insert(n);
+        if (!r.first || g.indexOf(*n) < g.indexOf(*r.first)) r.first = n;
+      }
     }
-    const ValueId whole = builder.reshape(rows, l.shape);
-    g.value(whole).name = g.freshName(g.value(updates[k]->input).name + ".gathered");
-    updates[k]->value = whole;
+    if (r.first) out.push_back(r);
   }
+  std::stable_sort(out.begin(), out.end(), [&](const PhaseReaders& x, const PhaseReaders& y) {
+    return g.indexOf(*x.first) < g.indexOf(*y.first);
+  });
+  return out;
+}
+
+// Each bucket's whole parameters for one phase: the gather starts when the
+// previous bucket's is waited for (one bucket ahead, FSDP's prefetch), and
+// is waited for right before the phase first reads the bucket; the phase's
+// readers read the whole parameters, which die after their last reader
+// there (the forward's are gathered again for the backward).
+void gatherForPhase(Graph& g, const std::vector<PhaseReaders>& order, int64_t world, Phase phase) {
+  const std::string tag = phase == Phase::Forward ? ".forward" : ".backward";
+  GraphBuilder builder(g);
+  for (size_t k = 0; k < order.size(); ++k) {
+    // Only the parameters the phase reads (the backward reads no bias).
+    const ShardBucket& b = *order[k].bucket;
+    std::vector<ValueId> params;
+    std::vector<ShardLayout> layouts;
+    std::vector<const std::set<const Node*>*> readers;
+    for (size_t i = 0; i < b.grads.size(); ++i) {
+      if (order[k].readers[i].empty()) continue;
+      params.push_back(b.grads[i]->parameter);
+      layouts.push_back(b.layouts[i]);
+      readers.push_back(&order[k].readers[i]);
+    }
+    const std::string name = "bucket" + std::to_string(b.index) + tag;
+    builder.setMeta(NodeMeta{"", NodeRole::Comm, b.index, -1, IterationTag::Every});
+    builder.setInsertionPoint(*order[k == 0 ? 0 : k - 1].first);
+    const ValueId shard = packShards(builder, params, layouts, name + ".shards");
+    const ValueId inflight = builder.call("spmd::gather_start", {Arg::tensor(shard), Arg::ofInt(world), Arg::ofInt(b.index)},
+                                          name + ".gathering");
+    builder.setInsertionPoint(*order[k].first);
+    const ValueId gathered = builder.call("spmd::gather_wait", {Arg::tensor(inflight), Arg::ofInt(b.index)}, name);
+    const std::vector<ValueId> whole = unpackGathered(builder, gathered, params, layouts, world, tag);
+    for (size_t i = 0; i < params.size(); ++i) {
+      g.replaceUsesWith(params[i], whole[i], [&](const Node& n) { return readers[i]->count(&n) > 0; });
+    }
+  }
+}
+
+// --shard parameters: the parameter inputs become this rank's shards, which
+// the optimizer updates; the forward and the backward gather them whole.
+void shardParameters(Graph& g, const std::vector<ShardBucket>& buckets, int64_t world, std::set<ValueId>& changed) {
+  const std::vector<PhaseReaders> forward = readersIn(g, buckets, Phase::Forward);
+  const std::vector<PhaseReaders> backward = readersIn(g, buckets, Phase::Backward);
+  for (const ShardBucket& b : buckets) {
+    for (size_t i = 0; i < b.grads.size(); ++i) {
+      g.value(b.grads[i]->parameter).shape = b.layouts[i].shardShape;
+      changed.insert(b.grads[i]->parameter);
+    }
+  }
+  gatherForPhase(g, forward, world, Phase::Forward);
+  gatherForPhase(g, backward, world, Phase::Backward);
 }
 
 // The clip's total norm, computed from the shards, made the norm of the
@@ -341,22 +458,26 @@ bool ShardPass::run(Graph& g, DiagnosticEngine& diagnostics) {
     diagnostics.note("--shard: the graph has no bucketed gradients; only the world size and mode are recorded");
     return true;
   }
+  const bool wholeParameters = options_.shard != ShardMode::Parameters;
   std::set<ValueId> changed;
   for (ShardBucket& b : buckets) {
     waitForShards(g, b, startReduceScatter(g, b, world));
     for (size_t i = 0; i < b.grads.size(); ++i) {
       changed.insert(b.grads[i]->reduced);
       const ValueId param = b.grads[i]->parameter;
-      const ValueId shard = readShardOfParameter(g, param, b.layouts[i], world, b.index);
-      if (shard == kNoValue) continue;
-      changed.insert(shard);
       for (ValueId s : shardOptimizerState(g, param, b.layouts[i])) changed.insert(s);
+      if (!wholeParameters) continue;
+      const ValueId shard = readShardOfParameter(g, param, b.layouts[i], world, b.index);
+      if (shard != kNoValue) changed.insert(shard);
     }
     count("buckets reduce-scattered");
     count("parameters sharded", static_cast<int64_t>(b.grads.size()));
   }
+  if (!wholeParameters) shardParameters(g, buckets, world, changed);
   retypeOptimizer(g, changed);
-  for (const ShardBucket& b : buckets) gatherUpdates(g, b, world);
+  if (wholeParameters) {
+    for (const ShardBucket& b : buckets) gatherUpdates(g, b, world);
+  }
   combineClipNorm(g);
   return true;
 }

@@ -150,9 +150,12 @@ void addBucketFlags(CLI::App& app, BucketOptions& options) {
   CLI::Option* shard = app.add_option_function<std::string>(
       "--shard",
       [&options](const std::string& mode) {
-        if (!parseShardMode(mode, options.shard)) throw CLI::ValidationError("--shard", "expected none, optimizer or gradients");
+        if (!parseShardMode(mode, options.shard)) {
+          throw CLI::ValidationError("--shard", "expected none, optimizer, gradients or parameters");
+        }
       },
-      "none (DDP), optimizer (ZeRO-1: optimizer state sharded) or gradients (ZeRO-2: gradients too); needs --world-size");
+      "none (DDP), optimizer (ZeRO-1: optimizer state sharded), gradients (ZeRO-2: gradients too) or parameters "
+      "(ZeRO-3, FSDP: parameters too, gathered for the forward and again for the backward); needs --world-size");
   shard->type_name("MODE")->default_str("none");
 }
 

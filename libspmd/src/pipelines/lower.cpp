@@ -1,6 +1,8 @@
 #include "spmd/pipelines/pipelines.h"
 #include "spmd/pipelines/lower.h"
 
+#include "spmd/ir/shard_layout.h"
+
 #include "spmd/analysis/kernels.h"
 #include "spmd/ir/verify.h"
 #include "spmd/backend/generated_kernels.h"
@@ -104,7 +106,9 @@ Artifact lowerGraph(Graph graph, const PipelineOptions& options, const DebugOpti
       continue;
     }
     const at::Tensor& t = it->second;
-    if (t.sizes() != c10::IntArrayRef(v.shape) || t.scalar_type() != v.dtype) {
+    // A sharded step's input takes the whole tensor: each rank cuts its shard at the start of a run.
+    const bool whole = isShardOf(v.shape, t.sizes().vec(), graph.training().worldSize);
+    if ((t.sizes() != c10::IntArrayRef(v.shape) && !whole) || t.scalar_type() != v.dtype) {
       throw Diagnostic("'" + v.name + "'", "the weights file holds a tensor of another shape or dtype");
     }
     artifact.state[v.name] = t.detach();  // the weights file's own tensor: nothing else holds it

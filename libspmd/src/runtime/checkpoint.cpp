@@ -4,6 +4,8 @@
 #include "spmd/io/torch_save.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/optimizer_state.h"
+#include "spmd/ir/shard_layout.h"
+#include "spmd/runtime/run_state.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
 #include "spmd/support/text.h"
@@ -302,6 +304,16 @@ void requireSameType(const std::string& name, const at::Tensor& have, const Valu
   }
 }
 
+// The value `t` of input `v` to copy into the state: `t` itself, or rank
+// `rank`'s shard of it when the input takes shards of a whole tensor (a
+// sharded step, whole weights); else a Diagnostic naming `file`.
+at::Tensor fitted(const Graph& g, const Value& v, const at::Tensor& t, int rank, const std::string& file) {
+  const int64_t world = g.training().worldSize;
+  if (t.scalar_type() == v.dtype && isShardOf(v.shape, t.sizes().vec(), world)) return rankShardOf(t, world, rank);
+  requireSameType(v.name, t, v, file);
+  return t;
+}
+
 // Bytes of a file, or of the files directly in a folder (a folder of .npy).
 uint64_t bytesOf(const std::string& path) {
   struct stat st {};
@@ -475,7 +487,8 @@ std::string rankCheckpointRoot(const std::string& root, int rank) {
   return root + name;
 }
 
-std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const Graph& g) {
+std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const Artifact& artifact) {
+  const Graph& g = artifact.graph;
   if (::mkdir(root.c_str(), 0777) != 0 && errno != EEXIST) {
     throw Diagnostic("--checkpoint " + root, "cannot create the folder: " + errnoText());
   }
@@ -487,7 +500,8 @@ std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSi
     j["ranks"] = ranks;
     nlohmann::ordered_json params = nlohmann::ordered_json::array();
     for (const auto& in : g.inputs()) {
-      if (in.kind == InputKind::Parameter) params.push_back({g.value(in.value).name, g.value(in.value).shape});
+      const std::string& name = g.value(in.value).name;
+      if (in.kind == InputKind::Parameter) params.push_back({name, artifact.state.at(name).sizes().vec()});
     }
     j["parameters"] = params;
     const std::string temp = root + "/" + kTempPrefix + "index.json";
@@ -528,13 +542,9 @@ std::string shardedCheckpointFolder(const std::string& root, int rank, int world
     const std::string dir = rankCheckpointRoot(root, r);
     if (!isDirectory(dir)) throw Diagnostic("--resume " + root, "has no folder for rank " + std::to_string(r));
     const std::set<int64_t> steps = wholeSteps(dir);
-    if (r == 0) {
-      common = steps;
-      continue;
-    }
     std::set<int64_t> both;
     std::set_intersection(common.begin(), common.end(), steps.begin(), steps.end(), std::inserter(both, both.end()));
-    common = both;
+    common = r == 0 ? steps : both;
   }
   if (common.empty()) throw Diagnostic("--resume " + root, "holds no step that every rank's folder has whole");
   return rankCheckpointRoot(root, rank) + "/" + folderName(*common.rbegin());
@@ -552,7 +562,7 @@ Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsO
   return c;
 }
 
-void restoreState(const Graph& g, const Checkpoint& c, bool weightsOnly, TensorMap& state) {
+void restoreState(const Graph& g, const Checkpoint& c, bool weightsOnly, int rank, TensorMap& state) {
   const auto optimizerNames = optimizerInputs(g);
   for (const auto& in : g.inputs()) {
     if (isPerStepInput(in.kind)) continue;
@@ -564,12 +574,11 @@ void restoreState(const Graph& g, const Checkpoint& c, bool weightsOnly, TensorM
     const std::string file = c.folder + (weight ? "/model.pt" : optimizer ? "/optimizer.pt" : "/extra.pt");
     auto it = from.find(v.name);
     if (it == from.end()) throw Diagnostic("'" + v.name + "'", "the checkpoint holds no value for it").inFile(file);
-    requireSameType(v.name, it->second, v, file);
-    state[v.name].copy_(it->second);
+    state[v.name].copy_(fitted(g, v, it->second, rank, file));
   }
 }
 
-std::vector<std::string> initFromStateDict(const Graph& g, const std::string& file, TensorMap& state) {
+std::vector<std::string> initFromStateDict(const Graph& g, const std::string& file, int rank, TensorMap& state) {
   TensorMap loaded = tensorDict(file);
   for (const auto& in : g.inputs()) {
     if (in.kind != InputKind::Parameter && in.kind != InputKind::Buffer) continue;
@@ -579,8 +588,7 @@ std::vector<std::string> initFromStateDict(const Graph& g, const std::string& fi
       if (in.kind == InputKind::Buffer) continue;  // buffers keep the artifact's values
       throw Diagnostic("'" + v.name + "'", "the state dict has no value for this parameter").inFile(file);
     }
-    requireSameType(v.name, it->second, v, file);
-    state[v.name].copy_(it->second);
+    state[v.name].copy_(fitted(g, v, it->second, rank, file));
     loaded.erase(it);
   }
   std::vector<std::string> unused;

@@ -120,6 +120,20 @@ class GroupCollectives : public Collectives {
         group_->_allgather_base(full, shard)->wait();
         return {full};
       }
+      case CollectiveKind::GatherStart: {
+        at::Tensor shard = tensors.at(0).contiguous();
+        at::Tensor full = at::empty({shard.size(0) * worldSize_}, shard.options());
+        gathers_[node.args.back().i] = {group_->_allgather_base(full, shard), full};
+        return {full};
+      }
+      case CollectiveKind::GatherWait: {
+        auto it = gathers_.find(node.args.back().i);
+        if (it == gathers_.end()) throw std::logic_error("gather_wait without gather_start");
+        it->second.first->wait();
+        at::Tensor full = it->second.second;
+        gathers_.erase(it);
+        return {full};
+      }
       case CollectiveKind::Shard: {
         const at::Tensor& whole = tensors.at(0);
         const int64_t rows = whole.size(0) / worldSize_;
@@ -155,6 +169,9 @@ class GroupCollectives : public Collectives {
   c10::intrusive_ptr<Group> group_;
   int worldSize_;
   std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> inFlight_;
+  // --shard parameters' gathers, by bucket: a bucket's may be in flight
+  // while its reduce-scatter is (another iteration's, moved by spmd-unroll).
+  std::map<int64_t, std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor>> gathers_;
 };
 
 // Rank 0 serves the store: a port something else holds is reported as such,

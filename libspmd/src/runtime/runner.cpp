@@ -96,7 +96,7 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
                   uint64_t& seed) {
   const Graph& g = artifact.graph;
   if (!o.initFrom.empty()) {
-    const std::vector<std::string> unused = initFromStateDict(g, o.initFrom, state);
+    const std::vector<std::string> unused = initFromStateDict(g, o.initFrom, info.rank, state);
     if (info.rank == 0 && !unused.empty()) {
       // One string, one write: ranks share the terminal.
       std::cerr << ("spmd-run: note: " + o.initFrom + ": " + std::to_string(unused.size()) +
@@ -117,7 +117,7 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
   }
   const Checkpoint c = readCheckpoint(g, folder, o.resumeWeightsOnly);
   if (o.resumeWeightsOnly) {
-    restoreState(g, c, /*weightsOnly=*/true, state);
+    restoreState(g, c, /*weightsOnly=*/true, info.rank, state);
     return 0;
   }
   const std::string fingerprint = stepFingerprint(artifact);
@@ -131,7 +131,7 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
                                                  " ranks, this one has " + std::to_string(info.worldSize) +
                                                  "; --resume-weights-only takes its weights alone");
   }
-  restoreState(g, c, /*weightsOnly=*/false, state);
+  restoreState(g, c, /*weightsOnly=*/false, info.rank, state);
   if (info.rank == 0) noteResumeChanges(c, o);
   seed = c.info.seed;
   return static_cast<int>(c.info.step);
@@ -168,7 +168,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const bool sharded = g.training().shard != ShardMode::None;
   std::optional<CheckpointWriter> checkpoints;
   if (sharded && !o.checkpoint.empty()) {
-    checkpoints.emplace(shardedCheckpointRoot(o.checkpoint, info.rank, info.worldSize, g), o.keep);
+    checkpoints.emplace(shardedCheckpointRoot(o.checkpoint, info.rank, info.worldSize, artifact), o.keep);
   } else if (lead && !o.checkpoint.empty()) {
     checkpoints.emplace(o.checkpoint, o.keep);
   }
@@ -182,7 +182,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   for (const CompiledKernel& kernel : artifact.kernels) {
     if (!kernel.image.empty()) installCompiledKernel(kernel);
   }
-  TensorMap state = placeState(artifact, device.device());
+  TensorMap state = placeState(artifact, device.device(), info.rank);
   uint64_t seed = o.seed;
   const int start = startingState(artifact, o, info, state, seed);
   if (start >= steps) {
@@ -247,10 +247,12 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   // Captured graphs hold NCCL's resources: they go before the communicator.
   plans.reset();
   device.synchronize();
+  // --shard parameters: every rank takes part in gathering the parameters whole.
+  const TensorMap params = o.saveParams.empty() ? TensorMap() : wholeParameters(artifact, state, comm.get());
   if (comm) comm->shutdown();
 
   if (!lead) return;
-  if (!o.saveParams.empty()) saveParameters(g, state, o.saveParams);
+  if (!o.saveParams.empty()) saveParameters(g, params, o.saveParams);
   if (profile) writeOutput(o.profile, profile->report(info.worldSize));
   if (o.json) {
     record.writeJson(out);

@@ -22,4 +22,11 @@ inline std::vector<int64_t> shardShapeOf(const std::vector<int64_t>& whole, int6
   return shape;
 }
 
+// Whether `shard` is the shape of one rank's shard of a tensor of shape
+// `whole` (and not `whole` itself): an input of a sharded step whose weights
+// or checkpoint hold the whole tensor.
+inline bool isShardOf(const std::vector<int64_t>& shard, const std::vector<int64_t>& whole, int64_t world) {
+  return world >= 1 && shard != whole && shardShapeOf(whole, world) == shard;
+}
+
 }  // namespace spmd

@@ -36,8 +36,10 @@ double learningRateAt(const LrSchedule& schedule, int64_t step);
 // DDP (every rank holds everything); optimizer (ZeRO-1) reduce-scatters each
 // bucket's gradients and keeps each parameter's optimizer state as this
 // rank's dim-0 shard; gradients (ZeRO-2) is the same step, whose full
-// gradients die at their reduce-scatter (see passes/shard.cpp).
-enum class ShardMode { None, Optimizer, Gradients };
+// gradients die at their reduce-scatter; parameters (ZeRO-3, FSDP) keeps
+// only shards of the parameters too, gathered whole for the forward and again
+// for the backward (see passes/shard.cpp).
+enum class ShardMode { None, Optimizer, Gradients, Parameters };
 const char* shardModeName(ShardMode mode);
 bool parseShardMode(const std::string& name, ShardMode& mode);
 

@@ -50,7 +50,7 @@ bool hasTrait(const std::string& op, OpTrait trait);
 inline bool isCollective(const std::string& op) { return hasTrait(op, OpTrait::Collective); }
 
 // Which collective an op with the Collective trait is (runtime/collectives.h).
-enum class CollectiveKind { None, AllReduce, Broadcast, BucketStart, BucketWait, ReduceScatter, AllGather, Shard };
+enum class CollectiveKind { None, AllReduce, Broadcast, BucketStart, BucketWait, ReduceScatter, AllGather, Shard, GatherStart, GatherWait };
 CollectiveKind collectiveKind(const std::string& op);
 
 // The list arguments the op's in-place form (its name with a trailing `_`)

@@ -12,7 +12,9 @@
 //   spmd::reduce_scatter    launches a sharded bucket's reduce-scatter: the flat
 //                           gradients of `world` ranks' rows in, this rank's
 //                           reduced row out, waited for by spmd::bucket_wait.
-//   spmd::all_gather        every rank's flat shard, concatenated in rank order.
+//   spmd::all_gather        every rank's flat shard, concatenated in rank order;
+//   spmd::gather_start      the same launched (--shard parameters' gathers
+//   spmd::gather_wait       of whole parameters), and waited for.
 //   spmd::shard             this rank's 1/world of a tensor's rows (no
 //                           communication: the rows are the same on every rank).
 //   spmd::attention         softmax(q k^T * scale [+ mask]) v, as a model writes it

@@ -93,9 +93,10 @@ struct Checkpoint {
 // --checkpoint `root`. shardedCheckpointRoot also creates `root` and, on
 // rank 0, writes its index.json, which lists the parameters in
 // named_parameters() order with their whole shapes (`g`'s parameter inputs
-// are this rank's shards where the step shards them).
+// are this rank's shards where the step shards them; the artifact's values
+// are whole).
 std::string rankCheckpointRoot(const std::string& root, int rank);
-std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const Graph& g);
+std::string shardedCheckpointRoot(const std::string& root, int rank, int worldSize, const Artifact& artifact);
 // Whether `root` holds a sharded checkpoint (an index.json).
 bool isShardedCheckpoint(const std::string& root);
 
@@ -112,13 +113,14 @@ Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsO
 // Puts a checkpoint's values into `state` (the run's state, every graph
 // input that is not per-step). With `weightsOnly`, only the parameters and
 // buffers; else every value, and the checkpoint must hold each one. Shapes
-// and dtypes must match the graph's (Diagnostic naming the value).
-void restoreState(const Graph& g, const Checkpoint& checkpoint, bool weightsOnly, TensorMap& state);
+// and dtypes must match the graph's (Diagnostic naming the value), or be
+// the whole tensor of an input that takes rank `rank`'s shard of it.
+void restoreState(const Graph& g, const Checkpoint& checkpoint, bool weightsOnly, int rank, TensorMap& state);
 
 // Replaces parameters and buffers in `state` with those of a PyTorch
 // state_dict file (torch.save(model.state_dict())): every parameter must be
 // there with the graph's shape; names the graph does not have are ignored
 // (returned, for a note).
-std::vector<std::string> initFromStateDict(const Graph& g, const std::string& file, TensorMap& state);
+std::vector<std::string> initFromStateDict(const Graph& g, const std::string& file, int rank, TensorMap& state);
 
 }  // namespace spmd
