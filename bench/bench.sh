@@ -43,7 +43,8 @@
 # its "precision".
 #
 # Knobs (environment): MODELS="mlp mlp4096 gpt" (the others too, by name),
-# PRECISIONS="fp32", NPROCS="1 2", SYSTEMS="spmd ddp compile max-autotune", DEVICE=cuda,
+# PRECISIONS="fp32", NPROCS="1 2", SYSTEMS="spmd ddp compile max-autotune" (fsdp2 too on
+# request: FSDP2's fully_shard, eager), DEVICE=cuda,
 # PYTHON=python3, B=build-gpu (BUILD=0: use it as it is; BUILD_ONLY=1: build and stop,
 # e.g. as a command of its own), TIMEOUT=180 (seconds per command;
 # AUTOTUNE_TIMEOUT for max-autotune's), BUDGET, MIN_START, TRACE=1 (device time from
@@ -96,8 +97,8 @@ for p in $PRECISIONS; do
   case $p in fp32 | bf16) ;; *) echo "bench.sh: unknown precision $p (fp32, bf16)" >&2; exit 2 ;; esac
 done
 for s in $SYSTEMS; do
-  case $s in spmd | ddp | compile | max-autotune) ;;
-    *) echo "bench.sh: unknown system $s (spmd, ddp, compile, max-autotune)" >&2; exit 2 ;;
+  case $s in spmd | ddp | fsdp2 | compile | max-autotune) ;;
+    *) echo "bench.sh: unknown system $s (spmd, ddp, fsdp2, compile, max-autotune)" >&2; exit 2 ;;
   esac
 done
 TINY_FLAG=()
@@ -458,7 +459,7 @@ for m in "${WRITTEN[@]}"; do
     for n in $NPROCS; do
       if [ "$spmd_ok" = 1 ] && run_spmd "$m" "$n" "$p" && [ "$TRACE" = 1 ]; then trace_spmd "$m" "$n" "$p"; fi
       if [ "$spmd_ok" = 1 ] && [ "$n" = 1 ] && [ "${PROFILE:-0}" = 1 ]; then profile "$m" "$p"; fi
-      for sys in ddp compile; do
+      for sys in ddp fsdp2 compile; do
         if has_system "$sys"; then run_torch "$sys" "$m" "$n" "$p"; fi
       done
     done

@@ -1,6 +1,6 @@
 """Times PyTorch's data-parallel training step on one benchmark model.
 
-  python3 bench/torch_step.py --model NAME --system ddp|compile|max-autotune --nproc N
+  python3 bench/torch_step.py --model NAME --system ddp|fsdp2|compile|max-autotune --nproc N
                               [--steps S=100] [--warmup W=10] [--device cuda|cpu] [--tiny]
                               [--precision fp32|bf16] [--attention math|sdpa]
                               [--optimizer-impl default|foreach|fused] [--cudnn-benchmark]
@@ -11,7 +11,8 @@ spawned). Each rank wraps the model NAME of bench/models.py (same seeded weights
 the TorchScript spmd compiles) in DistributedDataParallel (also for N=1), with the
 model's optimizer (Adam, AdamW, or SGD with momentum for resnet50; models.optimizer)
 and TF32 matmuls on; ddp runs it eagerly, compile through torch.compile (default
-mode), max-autotune through torch.compile(mode="max-autotune-no-cudagraphs").
+mode), max-autotune through torch.compile(mode="max-autotune-no-cudagraphs"); fsdp2
+wraps it in FSDP2's fully_shard instead of DDP (each block, then the model), eagerly.
 --precision bf16 runs the forward under torch.autocast(device, torch.bfloat16)
 (parameters, gradients and optimizer state stay fp32), and by default then runs a
 model built on samples' Attention with its F.scaled_dot_product_attention(q, k, v,
@@ -43,6 +44,7 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -56,7 +58,7 @@ COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagrap
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, choices=sorted(bench_models.benches()))
-    p.add_argument("--system", required=True, choices=["ddp"] + sorted(COMPILE_MODES))
+    p.add_argument("--system", required=True, choices=["ddp", "fsdp2"] + sorted(COMPILE_MODES))
     p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--steps", type=int, default=100, help="timed steps")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before them")
@@ -163,13 +165,32 @@ def spawn(worker, args):
             mp.spawn(worker, args=(args, rendezvous), nprocs=args.nproc, join=True)
 
 
+def fsdp2(model):
+    """FSDP2 as torchtitan applies it: fully_shard on every element of the model's
+    nn.ModuleLists (the transformer blocks), then on the whole model; parameters
+    resharded after the forward (its default), eager."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch before 2.6 kept it here
+        from torch.distributed._composable.fsdp import fully_shard
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList):
+            for block in module:
+                fully_shard(block)
+    fully_shard(model)
+    return model
+
+
 def make_step(bench, args, device, rank):
     """(forward function, optimizer, inputs, notes): the wrapped model and its data on device;
     notes: what ran ({"attention", "optimizer_impl"})."""
     model = bench_models.build(bench)
     attention = set_attention(model, args.attention, bench.attention)
     model = model.to(device)
-    ddp = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
+    if args.system == "fsdp2":
+        ddp = fsdp2(model)
+    else:
+        ddp = DDP(model, device_ids=[rank] if device.type == "cuda" else None)
     fn = torch.compile(ddp, mode=COMPILE_MODES[args.system]) if args.system in COMPILE_MODES else ddp
     opt, impl = make_optimizer(bench, ddp.parameters(), args.optimizer_impl)
     inputs = [x.to(device) for x in bench_models.rank_inputs(bench, rank)]

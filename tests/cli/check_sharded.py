@@ -2,8 +2,11 @@
 (tests/parity/run_parity.py has that against DDP):
 
   - resume from a sharded checkpoint == an uninterrupted run, bit for bit
-    (2 ranks, Adam, unrolled; 3 ranks, SGD with momentum, plain), and from
-    the newest step every rank holds when one rank's newest is missing;
+    (2 ranks, AdamW, unrolled, --shard optimizer; 4 ranks, Adam, unrolled,
+    --shard parameters; 3 ranks, SGD with momentum, plain, --shard
+    gradients), and from the newest step every rank holds when one rank's
+    newest is missing; the merged checkpoint's parameters equal
+    --save-params' (gathered from the ranks' shards under --shard parameters);
   - python3 -m spmd_checkpoint merge joins the ranks; the merged optimizer
     state equals ZeroRedundancyOptimizer's consolidated state_dict() after
     the same training (2 ranks, AdamW), and torch.optim loads it;
@@ -29,6 +32,7 @@ ENV = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
 passed = failed = 0
 
 LM = ("samples/lm.pt", ["tokens:i64[4,16]", "targets:i64[4,16]"])
+MLP = ("samples/mlp.pt", ["x:f32[8,100]"])
 CNN = ("samples/cnn.pt", ["x:f32[8,3,16,16]", "y:f32[8,4]"])
 ADAMW = ["--optimizer", "adamw", "--lr", "1e-2", "--eps", "1e-5"]
 
@@ -90,6 +94,12 @@ def make_lm_data(name, steps, ranks):
     return path(name)
 
 
+def make_mlp_data(name, steps, ranks):
+    g = torch.Generator().manual_seed(4)
+    torch.save({"x": torch.randn(steps, 8 * ranks, 100, generator=g)}, path(name))
+    return path(name)
+
+
 def make_cnn_data(name, steps, ranks):
     g = torch.Generator().manual_seed(3)
     data = {"x": torch.randn(steps, 8 * ranks, 3, 16, 16, generator=g), "y": torch.randn(steps, 8 * ranks, 4,
@@ -104,6 +114,11 @@ def resume_cases():
             pipeline("lm_opt.spmd", LM, ADAMW, ["--shard", "optimizer", "--world-size", "2", "--bucket-cap-mb",
                                                 "0.01", "--first-bucket-cap-mb", "0.01"], unroll=8),
             make_lm_data("lm2.data.pt", 8, 2), 2),
+        "mlp, Adam, --shard parameters, 4 ranks, unrolled": (
+            pipeline("mlp_params.spmd", MLP, ["--optimizer", "adam", "--lr", "1e-2", "--eps", "1e-2"],
+                     ["--shard", "parameters", "--world-size", "4", "--bucket-cap-mb", "0.05",
+                      "--first-bucket-cap-mb", "0.05"], unroll=8),
+            make_mlp_data("mlp4.data.pt", 8, 4), 4),
         "cnn, SGD momentum, --shard gradients, 3 ranks": (
             pipeline("cnn_grad.spmd", CNN, ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"],
                      ["--shard", "gradients", "--world-size", "3"]),
@@ -114,13 +129,20 @@ def resume_cases():
         run(artifact, *common, "--steps", "8", "--save-params", path("full.pt"))
         full = torch.load(path("full.pt"))
         root = path(name.split(",")[0] + ".ckpt")
-        run(artifact, *common, "--steps", "4", "--checkpoint", root)
+        run(artifact, *common, "--steps", "4", "--checkpoint", root, "--save-params", path("four.pt"))
         index = json.load(open(os.path.join(root, "index.json")))
         report(f"{name}: index.json and one folder per rank",
                index["world_size"] == ranks and index["ranks"] == [f"rank-{r:05d}" for r in range(ranks)] and
                all(os.path.isdir(os.path.join(root, r, "step-00000004")) for r in index["ranks"]), index)
         run(artifact, *common, "--steps", "8", "--resume", root, "--save-params", path("resumed.pt"))
         report(f"{name}: 4 steps, resumed to 8 == 8 steps", identical(full, torch.load(path("resumed.pt"))))
+        merged = root + ".merged"
+        proc = subprocess.run([sys.executable, "-m", "spmd_checkpoint", "merge", root, merged], capture_output=True,
+                              text=True, env=ENV)
+        model = torch.load(os.path.join(merged, "model.pt")) if proc.returncode == 0 else {}
+        four = torch.load(path("four.pt"))
+        report(f"{name}: the merged model.pt == --save-params after 4 steps",
+               all(k in model and torch.equal(model[k], four[k]) for k in four), proc.stderr)
         # A crash after rank 0 wrote step 6 and before the others did: the resume takes step 4.
         every = path(name.split(",")[0] + ".every")
         run(artifact, *common, "--steps", "6", "--checkpoint", every, "--checkpoint-every", "2", "--keep", "3")

@@ -1,6 +1,6 @@
 """Data-parallel parity tests: spmd's pipeline against PyTorch DDP.
 
-  run_parity.py BIN_DIR [--case NAME ...] [--strict] [--list] [--keep]
+  run_parity.py BIN_DIR [--case NAME ...] [--strict] [--sharded] [--list] [--keep]
                 [--python PY] [--timeout SECONDS] [--zoo DIR [--format pt|pt2|core.pt2 ...]]
 
 For each case it writes the reference with ddp_reference.py (PyTorch DDP on
@@ -20,6 +20,7 @@ tests/zoo/gen_zoo.py wrote to DIR (NAME.pt, NAME.inputs). EXTRA-FLAGS (--bucket-
 Prints `PASS NAME` or `FAIL NAME: REASON` (then the failing tool's output,
 indented) per case and a last line `N passed, M failed`; exits 1 if any
 failed. --list prints the cases; --case runs only the named ones (repeatable);
+--sharded runs the cases of sharded steps (spmd-split --shard) instead of the others;
 --strict adds the cases marked strict (see below); --keep keeps every case's
 folder (a failing case's folder is always kept and named).
 
@@ -342,6 +343,10 @@ def main():
     p.add_argument("--keep", action="store_true", help="keep every case's temporary folder")
     p.add_argument("--python", default=default_python(), help="python that imports torch (/usr/bin/python3)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per command (300)")
+    p.add_argument("--shard", choices=["optimizer", "gradients", "parameters"],
+                   help="run the chosen cases with spmd-split --shard MODE --world-size NPROC")
+    p.add_argument("--sharded", action="store_true",
+                   help="run the sharded cases (spmd-split --shard) instead of the others")
     p.add_argument("--zoo", metavar="DIR", help="run the zoo's cases, on tests/zoo/gen_zoo.py's files in DIR")
     p.add_argument("--format", action="append", choices=["pt", "pt2", "core.pt2"],
                    help="with --zoo: spmd reads NAME.pt (TorchScript, the default), NAME.pt2 or NAME.core.pt2 "
@@ -361,7 +366,10 @@ def main():
     unknown = [n for n in a.case if n not in by_name]
     if unknown:
         p.error(f"unknown case {', '.join(unknown)} (have: {', '.join(by_name)})")
-    cases = [by_name[n] for n in a.case] if a.case else [c for c in all_cases if a.strict or not c.strict]
+    cases = [by_name[n] for n in a.case] if a.case else [c for c in all_cases if (a.strict or not c.strict) and
+                                                         bool(c.shard) == a.sharded]
+    if a.shard:
+        cases = [c._replace(shard=a.shard) for c in cases]
     bin_dir = os.path.abspath(a.bin_dir)
 
     passed = failed = 0

@@ -5,7 +5,9 @@
 // of parameters updated at the same point (bucket and iteration tag), put
 // where its last input is ready. The hyperparameters are read back from the
 // update's own constants (beta1 from exp_avg * beta1, lr from the step size,
-// ...), which the optimizer pass wrote; a parameter whose update has another
+// ...), which the optimizer pass wrote. In a step sharded by spmd-split --shard
+// optimizer|gradients the update is of this rank's shard of the parameter,
+// and the all-gather reads the call's result. A parameter whose update has another
 // shape (amsgrad, an exported step's optimizer) keeps its per-parameter ops,
 // and a note says so. Values agree with the foreach form to rounding. The learning rate is a constant of the call, or, for a
 // scheduled rate (the graph input lr), the tensor of spmd::fused_adam.tensor_lr.
@@ -93,17 +95,46 @@ std::optional<double> scheduledDecay(const Graph& g, ValueId decayed, ValueId pa
   return scalar(lrWd->args[1]);
 }
 
-// Reads `param`'s Adam update back; nullopt where it is not the optimizer pass's.
-std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
-  const std::string& name = g.value(param).name;
+// In a step sharded by spmd-split --shard optimizer|gradients: this rank's
+// shard of `input`, which the optimizer updates (spmd::shard of its padded
+// rows, reshaped), and the update the all-gather reads (an addcdiv). nullopt
+// where there is none.
+std::optional<std::pair<ValueId, ValueId>> shardUpdate(const Graph& g, ValueId input) {
+  static const OpName kShard = OpName::known("spmd::shard");
+  static const OpName kReshape = OpName::known("aten::reshape");
+  static const OpName kPad = OpName::known("aten::constant_pad_nd");
+  for (const Node& n : g.nodes()) {
+    if (!n.is(kShard)) continue;
+    ValueId from = n.args[0].value;
+    for (const Node* p = g.producer(from); p && (p->is(kReshape) || p->is(kPad)); p = g.producer(from)) from = p->args[0].value;
+    if (from != input) continue;
+    ValueId shard = n.outputs[0];
+    if (const Node* reader = g.soleReader(shard); reader && reader->is(kReshape)) shard = reader->outputs[0];
+    // The parameter's addcdiv reads the shard, or AdamW's decay of it.
+    for (const Node* reader : g.users(shard)) {
+      const Node* decayed = reader->outputs.size() == 1 ? g.soleReader(reader->outputs[0]) : nullptr;
+      for (const Node* upd : {reader, decayed}) {
+        if (upd && upd->is(ops().addcdiv)) return std::pair{shard, upd->outputs[0]};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// Reads `input`'s Adam update back; nullopt where it is not the optimizer pass's.
+std::optional<Update> matchUpdate(const Graph& g, ValueId input) {
+  const std::string& name = g.value(input).name;
   if (stateOf(g, name, OptimizerState::MaxExpAvgSq)) return std::nullopt;  // amsgrad
   Update u{};
-  u.param = param;
   const auto m0 = stateOf(g, name, OptimizerState::ExpAvg), v0 = stateOf(g, name, OptimizerState::ExpAvgSq),
              s0 = stateOf(g, name, OptimizerState::Step);
-  const auto p1 = updateOf(g, param);
+  std::optional<std::pair<ValueId, ValueId>> p1;
+  if (const auto whole = updateOf(g, input); whole && producedBy(g, *whole, ops().addcdiv)) p1 = std::pair{input, *whole};
+  if (!p1) p1 = shardUpdate(g, input);
   if (!m0 || !v0 || !s0 || !p1) return std::nullopt;
-  u.expAvg = *m0, u.expAvgSq = *v0, u.step = *s0, u.newParam = *p1;
+  const ValueId param = p1->first;  // the value the update reads: the input, or this rank's shard of it
+  u.param = param;
+  u.expAvg = *m0, u.expAvgSq = *v0, u.step = *s0, u.newParam = p1->second;
   const auto m1 = updateOf(g, *m0), v1 = updateOf(g, *v0), s1 = updateOf(g, *s0);
   if (!m1 || !v1 || !s1) return std::nullopt;
   u.newExpAvg = *m1, u.newExpAvgSq = *v1, u.newStep = *s1;
@@ -124,7 +155,7 @@ std::optional<Update> matchUpdate(const Graph& g, ValueId param) {
   }
   u.hyper.beta2 = scalar(vScaled->args[1]);
   // param' = base + (exp_avg' * -step_size) / (sqrt(v') / bc2 + eps)
-  const Node* upd = producedBy(g, *p1, ops().addcdiv);
+  const Node* upd = producedBy(g, u.newParam, ops().addcdiv);
   if (!upd) return std::nullopt;
   u.last = upd;
   const Node* scaled = producedBy(g, upd->args[1].value, ops().mul_Tensor);

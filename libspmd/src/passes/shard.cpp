@@ -297,7 +297,11 @@ void gatherUpdates(Graph& g, const ShardBucket& b, int64_t world) {
       params.push_back(u.input);
       layouts.push_back(b.layouts[i]);
       const Node* made = g.producer(u.value);
-      if (made && (!last || g.indexOf(*made) > g.indexOf(*last))) last = made;
+      if (!made) continue;
+      // The update belongs to the bucket whose all-gather reads it:
+      // adam-to-fused-kernel makes one call per bucket, before its gather.
+      g.metaOf(*made).bucket = b.index;
+      if (!last || g.indexOf(*made) > g.indexOf(*last)) last = made;
     }
   }
   if (updates.empty()) return;
