@@ -236,6 +236,11 @@ def memory_formula():
         want = {"parameters": 4 * params, "gradients": 4 * sharded, "optimizer_state": 8 * sharded + 4 * len(tensors)}
         report(f"--memory model state on {world} rank(s): parameters 4P, gradients 4P/N, Adam state 8P/N "
                f"(P = {params}, {sharded} a rank with padding)", plan == want, (plan, want))
+        if world > 1:
+            buckets = json.loads(stage([tool("spmd-inspect"), "-", "--buckets", "--json"], split).stdout)
+            shards = sum(b["shard_bytes"] for b in buckets)
+            report(f"--buckets' shard bytes on {world} ranks add up to the gradients a rank holds", shards == 4 * sharded,
+                   (shards, 4 * sharded))
 
 
 def main():

@@ -1,5 +1,7 @@
 #include "spmd/ir/printer.h"
 
+#include "spmd/ir/shard_layout.h"
+
 #include "spmd/ops/dtype.h"
 
 #include <cctype>
@@ -182,11 +184,31 @@ std::string printDot(const Graph& g) {
   return out.str();
 }
 
+namespace {
+
+// The bytes one rank holds of a bucket's parameters in a sharded step
+// (ir/shard_layout.h); -1 for a step that is not sharded.
+int64_t shardBytes(const Graph& g, const Bucket& bucket) {
+  const TrainingConfig& t = g.training();
+  if (t.shard == ShardMode::None) return -1;
+  int64_t total = 0;
+  for (ValueId p : bucket.parameters) {
+    Value v = g.value(p);  // under --shard parameters the input is the shard already
+    if (t.shard != ShardMode::Parameters) v.shape = shardShapeOf(v.shape, t.worldSize);
+    total += bytes(v);
+  }
+  return total;
+}
+
+}  // namespace
+
 std::string printBuckets(const Graph& g) {
   std::ostringstream out;
-  out << "bucket      bytes  parameters\n";
+  const bool sharded = g.training().shard != ShardMode::None;
+  out << "bucket      bytes" << (sharded ? "  shard bytes" : "") << "  parameters\n";
   for (size_t b = 0; b < g.buckets().size(); ++b) {
     out << std::left << std::setw(6) << b << std::right << std::setw(11) << g.buckets()[b].bytes << " ";
+    if (sharded) out << std::setw(12) << shardBytes(g, g.buckets()[b]) << " ";
     for (ValueId p : g.buckets()[b].parameters) out << " " << g.value(p).name;
     out << "\n";
   }
@@ -197,7 +219,9 @@ std::string printBucketsJson(const Graph& g) {
   std::string out = "[";
   for (size_t b = 0; b < g.buckets().size(); ++b) {
     out += std::string(b ? "," : "") + "\n  {\"index\": " + std::to_string(b) +
-           ", \"bytes\": " + std::to_string(g.buckets()[b].bytes) + ", \"parameters\": [";
+           ", \"bytes\": " + std::to_string(g.buckets()[b].bytes) +
+           (g.training().shard != ShardMode::None ? ", \"shard_bytes\": " + std::to_string(shardBytes(g, g.buckets()[b])) : "") +
+           ", \"parameters\": [";
     const auto& params = g.buckets()[b].parameters;
     for (size_t k = 0; k < params.size(); ++k) out += std::string(k ? ", " : "") + "\"" + g.value(params[k]).name + "\"";
     out += "]}";

@@ -18,7 +18,9 @@ std::string printDot(const Graph& graph);
 // Node counts by op and by role, input counts and parameter bytes.
 std::string printStats(const Graph& graph);
 
-// The bucket plan: index, bytes and parameters per bucket, as a table or JSON.
+// The bucket plan: index, bytes and parameters per bucket, as a table or JSON;
+// for a sharded step (spmd-split --shard) also the bytes of the parameters'
+// shards one rank holds ("shard bytes", "shard_bytes").
 std::string printBuckets(const Graph& graph);
 std::string printBucketsJson(const Graph& graph);
 
