@@ -142,6 +142,8 @@ def setup(rank, args, rendezvous):
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
+        # All ranks are local: Gloo on the loopback, not whatever the hostname resolves to.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("nccl" if args.device == "cuda" else "gloo", init_method="file://" + rendezvous,
                             rank=rank, world_size=args.nproc)
     return device
