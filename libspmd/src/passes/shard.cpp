@@ -213,7 +213,9 @@ std::vector<ValueId> shardOptimizerState(Graph& g, ValueId param, const ShardLay
     if (in.kind != InputKind::State) continue;
     Value& v = g.value(in.value);
     const auto state = optimizerStateOf(v.name);
-    if (!state || v.name != optimizerStateName(name, *state) || v.shape != l.shape) continue;
+    if (!state || *state == OptimizerState::Step || v.name != optimizerStateName(name, *state) || v.shape != l.shape) {
+      continue;  // a 0-dim parameter's step has its shape, and is no shard
+    }
     v.shape = l.shardShape;
     sharded.push_back(in.value);
   }
