@@ -115,16 +115,14 @@ class GroupCollectives : public Collectives {
         return {shard};
       }
       case CollectiveKind::AllGather: {
-        at::Tensor shard = tensors.at(0).contiguous();
-        at::Tensor full = at::empty({shard.size(0) * worldSize_}, shard.options());
-        group_->_allgather_base(full, shard)->wait();
-        return {full};
+        auto gather = startAllGather(tensors.at(0));
+        gather.first->wait();
+        return {gather.second};
       }
       case CollectiveKind::GatherStart: {
-        at::Tensor shard = tensors.at(0).contiguous();
-        at::Tensor full = at::empty({shard.size(0) * worldSize_}, shard.options());
-        gathers_[node.args.back().i] = {group_->_allgather_base(full, shard), full};
-        return {full};
+        auto gather = startAllGather(tensors.at(0));
+        gathers_[node.args.back().i] = gather;
+        return {gather.second};
       }
       case CollectiveKind::GatherWait: {
         auto it = gathers_.find(node.args.back().i);
@@ -155,6 +153,14 @@ class GroupCollectives : public Collectives {
       case CollectiveKind::None: break;
     }
     throw std::logic_error("not a collective: " + node.qualifiedName());
+  }
+
+  // Launches the all-gather of every rank's flat `shard`, in rank order,
+  // into a tensor of world size times its elements; returns the work and it.
+  std::pair<c10::intrusive_ptr<c10d::Work>, at::Tensor> startAllGather(const at::Tensor& shard) {
+    at::Tensor local = shard.contiguous();
+    at::Tensor full = at::empty({local.size(0) * worldSize_}, local.options());
+    return {group_->_allgather_base(full, local), full};
   }
 
   // The tensor the group reduces in place: the input itself when it may be
