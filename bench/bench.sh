@@ -43,8 +43,9 @@
 # its "precision".
 #
 # Knobs (environment): MODELS="mlp mlp4096 gpt" (the others too, by name),
-# PRECISIONS="fp32", NPROCS="1 2", SYSTEMS="spmd ddp compile max-autotune" (fsdp2 too on
-# request: FSDP2's fully_shard, eager), DEVICE=cuda,
+# PRECISIONS="fp32", NPROCS="1 2", SYSTEMS="spmd ddp compile reduce-overhead max-autotune" (fsdp2
+# and max-autotune-cudagraphs too on request: FSDP2's fully_shard, eager; torch.compile's
+# mode="max-autotune", autotuned and replayed as CUDA graphs), DEVICE=cuda,
 # PYTHON=python3, B=build-gpu (BUILD=0: use it as it is; BUILD_ONLY=1: build and stop,
 # e.g. as a command of its own), TIMEOUT=180 (seconds per command;
 # AUTOTUNE_TIMEOUT for max-autotune's), BUDGET, MIN_START, TRACE=1 (device time from
@@ -72,7 +73,7 @@ TORCH_FLAGS=${TORCH_FLAGS-}                # beside torch_step.py's, e.g. --cudn
 MODELS=${MODELS:-mlp mlp4096 gpt}
 PRECISIONS=${PRECISIONS:-fp32}
 NPROCS=${NPROCS:-1 2}
-SYSTEMS=${SYSTEMS:-spmd ddp compile max-autotune}
+SYSTEMS=${SYSTEMS:-spmd ddp compile reduce-overhead max-autotune}
 PY=${PYTHON:-python3}
 B=${B:-build-gpu}
 BUILD=${BUILD:-1}
@@ -97,8 +98,9 @@ for p in $PRECISIONS; do
   case $p in fp32 | bf16) ;; *) echo "bench.sh: unknown precision $p (fp32, bf16)" >&2; exit 2 ;; esac
 done
 for s in $SYSTEMS; do
-  case $s in spmd | ddp | fsdp2 | compile | max-autotune) ;;
-    *) echo "bench.sh: unknown system $s (spmd, ddp, fsdp2, compile, max-autotune)" >&2; exit 2 ;;
+  case $s in spmd | ddp | fsdp2 | compile | reduce-overhead | max-autotune | max-autotune-cudagraphs) ;;
+    *) echo "bench.sh: unknown system $s (spmd, ddp, fsdp2, compile, reduce-overhead, max-autotune," \
+         "max-autotune-cudagraphs)" >&2; exit 2 ;;
   esac
 done
 TINY_FLAG=()
@@ -315,7 +317,7 @@ profile() {
 # row's device time. max-autotune cut off by its timeout or the budget is skipped, not failed.
 run_torch() {
   local sys=$1 m=$2 n=$3 p=$4 tag=$2.$4.$1.$3 limit=$TIMEOUT trace=()
-  if [ "$sys" = max-autotune ]; then limit=$AUTOTUNE_TIMEOUT; fi
+  if [[ $sys == max-autotune* ]]; then limit=$AUTOTUNE_TIMEOUT; fi
   if no_time_for "$sys" "$m" "$n" "$p" "torch_step.py --system $sys"; then return; fi
   if [ "$TRACE" = 1 ]; then trace=(--trace "$WORK/traces/$tag.json"); fi
   # shellcheck disable=SC2086
@@ -329,7 +331,7 @@ run_torch() {
     if [ "$TRACE" = 1 ] && ! record_device_time "$sys" "$m" "$n" "$p" "$tag" 2>> "$WORK/logs/$tag.log"; then
       fail "$sys" "$m" "$n" "$WORK/logs/$tag.log" "bench/trace_kernels.py on $sys's trace of $m --nproc $n ($p)" "$p"
     fi
-  elif [ "$sys" = max-autotune ] && [ -n "$CUT" ]; then
+  elif [[ $sys == max-autotune* ]] && [ -n "$CUT" ]; then
     skip "$sys" "$m" "$n" "$p" "did not finish within $CUT"
   else
     fail "$sys" "$m" "$n" "$WORK/logs/$tag.log" "torch_step.py --system $sys --model $m --nproc $n --precision $p" "$p"
@@ -361,7 +363,8 @@ record_machine() {
 --steps STEPS+WARMUP$warmup_flag --data\` (the batch of random inputs torch_step.py draws: models.rank_inputs)"
          --note "PyTorch: \`bench/torch_step.py\` (DDP over $comm, also for 1 GPU; inputs drawn once per rank;
 each step timed between two synchronizations; torch.compile in its default mode, and as the system
-max-autotune with mode=\"max-autotune-no-cudagraphs\"${TORCH_FLAGS:+; $TORCH_FLAGS})"
+max-autotune with mode=\"max-autotune-no-cudagraphs\", reduce-overhead and max-autotune-cudagraphs with
+mode=\"reduce-overhead\" and mode=\"max-autotune\", CUDA graphs${TORCH_FLAGS:+; $TORCH_FLAGS})"
          --note "OPTIMIZER: each model's, the same for every system (M.optim: Adam for the MLPs, gpt and llama,
 AdamW with weight decay 0.01 for hf_gpt2, hf_llama and vit_b_16, SGD with momentum for resnet50)"
          --note "Peak memory: rank 0's caching-allocator peak of allocated bytes over the whole run (spmd-run's
@@ -459,7 +462,7 @@ for m in "${WRITTEN[@]}"; do
     for n in $NPROCS; do
       if [ "$spmd_ok" = 1 ] && run_spmd "$m" "$n" "$p" && [ "$TRACE" = 1 ]; then trace_spmd "$m" "$n" "$p"; fi
       if [ "$spmd_ok" = 1 ] && [ "$n" = 1 ] && [ "${PROFILE:-0}" = 1 ]; then profile "$m" "$p"; fi
-      for sys in ddp fsdp2 compile; do
+      for sys in ddp fsdp2 compile reduce-overhead; do
         if has_system "$sys"; then run_torch "$sys" "$m" "$n" "$p"; fi
       done
     done
@@ -469,13 +472,14 @@ done
 
 # The extras, after every other row and while the budget lasts: max-autotune, smallest model
 # first, then gpt's compile time stage by stage (issue #18).
-if has_system max-autotune; then
+for sys in max-autotune max-autotune-cudagraphs; do
+  has_system "$sys" || continue
   for m in $(smallest_first "${WRITTEN[@]}"); do
     for p in $PRECISIONS; do
-      for n in $NPROCS; do run_torch max-autotune "$m" "$n" "$p"; done
+      for n in $NPROCS; do run_torch "$sys" "$m" "$n" "$p"; done
     done
   done
-fi
+done
 if [ "${COMPILE_TIME:-1}" = 1 ]; then
   for p in $PRECISIONS; do
     if [ -n "${PIPELINE_OK[gpt.$p]:-}" ] && ! no_time_for spmd gpt "" "$p" "bench/compile_time.sh"; then

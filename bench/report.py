@@ -22,10 +22,13 @@ import datetime
 import json
 import re
 
-SYSTEMS = [("spmd", "spmd-run"), ("ddp", "DDP eager"), ("compile", "torch.compile(DDP)"),
-           ("max-autotune", "torch.compile(DDP) max-autotune")]
+SYSTEMS = [("spmd", "spmd-run"), ("ddp", "DDP eager"), ("fsdp2", "FSDP2 eager"), ("compile", "torch.compile(DDP)"),
+           ("reduce-overhead", "torch.compile(DDP) reduce-overhead (CUDA graphs)"),
+           ("max-autotune", "torch.compile(DDP) max-autotune"),
+           ("max-autotune-cudagraphs", "torch.compile(DDP) max-autotune (CUDA graphs)")]
 LABEL = dict(SYSTEMS)
-COMPILED = ("compile", "max-autotune")  # the systems spmd-run is set against in the summary
+# the systems spmd-run is set against in the summary
+COMPILED = ("compile", "reduce-overhead", "max-autotune", "max-autotune-cudagraphs")
 PRECISIONS = ["fp32", "bf16"]  # the order of the tables' rows; others follow
 MIB = 1024.0 * 1024.0
 # Log lines that say why a command failed (the last line is often only a hint).

@@ -1,6 +1,7 @@
 """Times PyTorch's data-parallel training step on one benchmark model.
 
-  python3 bench/torch_step.py --model NAME --system ddp|fsdp2|compile|max-autotune --nproc N
+  python3 bench/torch_step.py --model NAME --system ddp|fsdp2|compile|max-autotune|reduce-overhead|
+                              max-autotune-cudagraphs --nproc N
                               [--steps S=100] [--warmup W=10] [--device cuda|cpu] [--tiny]
                               [--precision fp32|bf16] [--attention math|sdpa]
                               [--optimizer-impl default|foreach|fused] [--cudnn-benchmark]
@@ -11,7 +12,10 @@ spawned). Each rank wraps the model NAME of bench/models.py (same seeded weights
 the TorchScript spmd compiles) in DistributedDataParallel (also for N=1), with the
 model's optimizer (Adam, AdamW, or SGD with momentum for resnet50; models.optimizer)
 and TF32 matmuls on; ddp runs it eagerly, compile through torch.compile (default
-mode), max-autotune through torch.compile(mode="max-autotune-no-cudagraphs"); fsdp2
+mode), max-autotune through torch.compile(mode="max-autotune-no-cudagraphs"),
+reduce-overhead and max-autotune-cudagraphs through the modes of those names that
+replay CUDA graphs (each step marked with torch.compiler.cudagraph_mark_step_begin,
+its loss copied out of the graph's memory before the next replay); fsdp2
 wraps it in FSDP2's fully_shard instead of DDP (each block, then the model), eagerly.
 --precision bf16 runs the forward under torch.autocast(device, torch.bfloat16)
 (parameters, gradients and optimizer state stay fp32), and by default then runs a
@@ -51,8 +55,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models as bench_models  # noqa: E402  (bench/models.py)
 
-# The systems that torch.compile the DDP module, and the mode each passes.
-COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+# The systems that torch.compile the DDP module, and the mode each passes. reduce-overhead and
+# max-autotune-cudagraphs run the step's graphs as CUDA graphs: the fastest wall time
+# torch.compile offers a user, what spmd-run --cudagraphs is set against.
+COMPILE_MODES = {"compile": "default", "max-autotune": "max-autotune-no-cudagraphs",
+                 "reduce-overhead": "reduce-overhead", "max-autotune-cudagraphs": "max-autotune"}
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 def parse_args(argv=None):
@@ -208,33 +216,36 @@ def make_step(bench, args, device, rank):
     return forward, opt, inputs, notes
 
 
-def time_steps(fn, opt, inputs, device, count):
-    """Runs count steps; returns (ms per step, each step's loss)."""
+def time_steps(fn, opt, inputs, device, count, cuda_graphs=False):
+    """Runs count steps; returns (ms per step, each step's loss). cuda_graphs: each step begins a
+    new replay of torch.compile's CUDA graphs, and its loss is copied before the next overwrites it."""
     ms = []
     losses = []
     for _ in range(count):
         synchronize(device)
         begin = time.perf_counter()
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
         loss = fn(*inputs)
         loss.backward()
         opt.step()
         synchronize(device)
         ms.append((time.perf_counter() - begin) * 1000.0)
-        losses.append(loss.detach())
+        losses.append(loss.detach().clone() if cuda_graphs else loss.detach())
     return ms, [x.item() for x in losses]
 
 
 PROFILED_STEPS = 3
 
 
-def profile_steps(fn, opt, inputs, device, path, trace_path):
+def profile_steps(fn, opt, inputs, device, path, trace_path, cuda_graphs=False):
     """Profiles 3 steps; writes torch.profiler's table of ops, by device time, to path (if given),
     and the Chrome trace to trace_path (if given), its step count under "spmd" as spmd-run --trace does."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        time_steps(fn, opt, inputs, device, PROFILED_STEPS)
+        time_steps(fn, opt, inputs, device, PROFILED_STEPS, cuda_graphs)
     if trace_path:
         prof.export_chrome_trace(trace_path)
         with open(trace_path) as f:
@@ -285,12 +296,13 @@ def worker(rank, args, rendezvous):
     device = setup(rank, args, rendezvous)
     bench = bench_models.benches(args.tiny)[args.model]
     fn, opt, inputs, notes = make_step(bench, args, device, rank)
-    ms, losses = time_steps(fn, opt, inputs, device, args.warmup + args.steps)
+    graphs = device.type == "cuda" and COMPILE_MODES.get(args.system) in CUDA_GRAPH_MODES
+    ms, losses = time_steps(fn, opt, inputs, device, args.warmup + args.steps, graphs)
     peak = peak_bytes(device)
     if (args.profile or args.trace) and rank == 0:
-        profile_steps(fn, opt, inputs, device, args.profile, args.trace)
+        profile_steps(fn, opt, inputs, device, args.profile, args.trace, graphs)
     elif args.profile or args.trace:
-        time_steps(fn, opt, inputs, device, PROFILED_STEPS)  # rank 0's profiled steps all-reduce with these
+        time_steps(fn, opt, inputs, device, PROFILED_STEPS, graphs)  # rank 0's profiled steps all-reduce with these
     if rank == 0:
         print(json.dumps(summary(args, bench, ms, losses, peak, notes)), flush=True)
     teardown(rank, device)

@@ -323,12 +323,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gemmAttentionBackward(const at::T
 #endif
 }
 
-// The mask as the efficient kernel takes it (what ATen's SDPA does before
-// calling it): additive in q's dtype (a boolean mask: 0 where attended, -inf
-// elsewhere), [batch, heads, queries, keys] by broadcasting, and every
-// stride but the last's a multiple of 16 elements (a slice of a padded
-// tensor where they are not).
-at::Tensor attentionBias(const at::Tensor& mask, const at::Tensor& q, int64_t keys) {
+// The mask as the kernels take it (what ATen's SDPA does before calling
+// them): additive in q's dtype (a boolean mask: 0 where attended, -inf
+// elsewhere), every stride but the last's a multiple of 16 elements (a
+// slice of a padded tensor where they are not), and 4-D: for the efficient
+// kernel [batch, heads, queries, keys] by broadcasting; for cuDNN's with
+// its broadcast dimensions of size 1, as SDPA hands it over (cuDNN reads
+// them broadcast).
+at::Tensor attentionBias(const at::Tensor& mask, const at::Tensor& q, int64_t keys, c10::string_view kernel) {
   at::Tensor bias = mask.scalar_type() == at::kBool
                         ? at::zeros(mask.sizes(), q.options()).masked_fill_(mask.logical_not(), -INFINITY)
                         : mask.to(q.scalar_type());
@@ -339,6 +341,10 @@ at::Tensor attentionBias(const at::Tensor& mask, const at::Tensor& q, int64_t ke
     std::vector<int64_t> padded = bias.sizes().vec();
     padded.back() = aligned;
     bias = at::empty(padded, bias.options()).slice(-1, 0, keys).copy_(bias);
+  }
+  if (kernel == "cudnn") {
+    while (bias.dim() < 4) bias = bias.unsqueeze(0);
+    return bias;
   }
   return bias.expand({q.size(0), q.size(1), q.size(2), keys});
 }
@@ -365,7 +371,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
     TORCH_CHECK(!hasMask && dropoutP == 0, "spmd::fused_attention: the gemm kernel takes no mask and no dropout");
     return gemmAttention(q, k, v, scale, causal);
   }
-  const c10::IValue bias = hasMask ? c10::IValue(attentionBias(*mask, q, k.size(2))) : c10::IValue();
+  const c10::IValue bias = hasMask ? c10::IValue(attentionBias(*mask, q, k.size(2), kernel)) : c10::IValue();
   const std::vector<c10::IValue> r =
       callByArgumentName(atenName(kernel, false), {{"query", q},
                                            {"key", k},
@@ -393,7 +399,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
     grads = gemmAttentionBackward(grad, q, k, v, lse, scale, causal);
   } else {
     const bool hasMask = mask && mask->defined();
-    const c10::IValue bias(hasMask ? attentionBias(*mask, q, k.size(2)) : at::Tensor());
+    const c10::IValue bias(hasMask ? attentionBias(*mask, q, k.size(2), kernel) : at::Tensor());
     const c10::IValue undefined(at::Tensor{});  // dense inputs: no cumulative sequence lengths
     const std::vector<c10::IValue> r = callByArgumentName(
         atenName(kernel, true),

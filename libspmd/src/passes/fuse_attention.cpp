@@ -4,18 +4,21 @@
 // go to the backward, which no longer recomputes the attention.
 //
 // The kernel (--attention-kernel, default auto): for bf16 and fp16, cuDNN's
-// attention up to head size 128 and flash attention up to 256 (the fastest
-// that take them; neither takes fp32: cuDNN returns NaN, flash refuses),
-// else ATen's memory-efficient attention. For fp32, gemm: the attention's
+// attention up to head size 128, with or without a mask (as SDPA picks it
+// on Hopper), and flash attention up to 256 without one (the fastest that
+// take them; neither takes fp32: cuDNN returns NaN, flash refuses), else
+// ATen's memory-efficient attention. For fp32, gemm: the attention's
 // matmuls as batched GEMMs (TF32 under spmd-run --tf32) around a generated
 // softmax (ops/attention_codegen.h), up to 2048 keys, on contiguous copies
 // of q, k and v (aten::contiguous nodes) that the backward reads too; the
 // backward reads the probabilities the forward kept instead of recomputing
 // them. A mask other than the causal one (boolean or additive, broadcast or
-// not: padding masks) takes the memory-efficient kernel, the only one with
-// a bias; dropout takes flash (bf16, fp16) or memory-efficient attention,
-// which draw their own mask from the run's generator and hand its state to
-// the backward (the keep mask spmd-expand drew for the CPU is dropped).
+// not: padding and sliding-window masks) goes to the kernels as a bias:
+// cuDNN's in bf16 and fp16 (as SDPA picks it on Hopper), the
+// memory-efficient kernel otherwise; dropout takes flash (bf16, fp16) or
+// memory-efficient attention, which draw their own mask from the run's
+// generator and hand its state to the backward (the keep mask spmd-expand
+// drew for the CPU is dropped).
 // Grouped-query attention's k and v are repeated to q's heads inside the
 // op, their gradients summed back. A kernel asked for that cannot take the
 // attention gives way to the one auto picks; math leaves the attention
@@ -97,9 +100,10 @@ const Node* backwardOf(const Graph& g, const Node& a) {
 }
 
 // Whether `kernel` takes attention `a`. gemm: fp32 without mask or
-// dropout, rows of keys that fit its softmax's registers; flash and cudnn:
-// bf16 and fp16 without a bias (cuDNN's not with dropout either), head
-// sizes up to 256 and 128; efficient: every attention whyNotFused lets by.
+// dropout, rows of keys that fit its softmax's registers; flash: bf16 and
+// fp16 without a bias, head sizes up to 256; cudnn: bf16 and fp16 without
+// dropout, head sizes up to 128, a bias or none; efficient: every
+// attention whyNotFused lets by.
 bool kernelTakes(const Graph& g, const Node& a, const std::string& kernel) {
   const Value& q = valueAt(g, a, kAttentionQuery);
   const bool fp32 = q.dtype == c10::ScalarType::Float;
@@ -109,7 +113,7 @@ bool kernelTakes(const Graph& g, const Node& a, const std::string& kernel) {
     return fp32 && !needsBias(a) && !dropout && valueAt(g, a, kAttentionKey).shape[2] <= kAttentionSoftmaxMaxKeys;
   }
   if (kernel == "flash") return !fp32 && !needsBias(a) && headSize <= 256;
-  if (kernel == "cudnn") return !fp32 && !needsBias(a) && !dropout && headSize <= 128;
+  if (kernel == "cudnn") return !fp32 && !dropout && headSize <= 128;
   return kernel == "efficient";
 }
 

@@ -50,6 +50,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createCatViewsPass},
       {"eager-batch-norm", "training-mode BatchNorm and its backward through ATen's choice of kernels (cuDNN where eager uses it); spmd-lower runs it for --device cuda",
        createEagerBatchNormPass},
+      {"align-gemms", "GEMMs (mm, linear) whose operands cuBLAS would read with a leading dimension that is not a multiple of 16 bytes on zero-padded operands; spmd-lower runs it for CUDA",
+       createAlignGemmsPass},
       {"slice-grads", "a sum of slice gradients that split a dimension (cat's backward into a slice's) as one cat; a whole-dimension slice gradient as its input; spmd-lower runs it",
        createSliceGradsPass},
       {"dropout-mask-in-kernel", "dropout's mask drawn inside the generated kernels that use it (spmd::dropout_seed, spmd::dropout_mul), never stored; spmd-lower runs it for --device cuda",

@@ -110,6 +110,7 @@ std::unique_ptr<Pass> createFusePointwisePass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseDropoutPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseRowsPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createSliceGradsPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createAlignGemmsPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseCrossEntropyPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseLayerNormPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createFuseColumnSumPass(const PipelineOptions& options);
