@@ -155,6 +155,15 @@ def hf_llama_bench(name, vocab, dim, heads, kv_heads, layers, hidden, seq, batch
                     intermediate_size=hidden, max_position_embeddings=seq)
 
 
+def hf_mistral_bench(name, vocab, dim, heads, kv_heads, layers, hidden, seq, window, batch, about):
+    """MistralForCausalLM (LLaMA's blocks with a sliding-window attention mask of `window` keys:
+    under torch.jit.trace transformers builds it as a boolean mask, which no kernel takes as
+    is_causal)."""
+    return hf_bench(name, "MistralConfig", "MistralForCausalLM", vocab, seq, batch, about, hidden_size=dim,
+                    num_attention_heads=heads, num_key_value_heads=kv_heads, num_hidden_layers=layers,
+                    intermediate_size=hidden, max_position_embeddings=seq, sliding_window=window)
+
+
 def resnet_bench(name, arch, classes, size, batch, about):
     """torchvision.models.ARCH(num_classes=classes) on batch x 3 x size x size images, SGD lr 0.1 momentum 0.9."""
     def make():
@@ -198,6 +207,9 @@ def benches(tiny=False):
             "hf_llama": hf_llama_bench("hf_llama", 64, 32, 4, 2, 2, 64, 16, 8,
                                        "transformers LlamaForCausalLM vocab 64, dim 32, 4 heads (2 kv), 2 layers, "
                                        "seq 16 (tiny)"),
+            "hf_mistral": hf_mistral_bench("hf_mistral", 64, 32, 4, 2, 2, 64, 16, 4, 8,
+                                           "transformers MistralForCausalLM vocab 64, dim 32, 4 heads (2 kv), 2 layers, "
+                                           "seq 16, sliding window 4 (tiny)"),
             "vit_b_16": vit_bench("vit_b_16", 10, 32, 2,
                                   "torchvision VisionTransformer, 2 layers, dim 32, 16x16 patches, 10 classes, "
                                   "3x32x32 images (tiny), loss = cross-entropy",
@@ -222,6 +234,9 @@ def benches(tiny=False):
         "hf_llama": hf_llama_bench("hf_llama", 32000, 2048, 32, 8, 16, 8192, 1024, 4,
                                    "transformers LlamaForCausalLM (SDPA, GQA): vocab 32000, dim 2048, 32 heads "
                                    "(8 kv), 16 layers, SwiGLU 8192, seq 1024"),
+        "hf_mistral": hf_mistral_bench("hf_mistral", 32000, 768, 12, 4, 12, 2048, 1024, 256, 8,
+                                       "transformers MistralForCausalLM (SDPA, GQA, sliding window 256): vocab 32000, "
+                                       "dim 768, 12 heads (4 kv), 12 layers, SwiGLU 2048, seq 1024"),
         "vit_b_16": vit_bench("vit_b_16", 1000, 224, 64,
                               "torchvision vit_b_16, 1000 classes, 3x224x224 images, loss = cross-entropy"),
         "resnet50": resnet_bench("resnet50", "resnet50", 1000, 224, 32,
