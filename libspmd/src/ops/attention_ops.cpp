@@ -26,6 +26,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
+#include <torch/version.h>
 
 #include <map>
 #include <tuple>
@@ -350,8 +351,23 @@ at::Tensor attentionBias(const at::Tensor& mask, const at::Tensor& q, int64_t ke
 }
 
 // Grouped-query attention: k and v with fewer heads than q, each read by
-// q.size(1) / k.size(1) query heads; the kernels get them repeated.
+// q.size(1) / k.size(1) query heads. cuDNN's kernel reads them so itself in
+// LibTorch 2.11 (its gradients come with k's and v's heads; checked on an
+// H100 against SDPA's math, bench/RESULTS.md; earlier versions untried, so
+// left as they were); the other kernels get them repeated.
 int64_t groupsOf(const at::Tensor& q, const at::Tensor& k) { return q.size(1) / k.size(1); }
+bool takesGroupedHeads(c10::string_view kernel) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+  return kernel == "cudnn";
+#else
+  (void)kernel;
+  return false;
+#endif
+}
+// How many times the op repeats k's and v's heads for `kernel`.
+int64_t repeatsFor(const at::Tensor& q, const at::Tensor& k, c10::string_view kernel) {
+  return takesGroupedHeads(kernel) ? 1 : groupsOf(q, k);
+}
 at::Tensor repeatHeads(const at::Tensor& t, int64_t groups) {
   return groups == 1 ? t : t.repeat_interleave(groups, 1);
 }
@@ -365,7 +381,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const c10::optional<at::Tensor>& mask,
     double scale, bool causal, double dropoutP, c10::string_view kernel) {
   const bool hasMask = mask && mask->defined();
-  const int64_t groups = groupsOf(q, key);
+  const int64_t groups = repeatsFor(q, key, kernel);
   const at::Tensor k = repeatHeads(key, groups), v = repeatHeads(value, groups);
   if (kernel == "gemm") {
     TORCH_CHECK(!hasMask && dropoutP == 0, "spmd::fused_attention: the gemm kernel takes no mask and no dropout");
@@ -392,7 +408,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& key, const at::Tensor& value,
     const c10::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& seed,
     const at::Tensor& offset, double scale, bool causal, double dropoutP, c10::string_view kernel) {
-  const int64_t groups = groupsOf(q, key);
+  const int64_t groups = repeatsFor(q, key, kernel);
   const at::Tensor k = repeatHeads(key, groups), v = repeatHeads(value, groups);
   std::tuple<at::Tensor, at::Tensor, at::Tensor> grads;
   if (kernel == "gemm") {
@@ -411,6 +427,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
          {"max_k", k.size(-2)},        {"dropout_p", dropoutP},      {"is_causal", causal},
          {"scale", scale},             {"grad_input_mask", c10::List<bool>({true, true, true, false})}});
     grads = {r.at(0).toTensor(), r.at(1).toTensor(), r.at(2).toTensor()};
+  }
+  if (groupsOf(q, key) != 1 && groups == 1) {  // the kernel's own: contiguous, as the meta function says
+    return {std::get<0>(grads), std::get<1>(grads).contiguous(), std::get<2>(grads).contiguous()};
   }
   return {std::get<0>(grads), sumHeads(std::get<1>(grads), groups), sumHeads(std::get<2>(grads), groups)};
 }

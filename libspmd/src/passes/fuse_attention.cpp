@@ -19,8 +19,9 @@
 // memory-efficient attention, which draw their own mask from the run's
 // generator and hand its state to the backward (the keep mask spmd-expand
 // drew for the CPU is dropped).
-// Grouped-query attention's k and v are repeated to q's heads inside the
-// op, their gradients summed back. A kernel asked for that cannot take the
+// Grouped-query attention's k and v go to cuDNN's kernel as they are
+// (LibTorch 2.11 and later); for the other kernels they are repeated to
+// q's heads inside the op, their gradients summed back. A kernel asked for that cannot take the
 // attention gives way to the one auto picks; math leaves the attention
 // unfused. Taken: 4-D q, k, v of one float dtype, head size a multiple of
 // 8, a causal mask only where queries and keys are as many. What is not
