@@ -52,7 +52,7 @@ const std::vector<PassInfo>& registeredPasses() {
        createEagerBatchNormPass},
       {"align-gemms", "GEMMs (mm, linear) whose operands cuBLAS would read with a leading dimension that is not a multiple of 16 bytes on zero-padded operands; spmd-lower runs it for CUDA",
        createAlignGemmsPass},
-      {"slice-grads", "a sum of slice gradients that split a dimension (cat's backward into a slice's) as one cat; a whole-dimension slice gradient as its input; spmd-lower runs it",
+      {"slice-grads", "a sum of slice gradients that split a dimension (cat's backward into a slice's) as one cat; a whole-dimension slice gradient as its input; a chain of select gradients that fill a dimension (rotary embeddings' backward) as one stack; spmd-lower runs it",
        createSliceGradsPass},
       {"dropout-mask-in-kernel", "dropout's mask drawn inside the generated kernels that use it (spmd::dropout_seed, spmd::dropout_mul), never stored; spmd-lower runs it for --device cuda",
        createFuseDropoutPass, "fuse-dropout"},
