@@ -311,8 +311,11 @@ def run_spmd(case, tools, python, tmp, timeout, models, fmt, data, ref):
     if case.unroll:
         graph = run([tools["spmd-unroll"], "--iters", str(case.steps)], timeout, stdin=graph)
     run([tools["spmd-lower"], "-o", step], timeout, stdin=graph)
+    # One intra-op thread a rank, as ddp_reference.py sets: oneDNN's convolution
+    # backward sums in an order that follows the thread count on some CPUs
+    # (AVX-512: resnet18's parameters then differ by up to 2e-3 after the case's steps).
     run([tools["spmd-run"], step, "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data,
-         "--save-params", ours, "--device", "cpu"], timeout)
+         "--save-params", ours, "--device", "cpu"], timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
     try:
         proc = subprocess.run([python, os.path.join(HERE, "compare_params.py"), ours, ref,
