@@ -322,6 +322,38 @@ def damaged_zip_errors(write, tmp):
           r"spmd-run: error: .*/flipped\.pt: damaged zip file: member 'data/data/0' does not match its CRC-32", tool=RUN)
 
 
+def write_step(tmp, step):
+    path = os.path.join(tmp, "cut_member.json")
+    with open(path, "wb") as f:
+        f.write(step)
+    return path
+
+
+def cut_member_errors(tmp):
+    """Issue 57: a TorchScript file whose tensor member is cut to nothing or
+    short (the zip and its CRCs valid) crashed spmd-lower and spmd-run with
+    SIGSEGV: LibTorch's loader, which took the file after our reader refused
+    it, made tensors over the missing bytes. Refused in one line, no output."""
+    import zipfile
+    with zipfile.ZipFile("samples/mlp.pt") as zin:
+        members = [(info, zin.read(info.filename)) for info in zin.infolist()]
+    victim = sorted(i.filename for i, _ in members if "/data/" in i.filename)[0]
+    for label, keep in (("cut to nothing", 0), ("cut short", 3000)):
+        path = os.path.join(tmp, "cut_member.pt")
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zout:
+            for info, data in members:
+                zout.writestr(info, data[:keep] if info.filename == victim else data)
+        want = r".*/cut_member\.pt: storage record 'data/0' has %d bytes, expected 40000" % keep
+        out = os.path.join(tmp, "cut_member.spmd")
+        check(f"spmd-lower: a tensor member {label}", [path] + MLP[1:] + ["-o", out], 1, r"spmd-lower: error: " + want,
+              tool=LOWER)
+        step = subprocess.run([EXPAND, path] + MLP[1:] + ["--optimizer", "sgd", "--lr", "0.1"],
+                              capture_output=True).stdout
+        check(f"spmd-run: a tensor member {label}", [write_step(tmp, step), "--steps", "1"], 1,
+              r"spmd-run: error: " + want, tool=RUN)
+        record(f"spmd-lower: a tensor member {label}: no output", not os.path.exists(out), "the -o file exists")
+
+
 def output_target_errors(tmp):
     """Issue 44: -o replaced devices and symbolic links with regular files."""
     global passed, failed
@@ -611,6 +643,7 @@ def main():
     help_and_terminal()
     reader_errors(write, graph_json, tmp)
     damaged_zip_errors(write, tmp)
+    cut_member_errors(tmp)
     output_target_errors(tmp)
     stream_and_fifo_errors(tmp)
     huge_batch_errors()

@@ -2,6 +2,7 @@
 // the archive's data/<key> records, copied out of the zip, or views of the
 // file when it is mapped.
 #include "torch_save_internal.h"
+#include "spmd/io/torch_save.h"
 
 #include "spmd/support/limits.h"
 #include "spmd/support/mapped_file.h"
@@ -19,7 +20,8 @@ namespace {
 void checkSize(const std::string& record, size_t size, at::ScalarType dtype, int64_t numel) {
   const size_t expected = static_cast<size_t>(numel) * c10::elementSize(dtype);
   if (size != expected) {
-    fail("storage record '" + record + "' has " + std::to_string(size) + " bytes, expected " + std::to_string(expected));
+    throw DamagedRecord("", "storage record '" + record + "' has " + std::to_string(size) + " bytes, expected " +
+                                std::to_string(expected));
   }
 }
 
@@ -52,7 +54,7 @@ at::Tensor Storages::get(const std::string& key, at::ScalarType dtype, int64_t n
 
 at::Tensor Storages::read(const std::string& key, at::ScalarType dtype, int64_t numel) {
   const std::string record = "data/" + key;
-  if (!reader_.hasRecord(record)) fail("missing storage record '" + record + "'");
+  if (!reader_.hasRecord(record)) throw DamagedRecord("", "missing storage record '" + record + "'");
   at::DataPtr data;
   size_t size = 0;
   std::tie(data, size) = reader_.getRecord(record);
@@ -67,7 +69,7 @@ at::Tensor Storages::read(const std::string& key, at::ScalarType dtype, int64_t 
 at::Tensor Storages::view(const std::string& key, at::ScalarType dtype, int64_t numel) {
   const std::string record = "data/" + key;
   auto it = members_.find(record);
-  if (it == members_.end()) fail("missing storage record '" + record + "'");
+  if (it == members_.end()) throw DamagedRecord("", "missing storage record '" + record + "'");
   const ZipMember& m = it->second;
   if (m.compressed) fail("storage record '" + record + "' is compressed");
   checkSize(record, m.size, dtype, numel);

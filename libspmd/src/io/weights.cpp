@@ -18,6 +18,8 @@ std::map<std::string, at::Tensor> fromModule(const std::string& file) {
   try {
     // Views of the mapped file: no copy of the weights (tests compare it with jit::load).
     return loadTorchScriptTensors(file);
+  } catch (const DamagedRecord&) {
+    throw;  // a member cut short: LibTorch's loader would read past it
   } catch (const Diagnostic&) {
     // Its data.pkl holds what our pickle reader does not know: LibTorch's
     // loader reads it, copying the weights.

@@ -2,6 +2,8 @@
 // format).
 #pragma once
 
+#include "spmd/support/diagnostic.h"
+
 #include <ATen/core/ivalue.h>
 
 #include <map>
@@ -38,7 +40,15 @@ c10::IValue loadTorchSaveMember(const std::shared_ptr<MappedFile>& mapping, cons
 // loadTorchSave, which also takes TorchScript's objects (dicts of their
 // attributes). Throws Diagnostic naming the file when it is not a TorchScript
 // zip or its data.pkl holds what the reader does not know; jit::load reads those.
+// Throws DamagedRecord, which no other reader should try again, when a storage
+// record is missing or its size is not its tensors' (a member cut short: LibTorch's
+// loader would make tensors over the missing bytes).
 std::map<std::string, at::Tensor> loadTorchScriptTensors(const std::string& path);
+
+class DamagedRecord : public Diagnostic {
+ public:
+  using Diagnostic::Diagnostic;
+};
 
 // The bytes of a torch.save zip file holding a dict {name: tensor}, in the
 // given order: what Python's torch.save(dict, f) writes (pickle protocol 2),
