@@ -21,11 +21,11 @@
 // drew for the CPU is dropped).
 // Grouped-query attention's k and v go to cuDNN's kernel as they are
 // (LibTorch 2.11 and later); for the other kernels they are repeated to
-// q's heads inside the op, their gradients summed back. A kernel asked for that cannot take the
-// attention gives way to the one auto picks; math leaves the attention
-// unfused. Taken: 4-D q, k, v of one float dtype, head size a multiple of
-// 8, a causal mask only where queries and keys are as many. What is not
-// taken keeps its math kernels, with a note saying why.
+// q's heads inside the op, their gradients summed back. A kernel asked for
+// that cannot take the attention gives way to the one auto picks; math
+// leaves the attention unfused. Taken: 4-D q, k, v of one float dtype, head
+// size a multiple of 8, a causal mask only where queries and keys are as
+// many. What is not taken keeps its math kernels, with a note saying why.
 #include "spmd/ir/builder.h"
 #include "spmd/ir/rewrite.h"
 #include "spmd/ops/attention_codegen.h"
