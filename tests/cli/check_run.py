@@ -227,6 +227,43 @@ def check_newcomer(step):
            proc.stderr + repr(losses))
 
 
+def check_launcher_environment(step):
+    """Issue 57: a partial launcher environment trained as one rank and exited 0;
+    WORLD_SIZE=1000000 hung past --timeout, 4096 listed thousands of ranks; a port
+    past 65535 was taken; an unresolvable MASTER_ADDR answered after twice --timeout.
+    Each is now refused at once (or, for the missing ranks, within --timeout) in one line."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    port = str(free_port())
+    cases = [
+        ("only WORLD_SIZE", dict(WORLD_SIZE="2"), "RANK: is not set where the environment sets WORLD_SIZE"),
+        ("only RANK", dict(RANK="1"), "WORLD_SIZE: is not set where the environment sets RANK"),
+        ("an empty RANK", dict(RANK="", WORLD_SIZE="2", MASTER_PORT=port), "RANK: is empty where the environment sets"),
+        ("only LOCAL_RANK", dict(LOCAL_RANK="0"), "RANK: is not set where the environment sets LOCAL_RANK"),
+        ("a world of a million", dict(RANK="0", WORLD_SIZE="1000000", MASTER_PORT=port),
+         "WORLD_SIZE: 1000000 ranks: at most 65536"),
+        ("port 99999", dict(RANK="0", WORLD_SIZE="2", MASTER_PORT="99999"), "MASTER_PORT: port 99999 is not in 1-65535"),
+        ("an unresolvable MASTER_ADDR", dict(RANK="1", WORLD_SIZE="2", MASTER_ADDR="no-such-host.invalid",
+                                             MASTER_PORT=port), "MASTER_ADDR: cannot resolve 'no-such-host.invalid'"),
+    ]
+    for name, env, fragment in cases:
+        start = time.time()
+        proc = subprocess.run([tool("spmd-run"), step, "--steps", "1", "--timeout", "5"], env=dict(base, **env),
+                              capture_output=True, text=True, timeout=60)
+        took = time.time() - start
+        report(f"launcher environment: {name}", proc.returncode == 1 and took < 4 and
+               one_line_error(proc.stderr, fragment), f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
+    # Thousands of ranks that never come: named by count, with a few of them, within --timeout.
+    start = time.time()
+    proc = subprocess.run([tool("spmd-run"), step, "--steps", "1", "--timeout", "3"],
+                          env=dict(base, RANK="0", WORLD_SIZE="4096", MASTER_ADDR="127.0.0.1", MASTER_PORT=port),
+                          capture_output=True, text=True, timeout=60)
+    took = time.time() - start
+    report("4095 ranks that never join", proc.returncode == 1 and took < 6.5 and one_line_error(
+        proc.stderr, "4095 ranks of 4096 (1, 2, 3, 4, 5, 6, 7, 8, ... among them) did not join within 3 s"),
+        f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
+
+
 def one_line_error(stderr, fragment):
     lines = [l for l in stderr.strip().split("\n") if l]
     return len(lines) >= 1 and all(l.startswith("spmd-run: error: ") for l in lines) and fragment in stderr
@@ -278,6 +315,7 @@ def main():
         "(TORCHELASTIC_RUN_ID=job-a; this rank's is TORCHELASTIC_RUN_ID=job-b): give each job its own MASTER_PORT"),
         f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
 
+    check_launcher_environment(step)
     check_supervision(step)
     check_oddities()
     check_newcomer(step)

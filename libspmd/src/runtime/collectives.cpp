@@ -225,6 +225,29 @@ class QuietConnectLogs {
 };
 
 std::string joinedKey(int rank) { return "spmd/joined/" + std::to_string(rank); }
+const char* const kJoinedCountKey = "spmd/joined_count";
+
+// The ranks a join error names, the first missing ones, and how many of the
+// others it asks the store about to find them (a world of thousands).
+constexpr size_t kNamedMissingRanks = 8;
+constexpr int kMissingRanksAsked = 4096;
+
+// "rank 3 of 4" or "5 ranks of 4096 (1, 7, 9, ... among them)", for the ranks
+// from `first` (which did not join) on.
+std::string missingRanks(c10d::Store& store, const RankInfo& info, int first) {
+  const int64_t joined = store.add(kJoinedCountKey, 0);
+  const int64_t count = std::max<int64_t>(1, info.worldSize - joined);
+  const std::string of = " of " + std::to_string(info.worldSize);
+  if (count == 1) return "rank " + std::to_string(first) + of;
+  std::vector<int> named = {first};
+  for (int m = first + 1; m < info.worldSize && m <= first + kMissingRanksAsked && named.size() < kNamedMissingRanks; ++m) {
+    if (!store.check({joinedKey(m)})) named.push_back(m);
+  }
+  std::string list;
+  for (int m : named) list += (list.empty() ? "" : ", ") + std::to_string(m);
+  if (static_cast<int64_t>(named.size()) == count) return "ranks " + list + of;
+  return std::to_string(count) + " ranks" + of + " (" + list + ", ... among them)";
+}
 
 // Every rank marks itself joined, then waits for the others' marks: one
 // deadline for the whole join, and the ranks that did not come are named.
@@ -233,20 +256,13 @@ void waitForPeers(c10d::Store& store, const RankInfo& info, std::chrono::millise
                   const std::string& where) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   store.set(joinedKey(info.rank), std::vector<uint8_t>{1});
+  store.add(kJoinedCountKey, 1);
   for (int r = 0; r < info.worldSize; ++r) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
       store.wait({joinedKey(r)}, std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception&) {
-      std::string missing;
-      int count = 0;
-      for (int m = r; m < info.worldSize; ++m) {
-        if (m != r && store.check({joinedKey(m)})) continue;
-        missing += (missing.empty() ? "" : ", ") + std::to_string(m);
-        ++count;
-      }
-      throw JoinError(where, (count == 1 ? "rank " : "ranks ") + missing + " of " + std::to_string(info.worldSize) +
-                                 (count == 1 ? " did" : " did") + " not join within " + secondsText(timeout));
+      throw JoinError(where, missingRanks(store, info, r) + " did not join within " + secondsText(timeout));
     }
   }
 }

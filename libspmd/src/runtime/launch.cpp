@@ -4,23 +4,66 @@
 #include "spmd/support/tool.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 namespace spmd {
 namespace {
 
+// The most ranks a run takes from a launcher (--nproc's bound is 1024 local
+// ranks); past it a typo, whose join would wait on a million ranks.
+constexpr long kMaxWorldSize = 65536;
+
 std::optional<int> envInt(const char* name) {
   const char* v = std::getenv(name);
   if (!v || !*v) return std::nullopt;
   char* end = nullptr;
+  errno = 0;
   long n = std::strtol(v, &end, 10);
-  if (*end != '\0' || n < 0) throw Diagnostic(name, std::string("expected a number, got '") + v + "'");
+  if (*end != '\0' || n < 0 || errno == ERANGE || n > INT32_MAX) {
+    throw Diagnostic(name, std::string("expected a number, got '") + v + "'");
+  }
   return static_cast<int>(n);
+}
+
+// torchrun's variables, and a hand-made launch's: set some of RANK,
+// WORLD_SIZE and LOCAL_RANK (or one empty) and a rank would train alone,
+// exit 0, while its peers wait. Refused: a launcher sets RANK and
+// WORLD_SIZE together. (MASTER_ADDR and MASTER_PORT alone are srun's and
+// mpirun's, whose ranks come from their own variables.)
+void checkTorchrunVariables() {
+  const char* names[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK"};
+  std::string set;
+  for (const char* n : names) {
+    if (std::getenv(n)) set += std::string(set.empty() ? "" : ", ") + n;
+  }
+  if (set.empty()) return;
+  for (const char* n : {"RANK", "WORLD_SIZE"}) {
+    const char* v = std::getenv(n);
+    if (!v || !*v) {
+      throw Diagnostic(n, std::string(v ? "is empty" : "is not set") + " where the environment sets " + set +
+                              ": a launcher sets RANK and WORLD_SIZE together (unset them to run alone or with --nproc)");
+    }
+  }
+}
+
+// MASTER_ADDR resolved now, so that a name nothing resolves fails at once,
+// not after the store's retries.
+void checkMasterAddress(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(addr.c_str(), nullptr, &hints, &found);
+  if (rc != 0) throw Diagnostic("MASTER_ADDR", "cannot resolve '" + addr + "': " + ::gai_strerror(rc));
+  ::freeaddrinfo(found);
 }
 
 }  // namespace
@@ -31,6 +74,7 @@ std::optional<RankInfo> rankFromEnvironment() {
     const char* size;
     const char* local;
   };
+  checkTorchrunVariables();
   for (const Scheme& s : {Scheme{"RANK", "WORLD_SIZE", "LOCAL_RANK"}, Scheme{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
                           Scheme{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"}}) {
     auto rank = envInt(s.rank);
@@ -43,8 +87,15 @@ std::optional<RankInfo> rankFromEnvironment() {
     if (info.worldSize < 1 || info.rank >= info.worldSize) {
       throw Diagnostic(s.rank, "rank " + std::to_string(info.rank) + " is not below world size " + std::to_string(info.worldSize));
     }
-    if (const char* addr = std::getenv("MASTER_ADDR")) info.masterAddr = addr;
+    if (info.worldSize > kMaxWorldSize) {
+      throw Diagnostic(s.size, std::to_string(info.worldSize) + " ranks: at most " + std::to_string(kMaxWorldSize));
+    }
+    if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) info.masterAddr = addr;
     info.masterPort = envInt("MASTER_PORT").value_or(29500);
+    if (info.masterPort < 1 || info.masterPort > 65535) {
+      throw Diagnostic("MASTER_PORT", "port " + std::to_string(info.masterPort) + " is not in 1-65535");
+    }
+    if (info.worldSize > 1) checkMasterAddress(info.masterAddr);
     return info;
   }
   return std::nullopt;
