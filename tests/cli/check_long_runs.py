@@ -203,6 +203,20 @@ def resume_errors(artifacts, adam_artifact, adam_data, adam_root):
     report("resume from a manifest whose step is out of range: refused", proc.returncode == 1 and
            one_line_error(proc.stderr, "manifest.json: /step: 1000000000000 is outside the steps a run can have"),
            proc.stderr)
+    # Numbers of another type or range (issue 57): a step of 2.5 was read as 2, a seed of
+    # -5 as 2^64 - 5, one of 2^70 accepted.
+    for field, value, fragment in (("step", 2.5, "/step: must be an integer, not 2.5"),
+                                   ("seed", -5, "/seed: must be an integer from 0 to 2^64 - 1"),
+                                   ("seed", 2 ** 70, "/seed: must be an integer from 0 to 2^64 - 1")):
+        edited = path(f"typed-{field}-{value}.ckpt")
+        shutil.copytree(adam_root, edited)
+        manifest_path = os.path.join(edited, "step-00000003", "manifest.json")
+        manifest = json.load(open(manifest_path))
+        manifest[field] = value
+        json.dump(manifest, open(manifest_path, "w"))
+        proc = run(adam_artifact, "--steps", "5", "--resume", edited, check=False)
+        report(f"resume from a manifest whose {field} is {value}: refused", proc.returncode == 1 and
+               one_line_error(proc.stderr, "manifest.json: " + fragment), proc.stderr)
     # An edited step (issue 44: 0, 3 or 5 resumed with other results): refused against the
     # folder's name, and, in a folder renamed by hand ("best"), against Adam's step counts.
     for edited, folder_name, fragment in ((2, "step-00000003", "/step: 2, but the folder is step-00000003"),

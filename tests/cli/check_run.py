@@ -264,6 +264,32 @@ def check_launcher_environment(step):
         f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
 
 
+def check_same_run(step):
+    """Issue 57: rank 0 on an SGD step and rank 1 on an AdamW step of the same model
+    (or on another --steps) trained together and exited 0. Each rank now presents its
+    artifact's fingerprint and the flags that change the run at the join: both stop,
+    within --timeout, naming the other rank and what differs."""
+    adamw = os.path.join(TMP, "mlp.adamw.spmd")
+    expand = subprocess.run([tool("spmd-expand"), "samples/mlp.pt", "--input", "x:f32[8,100]", "--optimizer", "adamw",
+                             "--lr", "0.01"], capture_output=True, check=True)
+    split = subprocess.run([tool("spmd-split")], input=expand.stdout, capture_output=True, check=True)
+    subprocess.run([tool("spmd-lower"), "-o", adamw], input=split.stdout, capture_output=True, check=True)
+    for name, args, what in (("another artifact", ([step, "--steps", "2"], [adamw, "--steps", "2"]),
+                              "the artifact's fingerprint"),
+                             ("another --steps", ([step, "--steps", "2"], [step, "--steps", "3"]), "--steps 3 there, 2 here")):
+        port = free_port()
+        start = time.time()
+        procs = [subprocess.Popen([tool("spmd-run"), *args[r], "--timeout", "10"], env=rank_env(r, 2, port),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+        took = time.time() - start
+        ok = all(p.returncode == 1 for p in procs) and took < 10 and \
+            one_line_error(errs[0], "rank 1 runs another step than rank 0: ") and what in errs[0] and \
+            one_line_error(errs[1], "rank 0 runs another step than rank 1: ")
+        report(f"ranks of {name} refuse each other", ok,
+               f"exits {[p.returncode for p in procs]} after {took:.1f}s: {errs!r}")
+
+
 def one_line_error(stderr, fragment):
     lines = [l for l in stderr.strip().split("\n") if l]
     return len(lines) >= 1 and all(l.startswith("spmd-run: error: ") for l in lines) and fragment in stderr
@@ -316,6 +342,7 @@ def main():
         f"exit {proc.returncode} after {took:.1f}s: {proc.stderr!r}")
 
     check_launcher_environment(step)
+    check_same_run(step)
     check_supervision(step)
     check_oddities()
     check_newcomer(step)

@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -216,6 +217,15 @@ std::string manifestText(const CheckpointInfo& info) {
   return j.dump(2) + "\n";
 }
 
+// A manifest's integer field: 2.5, "2" and 2^70 are refused, not truncated.
+int64_t integerField(const nlohmann::json& j, const char* name) {
+  const nlohmann::json& v = j.at(name);
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+    throw Diagnostic(std::string("/") + name, "must be an integer, not " + v.dump());
+  }
+  return v.get<int64_t>();
+}
+
 CheckpointInfo parseManifest(const std::string& path) {
   nlohmann::json j;
   try {
@@ -226,9 +236,11 @@ CheckpointInfo parseManifest(const std::string& path) {
                                        std::to_string(kVersion) + ", the one this spmd-run reads");
     }
     CheckpointInfo info;
-    info.step = j.at("step").get<int64_t>();
-    info.worldSize = j.at("world_size").get<int>();
+    info.step = integerField(j, "step");
+    info.worldSize = static_cast<int>(std::clamp<int64_t>(integerField(j, "world_size"), 0, INT32_MAX));
     info.fingerprint = j.at("fingerprint").get<std::string>();
+    // A 64-bit unsigned integer: nlohmann reads -5 as 2^64 - 5 and 2^70 as a float.
+    if (!j.at("seed").is_number_unsigned()) throw Diagnostic("/seed", "must be an integer from 0 to 2^64 - 1");
     info.seed = j.at("seed").get<uint64_t>();
     if (j.contains("lr")) info.lr = j.at("lr").get<double>();
     if (j.contains("data")) info.data = j.at("data").get<std::string>();

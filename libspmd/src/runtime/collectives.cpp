@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -249,14 +250,18 @@ std::string missingRanks(c10d::Store& store, const RankInfo& info, int first) {
   return std::to_string(count) + " ranks" + of + " (" + list + ", ... among them)";
 }
 
-// Every rank marks itself joined, then waits for the others' marks: one
-// deadline for the whole join, and the ranks that did not come are named.
-// (c10d's waitWorkers names none, and its time adds to the process group's.)
+void markJoined(c10d::Store& store, const RankInfo& info) {
+  store.set(joinedKey(info.rank), std::vector<uint8_t>{1});
+  store.add(kJoinedCountKey, 1);
+}
+
+// Every rank marks itself joined (markJoined), then waits for the others'
+// marks: one deadline for the whole join, and the ranks that did not come
+// are named. (c10d's waitWorkers names none, and its time adds to the
+// process group's.)
 void waitForPeers(c10d::Store& store, const RankInfo& info, std::chrono::milliseconds timeout,
                   const std::string& where) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  store.set(joinedKey(info.rank), std::vector<uint8_t>{1});
-  store.add(kJoinedCountKey, 1);
   for (int r = 0; r < info.worldSize; ++r) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
@@ -368,7 +373,70 @@ void requireOwnJob(c10d::Store& store, const RankInfo& info, std::chrono::millis
   }
 }
 
-c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout) {
+std::string agreedKey(int rank) { return "spmd/agreed/" + std::to_string(rank); }
+
+std::string encodeAgreement(const RunAgreement& agreed) {
+  std::string text;
+  for (const auto& [name, value] : agreed) text += name + '\n' + value + '\n';
+  return text;
+}
+
+RunAgreement decodeAgreement(const std::vector<uint8_t>& bytes) {
+  RunAgreement agreed;
+  std::string text(bytes.begin(), bytes.end()), line[2];
+  size_t at = 0;
+  for (int k = 0; at < text.size(); k ^= 1) {
+    const size_t end = text.find('\n', at);
+    line[k] = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    at = end == std::string::npos ? text.size() : end + 1;
+    if (k == 1) agreed.emplace_back(line[0], line[1]);
+  }
+  return agreed;
+}
+
+// Rank `theirs`' agreement against this rank's: throws naming the first
+// thing that differs and both ranks' values.
+void requireAgrees(const RunAgreement& mine, int me, const RunAgreement& other, int theirs, const std::string& where) {
+  for (size_t k = 0; k < std::max(mine.size(), other.size()); ++k) {
+    const std::string name = k < mine.size() ? mine[k].first : other[k].first;
+    const std::string a = k < mine.size() ? mine[k].second : "(none)", b = k < other.size() ? other[k].second : "(none)";
+    if ((k < mine.size() && k < other.size() && mine[k].first != other[k].first) || a != b) {
+      throw Diagnostic(where, "rank " + std::to_string(theirs) + " runs another step than rank " + std::to_string(me) +
+                                  ": " + name + " " + b + " there, " + a + " here; every rank must run the same "
+                                  "artifact with the same flags");
+    }
+  }
+}
+
+// Rank 0's agreement, which it presents as soon as it serves the store.
+RunAgreement leadAgreement(c10d::Store& store, std::chrono::milliseconds timeout, const std::string& where) {
+  try {
+    store.wait({agreedKey(0)}, timeout);
+  } catch (const std::exception&) {
+    throw JoinError(where, "rank 0 did not present its step within " + secondsText(timeout));
+  }
+  return decodeAgreement(store.get(agreedKey(0)));
+}
+
+// The join, each rank presenting `agreed`: another rank holds rank 0's
+// against its own before it marks itself joined, and reports a difference
+// at once (rank 0 may be gone by the time it would ask again); rank 0,
+// once every rank has joined, holds every rank's against its own.
+void joinAgreeing(c10d::Store& store, const RankInfo& info, const RunAgreement& agreed,
+                  std::chrono::milliseconds timeout, const std::string& where) {
+  const std::string text = encodeAgreement(agreed);
+  store.set(agreedKey(info.rank), std::vector<uint8_t>(text.begin(), text.end()));
+  std::optional<RunAgreement> lead;
+  if (info.rank != 0) lead = leadAgreement(store, timeout, where);
+  markJoined(store, info);  // so that rank 0 gets to compare, and names the difference too
+  if (lead) requireAgrees(agreed, info.rank, *lead, 0, where);
+  waitForPeers(store, info, timeout, where);
+  if (info.rank != 0) return;
+  for (int r = 1; r < info.worldSize; ++r) requireAgrees(agreed, 0, decodeAgreement(store.get(agreedKey(r))), r, where);
+}
+
+c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout,
+                                        const RunAgreement& agreed) {
   const std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
   if (info.rank == 0) requirePortFree(info);
   if (info.rank != 0 && !storeAnswers(info, std::chrono::steady_clock::now() + timeout)) {
@@ -390,8 +458,10 @@ c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milli
   }
   try {
     requireOwnJob(*store, info, timeout, where);
-    waitForPeers(*store, info, timeout, where);
+    joinAgreeing(*store, info, agreed, timeout, where);
   } catch (const JoinError&) {
+    throw;
+  } catch (const Diagnostic&) {
     throw;
   } catch (const std::exception& e) {
     throw JoinError(where, "the group's store failed while ranks joined: " + firstLine(e.what()));
@@ -430,14 +500,14 @@ std::unique_ptr<Collectives> createGroup(const RankInfo& info, const std::string
 }  // namespace
 
 std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
-                                              std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout, const RunAgreement& agreed) {
   // Gloo writes to its peers' sockets with writev, which raises SIGPIPE once a
   // peer is gone (Python, PyTorch's usual host, ignores it). Ignored here, the
   // write fails with EPIPE and the collective's error says a peer was lost,
   // where the signal would kill this rank and have it reported as a failure
   // of its own.
   std::signal(SIGPIPE, SIG_IGN);
-  auto store = connect(info, timeout);
+  auto store = connect(info, timeout, agreed);
   try {
     return createGroup(info, device, store, timeout);
   } catch (const Diagnostic&) {

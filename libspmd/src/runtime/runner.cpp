@@ -201,7 +201,16 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const bool capture = artifact.cudagraphs && device.isCuda() && !o.eager && !profile;
   auto plans = std::make_unique<IterationPlans>(g, capture, lead);
   std::unique_ptr<Collectives> comm;
-  if (rankInfo) comm = joinProcessGroup(info, device.name(), o.timeout);
+  if (rankInfo) {
+    // Ranks of different steps, step counts or starting points would train
+    // together, each exiting 0 (issue 57): every rank presents these at the join.
+    const RunAgreement agreed = {{"the artifact's fingerprint", fingerprint.empty() ? stepFingerprint(artifact) : fingerprint},
+                                 {"WORLD_SIZE", std::to_string(info.worldSize)},
+                                 {"--steps", std::to_string(steps)},
+                                 {"the first step (--resume)", std::to_string(start)},
+                                 {"the seed", std::to_string(seed)}};
+    comm = joinProcessGroup(info, device.name(), o.timeout, agreed);
+  }
 
   const Progress progress(lead, o.json);
   std::optional<MetricsLog> metrics;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace spmd {
@@ -36,12 +37,18 @@ struct RankInfo {
   int masterPort = 29500;
 };
 
+// What every rank of a run must agree on, by name, in the order compared
+// ({"the artifact's fingerprint", "0f3a..."}, {"--steps", "100"}, ...).
+using RunAgreement = std::vector<std::pair<std::string, std::string>>;
+
 // Joins the group through a c10d TCPStore at masterAddr:masterPort (rank 0
 // serves it) and creates the process group for `device` ("cpu": Gloo,
-// "cuda": NCCL). Throws Diagnostic naming the cause (busy port, a peer that
-// never joined within `timeout`), CollectiveError when the group's own
-// set-up with its peers fails.
+// "cuda": NCCL). Every rank presents `agreed` at the join; rank 0 compares
+// every rank's with its own, each other rank its own with rank 0's. Throws
+// Diagnostic naming the cause (busy port, a peer that never joined within
+// `timeout`, a rank that disagrees: naming both ranks and what differs),
+// CollectiveError when the group's own set-up with its peers fails.
 std::unique_ptr<Collectives> joinProcessGroup(const RankInfo& info, const std::string& device,
-                                              std::chrono::milliseconds timeout);
+                                              std::chrono::milliseconds timeout, const RunAgreement& agreed = {});
 
 }  // namespace spmd
