@@ -5,7 +5,7 @@ DIR is the --checkpoint folder of a run whose step was sharded (spmd-split
 newest step every rank holds whole into the folder OUT, as one rank would
 have written it: model.pt ({name: tensor}, model.load_state_dict reads it),
 optimizer.pt (torch.optim's state_dict() layout with whole tensors,
-optimizer.load_state_dict reads it), extra.pt and manifest.json (rank 0's).
+optimizer.load_state_dict reads it), extra.pt and manifest.json (rank 0's, without its members' digests).
 spmd-run --resume-weights-only takes OUT's weights into any step of the model.
 
 Every failure is one line on stderr, `spmd_checkpoint: error: ...`, with exit

@@ -102,8 +102,15 @@ def merge(root, out):
     try:
         torch.save(model, os.path.join(temp, "model.pt"))
         torch.save(optimizer, os.path.join(temp, "optimizer.pt"))
-        for name in ("extra.pt", "manifest.json"):
-            shutil.copyfile(os.path.join(folders[0], name), os.path.join(temp, name))
+        shutil.copyfile(os.path.join(folders[0], "extra.pt"), os.path.join(temp, "extra.pt"))
+        # Rank 0's manifest without its members' digests: model.pt and optimizer.pt
+        # here are the merged ones, not rank 0's shards.
+        with open(os.path.join(folders[0], "manifest.json")) as f:
+            manifest = json.load(f)
+        manifest.pop("digests", None)
+        with open(os.path.join(temp, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=2)
+            f.write("\n")
         os.rename(temp, out)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)

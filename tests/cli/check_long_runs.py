@@ -217,6 +217,15 @@ def resume_errors(artifacts, adam_artifact, adam_data, adam_root):
         proc = run(adam_artifact, "--steps", "5", "--resume", edited, check=False)
         report(f"resume from a manifest whose {field} is {value}: refused", proc.returncode == 1 and
                one_line_error(proc.stderr, "manifest.json: " + fragment), proc.stderr)
+    # A member of another step (issue 57): step 2's model.pt copied into step 3's folder,
+    # each file whole and its CRCs valid, resumed with exit 0 and step 2's parameters.
+    mixed = path("mixed.ckpt")
+    run(adam_artifact, "--steps", "3", "--data", adam_data, "--checkpoint", mixed, "--checkpoint-every", "1",
+        "--keep", "5")
+    shutil.copy(os.path.join(mixed, "step-00000002", "model.pt"), os.path.join(mixed, "step-00000003", "model.pt"))
+    proc = run(adam_artifact, "--steps", "5", "--data", adam_data, "--resume", mixed, check=False)
+    report("resume from a step whose model.pt is another step's: refused", proc.returncode == 1 and one_line_error(
+        proc.stderr, "step-00000003/model.pt: is not the file this step's manifest.json was written with"), proc.stderr)
     # An edited step (issue 44: 0, 3 or 5 resumed with other results): refused against the
     # folder's name, and, in a folder renamed by hand ("best"), against Adam's step counts.
     for edited, folder_name, fragment in ((2, "step-00000003", "/step: 2, but the folder is step-00000003"),

@@ -2,12 +2,14 @@
 
 #include "spmd/io/graph_json.h"
 #include "spmd/io/torch_save.h"
+#include "spmd/io/zip_members.h"
 #include "spmd/ir/printer.h"
 #include "spmd/ir/optimizer_state.h"
 #include "spmd/ir/shard_layout.h"
 #include "spmd/runtime/run_state.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/limits.h"
+#include "spmd/support/mapped_file.h"
 #include "spmd/support/text.h"
 #include "spmd/support/write_all.h"
 
@@ -208,12 +210,33 @@ c10::IValue optimizerStateDict(const Graph& g, const TensorMap& state, std::opti
   return out;
 }
 
+// A member file's digest: its zip members' names, sizes and CRC-32s, as its
+// central directory records them, hashed (FNV-1a, 64 bits). A file of another
+// step or run, whose tensors differ, has another; reading it takes only the
+// directory, not the tensors.
+std::string zipDigest(std::string_view zip) {
+  uint64_t h = 1469598103934665603ull;
+  const auto mix = [&](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;  // a separator no name holds
+  };
+  for (const ZipMember& m : zipMembers(zip)) {
+    mix(m.name);
+    mix(std::to_string(m.size));
+    mix(std::to_string(m.crc32));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
 std::string manifestText(const CheckpointInfo& info) {
   nlohmann::ordered_json j = {{"format", kFormat},          {"version", kVersion},
                               {"step", info.step},          {"world_size", info.worldSize},
                               {"fingerprint", info.fingerprint}, {"seed", info.seed}};
   if (info.lr) j["lr"] = *info.lr;
   if (!info.data.empty()) j["data"] = info.data;
+  if (!info.digests.empty()) j["digests"] = info.digests;
   return j.dump(2) + "\n";
 }
 
@@ -244,6 +267,7 @@ CheckpointInfo parseManifest(const std::string& path) {
     info.seed = j.at("seed").get<uint64_t>();
     if (j.contains("lr")) info.lr = j.at("lr").get<double>();
     if (j.contains("data")) info.data = j.at("data").get<std::string>();
+    if (j.contains("digests")) info.digests = j.at("digests").get<std::map<std::string, std::string>>();
     if (info.step < 0 || info.step > kMaxRunSteps) {
       throw Diagnostic("/step", std::to_string(info.step) + " is outside the steps a run can have (0 to " +
                                     std::to_string(kMaxRunSteps) + ")");
@@ -404,10 +428,15 @@ void CheckpointWriter::write(const Graph& g, const TensorMap& state, const Check
     for (const auto& [n, t] : inputsOfKind(g, state, {InputKind::State})) {
       if (!optimizerNames.count(n)) extra.emplace_back(n, t);
     }
-    writeSynced(temp + "/model.pt", saveTorchSave(inputsOfKind(g, state, {InputKind::Parameter, InputKind::Buffer})));
-    writeSynced(temp + "/optimizer.pt", saveTorchSaveValue(optimizerStateDict(g, state, info.lr)));
-    writeSynced(temp + "/extra.pt", saveTorchSave(extra));
-    writeSynced(temp + "/manifest.json", manifestText(info));
+    CheckpointInfo withDigests = info;
+    const auto writeMember = [&](const std::string& file, const std::string& bytes) {
+      writeSynced(temp + "/" + file, bytes);
+      withDigests.digests[file] = zipDigest(bytes);
+    };
+    writeMember("model.pt", saveTorchSave(inputsOfKind(g, state, {InputKind::Parameter, InputKind::Buffer})));
+    writeMember("optimizer.pt", saveTorchSaveValue(optimizerStateDict(g, state, info.lr)));
+    writeMember("extra.pt", saveTorchSave(extra));
+    writeSynced(temp + "/manifest.json", manifestText(withDigests));
     syncFolder(temp);
   } catch (...) {
     removeTree(temp);
@@ -562,10 +591,38 @@ std::string shardedCheckpointFolder(const std::string& root, int rank, int world
   return rankCheckpointRoot(root, rank) + "/" + folderName(*common.rbegin());
 }
 
+namespace {
+
+// Each member the manifest has a digest of against that digest: a file
+// copied in from another step or run (each whole, its CRCs valid) is refused.
+void requireManifestMembers(const Checkpoint& c) {
+  for (const auto& [file, digest] : c.info.digests) {
+    if (file != "model.pt" && file != "optimizer.pt" && file != "extra.pt") {
+      throw Diagnostic("/digests", "names '" + file + "', which no checkpoint holds").inFile(c.folder + "/manifest.json");
+    }
+    const std::string path = c.folder + "/" + file;
+    const MappedFile mapped(path);
+    std::string found;
+    try {
+      found = zipDigest(mapped.view());
+    } catch (Diagnostic& d) {
+      throw d.inFile(path);
+    }
+    if (found != digest) {
+      throw Diagnostic("", "is not the file this step's manifest.json was written with (digest " + found +
+                               ", the manifest's " + digest + "): a file of another step or run")
+          .inFile(path);
+    }
+  }
+}
+
+}  // namespace
+
 Checkpoint readCheckpoint(const Graph& g, const std::string& path, bool weightsOnly) {
   Checkpoint c;
   c.folder = checkpointFolder(path);
   c.info = parseManifest(c.folder + "/manifest.json");
+  requireManifestMembers(c);
   c.model = tensorDict(c.folder + "/model.pt");
   if (weightsOnly) return c;
   c.optimizer = optimizerTensors(g, c.folder + "/optimizer.pt");

@@ -246,7 +246,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (metrics) metrics->write(step + 1, report, device.peakBytes());
     const bool segmentEnds = iteration == Iteration::Last || iteration == Iteration::Only;
     if (checkpoints && segmentEnds) {
-      checkpoints->write(g, state, CheckpointInfo{step + 1, info.worldSize, fingerprint, seed, lr, dataName});
+      checkpoints->write(g, state, CheckpointInfo{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}});
     }
   }
   if (trace) trace->write();

@@ -31,6 +31,7 @@
 #include "spmd/runtime/executor.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -44,6 +45,9 @@ struct CheckpointInfo {
   uint64_t seed = 0;        // spmd-run --seed (random inputs, dropout)
   std::optional<double> lr;  // the last step's scheduled learning rate
   std::string data;          // what the run trained on (dataIdentity()), "" when not recorded
+  // Each member file's digest (zipDigest), by file name; empty in checkpoints
+  // written before they were recorded, whose members are then not compared.
+  std::map<std::string, std::string> digests;
 };
 
 // What a run's data is, as a resume compares it: "random inputs", or the
