@@ -7,6 +7,9 @@ have written it: model.pt ({name: tensor}, model.load_state_dict reads it),
 optimizer.pt (torch.optim's state_dict() layout with whole tensors,
 optimizer.load_state_dict reads it), extra.pt and manifest.json (rank 0's, without its members' digests).
 spmd-run --resume-weights-only takes OUT's weights into any step of the model.
+Before it writes, merge checks every rank's members against their CRC-32s and the
+digests their manifests hold, and each rank's manifest against its folder's step,
+index.json's world size and rank 0's fingerprint and seed.
 
 Every failure is one line on stderr, `spmd_checkpoint: error: ...`, with exit
 status 1 (2 for a bad command line), never a traceback.

@@ -18,6 +18,7 @@
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -218,6 +219,65 @@ def refusals(cases):
     report("--shard without --world-size is refused", one_line_error(proc, "spmd-split", "--world-size"), proc.stderr)
 
 
+def merge_refusals():
+    """Issue 57: the merge tool checked no CRC (a damaged optimizer shard was merged, exit 0),
+    took a member from another rank, and answered index.json = [], a missing 'parameters'
+    and a missing OUT folder with tracebacks. Each is one line, exit 1, and no OUT."""
+    source = path("lm_zero.ckpt")  # zero_redundancy_state's: 2 ranks, AdamW, step 5
+
+    def index_list(root):
+        json.dump([], open(os.path.join(root, "index.json"), "w"))
+
+    def index_without_parameters(root):
+        index = json.load(open(os.path.join(root, "index.json")))
+        del index["parameters"]
+        json.dump(index, open(os.path.join(root, "index.json"), "w"))
+
+    def flipped_optimizer_byte(root):
+        import zipfile
+        name = os.path.join(root, "rank-00001", "step-00000005", "optimizer.pt")
+        raw = bytearray(open(name, "rb").read())
+        with zipfile.ZipFile(name) as z:
+            big = max(z.infolist(), key=lambda i: i.file_size)  # a tensor's bytes
+        # Its data follows the local header (30 bytes, the name, the extra field).
+        start = big.header_offset + 30 + int.from_bytes(raw[big.header_offset + 26:big.header_offset + 28], "little") + \
+            int.from_bytes(raw[big.header_offset + 28:big.header_offset + 30], "little")
+        raw[start + big.file_size // 2] ^= 0x40
+        open(name, "wb").write(bytes(raw))
+
+    def rank1_optimizer_in_rank0(root):
+        shutil.copyfile(os.path.join(root, "rank-00001", "step-00000005", "optimizer.pt"),
+                        os.path.join(root, "rank-00000", "step-00000005", "optimizer.pt"))
+
+    def edited_rank_step(root):
+        name = os.path.join(root, "rank-00001", "step-00000005", "manifest.json")
+        manifest = json.load(open(name))
+        manifest["step"] = 4
+        json.dump(manifest, open(name, "w"))
+
+    cases = [("index.json is []", index_list, None, r"index\.json: not an spmd sharded checkpoint index"),
+             ("index.json without parameters", index_without_parameters, None, r"index\.json: no 'parameters'"),
+             ("a damaged optimizer shard", flipped_optimizer_byte, None,
+              r"rank-00001/step-00000005/optimizer\.pt: damaged: member '.*' does not match its CRC-32"),
+             ("rank 1's optimizer.pt in rank 0's folder", rank1_optimizer_in_rank0, None,
+              r"rank-00000/step-00000005/optimizer\.pt: is not the file its manifest\.json was written with.*"),
+             ("an edited rank manifest", edited_rank_step, None,
+              r"rank-00001/step-00000005/manifest\.json: step 4, but the folder is step-00000005"),
+             ("OUT in a missing folder", None, path("no/such/folder/out"), r".*/no/such/folder/out: its folder .* does not exist")]
+    for k, (name, damage, out, pattern) in enumerate(cases):
+        root = path(f"merge_refusal_{k}.ckpt")
+        shutil.copytree(source, root)
+        if damage:
+            damage(root)
+        out = out or root + ".merged"
+        proc = subprocess.run([sys.executable, "-m", "spmd_checkpoint", "merge", root, out], capture_output=True,
+                              text=True, env=ENV)
+        lines = proc.stderr.strip().split("\n")
+        report(f"spmd_checkpoint merge: {name}: refused in one line", proc.returncode == 1 and len(lines) == 1 and
+               re.fullmatch(r"spmd_checkpoint: error: .*" + pattern, lines[0]) is not None and not os.path.exists(out),
+               proc.stderr)
+
+
 def memory_formula():
     """Per-rank model state of the memory plan against the formula: parameters
     4P bytes, gradients 4P/N and Adam's moments 8P/N, P counted in shards of
@@ -247,6 +307,7 @@ def main():
     try:
         cases = resume_cases()
         zero_redundancy_state()
+        merge_refusals()
         refusals(cases)
         memory_formula()
     except Exception as e:
