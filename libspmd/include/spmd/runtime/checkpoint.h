@@ -34,6 +34,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace spmd {
 
@@ -126,5 +127,26 @@ void restoreState(const Graph& g, const Checkpoint& checkpoint, bool weightsOnly
 // there with the graph's shape; names the graph does not have are ignored
 // (returned, for a note).
 std::vector<std::string> initFromStateDict(const Graph& g, const std::string& file, int rank, TensorMap& state);
+
+// ---- manifest.json and member digests (checkpoint_manifest.cpp) ----------
+
+// The version of a step's manifest and of a sharded checkpoint's index.
+constexpr int kCheckpointVersion = 1;
+
+// The whole file at `path`; throws Diagnostic naming it.
+std::string readText(const std::string& path);
+
+// A member file's digest (a torch.save zip's bytes): its zip members' names,
+// sizes and CRC-32s, as its central directory records them, hashed.
+std::string zipDigest(std::string_view zip);
+
+// manifest.json's text for `info`, and `info` read back from a manifest,
+// every field checked (Diagnostic naming the file and the field).
+std::string manifestText(const CheckpointInfo& info);
+CheckpointInfo parseManifest(const std::string& path);
+
+// Each member whose digest `c`'s manifest holds against that digest: a file
+// copied in from another step or run is refused (Diagnostic naming it).
+void requireManifestMembers(const Checkpoint& c);
 
 }  // namespace spmd
