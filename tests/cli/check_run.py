@@ -284,8 +284,8 @@ def check_same_run(step):
         errs = [p.communicate(timeout=60)[1] for p in procs]
         took = time.time() - start
         ok = all(p.returncode == 1 for p in procs) and took < 10 and \
-            one_line_error(errs[0], "rank 1 runs another step than rank 0: ") and what in errs[0] and \
-            one_line_error(errs[1], "rank 0 runs another step than rank 1: ")
+            one_line_error(errs[0], "rank 1 runs a different step from rank 0: ") and what in errs[0] and \
+            one_line_error(errs[1], "rank 0 runs a different step from rank 1: ")
         report(f"ranks of {name} refuse each other", ok,
                f"exits {[p.returncode for p in procs]} after {took:.1f}s: {errs!r}")
 

@@ -401,7 +401,7 @@ void requireAgrees(const RunAgreement& mine, int me, const RunAgreement& other, 
     const std::string name = k < mine.size() ? mine[k].first : other[k].first;
     const std::string a = k < mine.size() ? mine[k].second : "(none)", b = k < other.size() ? other[k].second : "(none)";
     if ((k < mine.size() && k < other.size() && mine[k].first != other[k].first) || a != b) {
-      throw Diagnostic(where, "rank " + std::to_string(theirs) + " runs another step than rank " + std::to_string(me) +
+      throw Diagnostic(where, "rank " + std::to_string(theirs) + " runs a different step from rank " + std::to_string(me) +
                                   ": " + name + " " + b + " there, " + a + " here; every rank must run the same "
                                   "artifact with the same flags");
     }
