@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #54 on the GPU machine, in one call: builds the tools and the unit tests against
+# Issue #54 on the GPU machine, in one command: builds the tools and the unit tests against
 # python3's torch (build-gpu), runs the CUDA attention tests (every fused kernel, cuDNN's
 # with masks included, against SDPA's math in double), then bench/bench.sh on the bf16
 # transformers (MODELS, default hf_gpt2 hf_mistral) beside torch.compile's default mode
