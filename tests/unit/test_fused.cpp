@@ -92,6 +92,19 @@ const FusionCase kCases[] = {
   %w: {D}[40,24] = aten::sub.Tensor(%v, %x, 0.5)
   return (%w)
 )", 1},
+    // ConvNeXt's layer scale: ATen's mul and add keep the permuted operand's
+    // layout, and the view after the permute back relies on it.
+    {"permuted operands keep their layout (ConvNeXt's layer scale)", R"(graph
+  input %x: {D}[2,3,5,16] data
+  input %r: {D}[2,16,3,5] data
+  input %g: {D}[16,1,1] data
+  %p: {D}[2,16,3,5] = aten::permute(%x, [0, 3, 1, 2])
+  %m: {D}[2,16,3,5] = aten::mul.Tensor(%g, %p)
+  %y: {D}[2,16,3,5] = aten::add.Tensor(%m, %r, 1)
+  %q: {D}[2,3,5,16] = aten::permute(%m, [0, 2, 3, 1])
+  %v: {D}[30,16] = aten::view(%q, [30, 16])
+  return (%y, %v)
+)", 1},
 };
 
 // Row programs (fuse-rows): reductions over the last dimension with the
@@ -200,6 +213,16 @@ struct Ran {
   std::vector<at::Tensor> unfused, fused;
 };
 
+// Whether the fused result is laid out as ATen's ops lay it out (strides of
+// size-1 dimensions aside).
+bool sameLayout(const at::Tensor& ours, const at::Tensor& ref) {
+  if (ours.sizes() != ref.sizes()) return false;
+  for (int64_t d = 0; d < ref.dim(); ++d) {
+    if (ref.size(d) != 1 && ours.stride(d) != ref.stride(d)) return false;
+  }
+  return true;
+}
+
 Ran runBoth(const FusionCase& c, c10::ScalarType dtype, const at::Device& device,
             const std::string& pass = "fuse-pointwise") {
   Graph plain = caseGraph(c, dtype);
@@ -292,6 +315,7 @@ TEST_CASE("fused groups equal their ATen ops on the CPU", "[fused]") {
       REQUIRE(ran.fused.size() == ran.unfused.size());
       for (size_t k = 0; k < ran.fused.size(); ++k) {
         REQUIRE(ran.fused[k].scalar_type() == ran.unfused[k].scalar_type());
+        CHECK(sameLayout(ran.fused[k], ran.unfused[k]));
         if (dtype == at::kFloat) {
           CHECK(at::equal(ran.fused[k], ran.unfused[k]));
         } else {
@@ -485,6 +509,7 @@ TEST_CASE("generated kernels match ATen's CUDA kernels", "[fused][cuda]") {
       INFO(c.name << " in " << c10::toString(dtype));
       const Ran ran = runBoth(c, dtype, at::Device(at::kCUDA, 0));
       for (size_t k = 0; k < ran.fused.size(); ++k) {
+        CHECK(sameLayout(ran.fused[k], ran.unfused[k]));
         const at::Tensor ours = ran.fused[k].cpu().to(at::kDouble), ref = ran.unfused[k].cpu().to(at::kDouble);
         const double worst = (ours - ref).abs().max().item<double>();
         const double scale = ref.abs().max().item<double>();

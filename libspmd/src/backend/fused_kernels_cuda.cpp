@@ -27,18 +27,53 @@
 namespace spmd {
 namespace {
 
+// The dimensions of `shape` from the outermost to the innermost in memory
+// for a dense tensor of these strides (size-1 dimensions where they stand).
+std::vector<int64_t> memoryOrder(const std::vector<int64_t>& strides, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> order;
+  for (size_t d = 0; d < shape.size(); ++d) order.push_back(static_cast<int64_t>(d));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return shape[a] != 1 && shape[b] != 1 && strides[a] > strides[b];
+  });
+  return order;
+}
+
+// `t` with the iteration's rank (leading size-1 dimensions, a view) and its
+// dimensions in `order`, dense: a view where `t` is laid out so already.
+at::Tensor inIterationOrder(const at::Tensor& t, const std::vector<int64_t>& order) {
+  if (t.dim() == 0) return t;
+  std::vector<int64_t> sizes(order.size() - t.dim(), 1);
+  sizes.insert(sizes.end(), t.sizes().begin(), t.sizes().end());
+  return t.view(sizes).permute(order).contiguous();
+}
+
+std::vector<int64_t> permuted(const std::vector<int64_t>& v, const std::vector<int64_t>& order) {
+  std::vector<int64_t> out;
+  for (int64_t d : order) out.push_back(v[d]);
+  return out;
+}
+
+std::vector<int64_t> inverse(const std::vector<int64_t>& order) {
+  std::vector<int64_t> out(order.size());
+  for (size_t k = 0; k < order.size(); ++k) out[order[k]] = static_cast<int64_t>(k);
+  return out;
+}
+
+// Whether two strides of `sizes` lay it out alike (size-1 dimensions' strides
+// do not matter).
+bool sameLayout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != 1 && a[d] != b[d]) return false;
+  }
+  return true;
+}
+
+// The kernel runs over the iteration space in the memory order of the first
+// result's layout (fusedResultStrides: ATen's), so that it writes that
+// layout densely and reads operands laid out alike without a copy; a result
+// of another layout is copied into it.
 std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) {
   TORCH_CHECK(!inputs.empty(), "spmd::fused: no inputs");
-  std::vector<KernelTensor> sig;
-  for (const at::Tensor& t : inputs) sig.push_back({t.scalar_type(), t.sizes().vec()});
-  std::optional<PointwiseKernelSpec> spec;
-  try {
-    spec.emplace(std::string(text.data(), text.size()), sig);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK(false, "spmd::fused: bad program: ", e.what());
-  }
-  const PointwiseProgram& program = spec->program();
-  const std::vector<int64_t> shape = broadcastShapes(sig);
   // A 0-dim CPU tensor may stand beside CUDA ones, as in ATen's own ops; it
   // is copied to the device (fuse-pointwise and fuse-rows fold the
   // importer's scalar_tensor constants, so a step's kernels see none).
@@ -50,31 +85,62 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   }
   TORCH_CHECK(onDevice, "spmd::fused: no input on the GPU");
   const c10::cuda::CUDAGuard guard(onDevice->device());
+  const std::string programText(text.data(), text.size());
+  PointwiseProgram parsed;
+  try {
+    parsed = parsePointwiseProgram(programText);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "spmd::fused: bad program: ", e.what());
+  }
+  std::vector<KernelTensor> given;
+  for (const at::Tensor& t : inputs) given.push_back({t.scalar_type(), t.sizes().vec()});
+  const std::vector<int64_t> shape = broadcastShapes(given);
+  const std::vector<std::vector<int64_t>> strides = fusedResultStrides(parsed, inputs);
+  const std::vector<int64_t> order = memoryOrder(strides.at(0), shape);
+
+  std::vector<at::Tensor> dense;
+  std::vector<KernelTensor> sig;
+  std::vector<void*> pointers;
+  for (const at::Tensor& t : inputs) {
+    dense.push_back(t.is_cuda() ? inIterationOrder(t, order) : t.to(onDevice->device()));
+    sig.push_back({dense.back().scalar_type(), dense.back().sizes().vec()});
+    pointers.push_back(dense.back().data_ptr());
+  }
+  std::optional<PointwiseKernelSpec> spec;
+  try {
+    spec.emplace(programText, sig);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, "spmd::fused: bad program: ", e.what());
+  }
+  const PointwiseProgram& program = spec->program();
   // Loaded (compiled where no image is installed) before the sizes are looked at, so that
   // even a call with nothing to compute has its kernel ready, as before.
   loadGenerated("spmd::fused", *spec, spec->scalarKernelName(), onDevice->device());
 
-  std::vector<at::Tensor> dense;
-  std::vector<void*> pointers;
-  for (const at::Tensor& t : inputs) {
-    dense.push_back(t.is_cuda() ? t.contiguous() : t.to(onDevice->device()));
-    pointers.push_back(dense.back().data_ptr());
-  }
-  std::vector<at::Tensor> out;
+  std::vector<at::Tensor> written;
   for (size_t r = 0; r < program.results.size(); ++r) {
-    out.push_back(at::empty(resultShape(program, r, shape),
-                            onDevice->options().dtype(program.statements[program.results[r]].dtype)));
-    pointers.push_back(out.back().data_ptr());
+    written.push_back(at::empty(permuted(resultShape(program, r, shape), order),
+                                onDevice->options().dtype(program.statements[program.results[r]].dtype)));
+    pointers.push_back(written.back().data_ptr());
   }
   const int64_t numel = c10::multiply_integers(shape);
   // fuse-rows takes no rows of length 0 (whose sums and maxima would need filling in).
   TORCH_CHECK(!hasRowReductions(program) || shape.back() > 0, "spmd::fused: a row program over rows of length 0");
-  if (numel == 0) return out;
-  // The vector form where every operand allows 16-byte access.
-  bool aligned = true;
-  for (void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  launchGenerated("spmd::fused", *spec, spec->launch(sms, aligned), onDevice->device(), std::move(pointers));
+  if (numel > 0) {
+    // The vector form where every operand allows 16-byte access.
+    bool aligned = true;
+    for (void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    launchGenerated("spmd::fused", *spec, spec->launch(sms, aligned), onDevice->device(), std::move(pointers));
+  }
+  std::vector<at::Tensor> out;
+  for (size_t r = 0; r < written.size(); ++r) {
+    at::Tensor value = written[r].permute(inverse(order));
+    if (!sameLayout(value.sizes().vec(), value.strides().vec(), strides[r])) {
+      value = at::empty_strided(value.sizes(), strides[r], value.options()).copy_(value);
+    }
+    out.push_back(value);
+  }
   return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/PhiloxRNGEngine.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -47,17 +48,6 @@ std::vector<int64_t> iterationShape(const PointwiseProgram& program, at::TensorL
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "spmd::fused: ", e.what());
   }
-}
-
-std::vector<at::Tensor> fusedMeta(at::TensorList inputs, c10::string_view text) {
-  const PointwiseProgram program = programOf(text);
-  const std::vector<int64_t> shape = iterationShape(program, inputs);
-  std::vector<at::Tensor> out;
-  for (size_t r = 0; r < program.results.size(); ++r) {
-    out.push_back(at::empty(resultShape(program, r, shape),
-                            inputs[0].options().dtype(program.statements[program.results[r]].dtype)));
-  }
-  return out;
 }
 
 // A bernoulli statement's mask over `shape`, 1 where kept (ops/pointwise_program.h):
@@ -107,15 +97,19 @@ at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& 
     case P::Cast: return a[0];
     case P::RowSum: return at::sum(a[0].expand(shape), {-1}, /*keepdim=*/true);
     case P::RowMax: return at::amax(a[0].expand(shape), {-1}, /*keepdim=*/true);
-    case P::Bernoulli: return keepMask(a[0], shape, a[1].item<float>()) * a[2];
+    case P::Bernoulli:
+      // On the meta device only the layout counts: a dense mask of the shape.
+      if (a[0].is_meta()) return at::empty(shape, a[2].options()) * a[2];
+      return keepMask(a[0], shape, a[1].item<float>()) * a[2];
   }
   TORCH_CHECK(false, "spmd::fused: an operation without a CPU kernel");
 }
 
-std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
-  const PointwiseProgram program = programOf(text);
-  const std::vector<int64_t> shape = iterationShape(program, inputs);
-  const auto f32 = inputs[0].options().dtype(at::kFloat);
+// The program's statements evaluated with ATen's ops, each rounded to its
+// dtype and kept in fp32 (constants are CPU scalars, which ATen takes beside
+// tensors of any device, so this runs on meta tensors too).
+std::vector<at::Tensor> evaluateProgram(const PointwiseProgram& program, at::TensorList inputs,
+                                        at::IntArrayRef shape) {
   std::vector<at::Tensor> temps;
   for (const PointwiseStatement& s : program.statements) {
     std::vector<at::Tensor> operands;
@@ -125,7 +119,7 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
         case PointwiseOperand::Kind::Input: operands.push_back(seed ? inputs[o.index] : inputs[o.index].to(at::kFloat)); break;
         case PointwiseOperand::Kind::Temp: operands.push_back(temps[o.index]); break;
         case PointwiseOperand::Kind::Constant:
-          operands.push_back(at::scalar_tensor(static_cast<float>(o.constant), f32));
+          operands.push_back(at::scalar_tensor(static_cast<float>(o.constant), at::kFloat));
           break;
       }
     }
@@ -133,15 +127,77 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
     if (s.dtype != at::kFloat) t = t.to(s.dtype).to(at::kFloat);
     temps.push_back(t);
   }
+  return temps;
+}
+
+std::vector<int64_t> contiguousStrides(at::IntArrayRef shape) {
+  const c10::DimVector strides = c10::contiguous_strides(shape);
+  return {strides.begin(), strides.end()};
+}
+
+// The strides of `value` where it is dense (no gaps, no overlap) and of the
+// result's shape, else the contiguous ones.
+std::vector<int64_t> denseStridesOf(const at::Tensor& value, at::IntArrayRef shape) {
+  if (value.sizes() == shape && value.is_non_overlapping_and_dense()) return value.strides().vec();
+  return contiguousStrides(shape);
+}
+
+std::vector<at::Tensor> fusedMeta(at::TensorList inputs, c10::string_view text) {
+  const PointwiseProgram program = programOf(text);
+  const std::vector<int64_t> shape = iterationShape(program, inputs);
+  const std::vector<std::vector<int64_t>> strides = fusedResultStrides(program, inputs);
+  std::vector<at::Tensor> out;
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    out.push_back(at::empty_strided(resultShape(program, r, shape), strides[r],
+                                    inputs[0].options().dtype(program.statements[program.results[r]].dtype)));
+  }
+  return out;
+}
+
+std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
+  const PointwiseProgram program = programOf(text);
+  const std::vector<int64_t> shape = iterationShape(program, inputs);
+  const std::vector<at::Tensor> temps = evaluateProgram(program, inputs, shape);
+  const std::vector<std::vector<int64_t>> strides = fusedResultStrides(program, inputs);
   std::vector<at::Tensor> out;
   for (size_t r = 0; r < program.results.size(); ++r) {
     const int k = program.results[r];
-    out.push_back(temps[k].to(program.statements[k].dtype).expand(resultShape(program, r, shape)).contiguous());
+    const std::vector<int64_t> size = resultShape(program, r, shape);
+    at::Tensor result = at::empty_strided(size, strides[r], inputs[0].options().dtype(program.statements[k].dtype));
+    out.push_back(result.copy_(temps[k].expand(size)));
   }
   return out;
 }
 
 }  // namespace
+
+// ATen's own elementwise ops give their result the layout TensorIterator
+// picks from their operands (a permuted input's permutation, say), and the
+// views after them may rely on it (ConvNeXt's permute -> mul -> permute ->
+// view): so the fused result takes the layout the ops it replaces would
+// have given it, found by running them on meta tensors of the inputs'
+// strides. A row program's results are contiguous: its kernels write rows.
+// Contiguous operands need no meta run (TensorIterator keeps their order).
+std::vector<std::vector<int64_t>> fusedResultStrides(const PointwiseProgram& program, at::TensorList inputs) {
+  const std::vector<int64_t> shape = iterationShape(program, inputs);
+  std::vector<std::vector<int64_t>> strides;
+  const bool contiguous = std::all_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.is_contiguous(); });
+  if (hasRowReductions(program) || contiguous) {
+    for (size_t r = 0; r < program.results.size(); ++r) {
+      strides.push_back(contiguousStrides(resultShape(program, r, shape)));
+    }
+    return strides;
+  }
+  std::vector<at::Tensor> onMeta;
+  for (const at::Tensor& t : inputs) {
+    onMeta.push_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)));
+  }
+  const std::vector<at::Tensor> temps = evaluateProgram(program, onMeta, shape);
+  for (size_t r = 0; r < program.results.size(); ++r) {
+    strides.push_back(denseStridesOf(temps[program.results[r]], resultShape(program, r, shape)));
+  }
+  return strides;
+}
 
 void ensureFusedKernelOpsRegistered() {}
 

@@ -1,16 +1,14 @@
 // adam-to-capturable-foreach (spmd-lower runs it for --device cuda): Adam's update as torch.optim's
 // capturable foreach Adam computes it, which reads and writes each tensor
 // fewer times:
-//   exp_avg * beta1 + grad * (1 - beta1)     ->  lerp(exp_avg, grad, 1 - beta1)
 //   param + (exp_avg * -step_size) / denom   ->  param + exp_avg / denom'
 //     with denom' = sqrt(v) / (bias_correction2_sqrt * -step_size) + eps / -step_size
 // (the step size, a device tensor, goes into the denominator's two 0-dim
 // factors instead of a pass of its own over exp_avg). The values agree with
-// the CPU lowering's to rounding, not bit for bit; torch.optim's own foreach
-// Adam uses lerp. The CPU lowering keeps the optimizer pass's formulas, the
-// parity oracle's.
+// the CPU lowering's to rounding, not bit for bit. The first moment is
+// lerp(exp_avg, grad, 1 - beta1) already, as the optimizer pass writes it.
+// The CPU lowering keeps the optimizer pass's formulas, the parity oracle's.
 #include "spmd/ir/builder.h"
-#include "spmd/ir/optimizer_state.h"
 #include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -22,7 +20,6 @@ namespace {
 
 // The ops this file matches (ir/op_name.h).
 struct Ops {
-  OpName mul_Scalar = OpName::known("aten::mul.Scalar");
   OpName mul_Tensor = OpName::known("aten::mul.Tensor");
   OpName add_Scalar = OpName::known("aten::add.Scalar");
   OpName div_Tensor = OpName::known("aten::div.Tensor");
@@ -41,11 +38,6 @@ const Node* soleUse(const Graph& g, ValueId v, OpName op) {
   return n->is(op) && n->meta.role == NodeRole::Optimizer ? n : nullptr;
 }
 
-struct LerpMatch {
-  const Node* add;  // add.Tensor(mul, grad, 1 - beta1)
-  const Node* mul;  // mul.Scalar(exp_avg, beta1), left unread
-};
-
 struct StepSizeMatch {
   const Node* addcdiv;   // addcdiv(param, scaled, denom, 1)
   const Node* scaled;    // mul.Tensor(exp_avg, n)
@@ -53,25 +45,10 @@ struct StepSizeMatch {
   const Node* quotient;  // div.Tensor(sqrt_v, c)
 };
 
-// What both patterns read of the graph.
+// What the pattern reads of the graph.
 class AdamMatcher {
  public:
   explicit AdamMatcher(const Graph& g) : g_(g) {}
-
-  // exp_avg.mul(beta1).add(grad, alpha=1 - beta1), the new value of an
-  // exp_avg state input.
-  std::optional<LerpMatch> matchLerp(const Node& add) const {
-    if (add.meta.role != NodeRole::Optimizer || add.args.size() != 3 || !isScalar(add.args[2]) ||
-        add.args[0].kind != Arg::Kind::Value) {
-      return std::nullopt;
-    }
-    const Node* mul = soleUse(g_, add.args[0].value, ops().mul_Scalar);
-    if (!mul || mul->args[0].kind != Arg::Kind::Value || !isScalar(mul->args[1]) ||
-        scalarOf(add.args[2]) != 1.0 - scalarOf(mul->args[1]) || !updatesExpAvg(add.outputs[0])) {
-      return std::nullopt;
-    }
-    return LerpMatch{&add, mul};
-  }
 
   // param.addcdiv(exp_avg * n, sqrt(v) / c + eps, 1), with n = -step_size
   // and c = bias_correction2_sqrt both 0-dim.
@@ -109,22 +86,8 @@ class AdamMatcher {
     return lr && lr->args.size() > 1 && isScalar(lr->args[1]) && scalarOf(lr->args[1]) != 0.0;
   }
 
-  bool updatesExpAvg(ValueId v) const {
-    for (const auto& u : g_.updates()) {
-      if (u.value == v && optimizerStateOf(g_.value(u.input).name) == OptimizerState::ExpAvg) return true;
-    }
-    return false;
-  }
-
   const Graph& g_;
 };
-
-void rewriteLerp(Graph& g, const LerpMatch& m) {
-  GraphBuilder b(g);
-  b.setMeta(m.add->meta);
-  const std::vector<Arg> args = {m.mul->args[0], m.add->args[1], m.add->args[2]};
-  b.replace(*m.add, "aten::lerp.Scalar", args);
-}
 
 void rewriteStepSize(Graph& g, const StepSizeMatch& m) {
   GraphBuilder b(g);
@@ -142,20 +105,9 @@ void rewriteStepSize(Graph& g, const StepSizeMatch& m) {
   b.replace(*m.addcdiv, "aten::addcdiv", args);
 }
 
-// The matched nodes the rewrites no longer read (the mul, the old
-// denominator) are left to dce, so that the new values are named beside
+// The matched nodes the rewrite no longer reads (the old denominator) are
+// left to dce, so that the new values are named beside
 // them as they always were.
-class LerpPattern final : public RewritePattern {
- public:
-  LerpPattern() : RewritePattern("exp-avg-as-lerp", {"aten::add.Tensor"}) {}
-  MatchResult matchAndRewrite(Graph& g, const Node& add) override {
-    const std::optional<LerpMatch> m = AdamMatcher(g).matchLerp(add);
-    if (!m) return MatchResult::skip();
-    rewriteLerp(g, *m);
-    return MatchResult::success();
-  }
-};
-
 class StepSizePattern final : public RewritePattern {
  public:
   StepSizePattern() : RewritePattern("step-size-in-denominator", {"aten::addcdiv"}) {}
@@ -177,11 +129,9 @@ class CapturableAdamPass final : public Pass {
 std::unique_ptr<Pass> createCapturableAdamPass(const PipelineOptions&) { return std::make_unique<CapturableAdamPass>(); }
 
 bool CapturableAdamPass::run(Graph& g, DiagnosticEngine&) {
-  LerpPattern lerps;
   StepSizePattern stepSizes;
-  const RewriteCounts applied = applyPatternsGreedily(g, {&lerps, &stepSizes}, nullptr);
-  count("first-moment update(s) as lerp", applied.applied[0]);
-  count("parameter update(s) with the step size in the denominator", applied.applied[1]);
+  const RewriteCounts applied = applyPatternsGreedily(g, {&stepSizes}, nullptr);
+  count("parameter update(s) with the step size in the denominator", applied.applied[0]);
   return applied.total() > 0;
 }
 

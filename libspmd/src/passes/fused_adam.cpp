@@ -4,7 +4,7 @@
 // kernel reads each parameter, gradient and moment once), one call per group
 // of parameters updated at the same point (bucket and iteration tag), put
 // where its last input is ready. The hyperparameters are read back from the
-// update's own constants (beta1 from exp_avg * beta1, lr from the step size,
+// update's own constants (beta1 from its bias correction, lr from the step size,
 // ...), which the optimizer pass wrote. In a step sharded by spmd-split --shard
 // optimizer|gradients the update is of this rank's shard of the parameter,
 // and the all-gather reads the call's result. A parameter whose update has another
@@ -37,6 +37,8 @@ struct Ops {
   OpName neg = OpName::known("aten::neg");
   OpName div_Tensor = OpName::known("aten::div.Tensor");
   OpName full_like = OpName::known("aten::full_like");
+  OpName lerp_Scalar = OpName::known("aten::lerp.Scalar");
+  OpName pow_Scalar = OpName::known("aten::pow.Scalar");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
@@ -75,6 +77,17 @@ std::optional<ValueId> stateOf(const Graph& g, const std::string& param, Optimiz
 }
 
 bool close(double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b)); }
+
+// beta from a bias correction 1 - beta ** step (rsub(pow.Scalar(beta, step),
+// 1)), where `bc` is one; the exact constant the optimizer pass was given.
+std::optional<double> biasCorrectionBeta(const Graph& g, const Arg& bc) {
+  if (bc.kind != Arg::Kind::Value) return std::nullopt;
+  const Node* rsub = producedBy(g, bc.value, ops().rsub_Scalar);
+  const Node* pow = rsub && rsub->args[0].kind == Arg::Kind::Value ? producedBy(g, rsub->args[0].value, ops().pow_Scalar)
+                                                                   : nullptr;
+  if (!pow || scalar(rsub->args[1]) != 1.0 || pow->args[0].kind == Arg::Kind::Value) return std::nullopt;
+  return scalar(pow->args[0]);
+}
 
 // The scheduled rate: the schedule input lr, or, in work spmd-unroll moved,
 // the state input that carries it from the previous iteration (f64[]).
@@ -141,11 +154,9 @@ std::optional<Update> matchUpdate(const Graph& g, ValueId input) {
   // step + 1
   const Node* inc = producedBy(g, *s1, ops().add_Scalar);
   if (!inc || !isValue(inc->args[0], *s0) || scalar(inc->args[1]) != 1.0) return std::nullopt;
-  // exp_avg * beta1 + grad * (1 - beta1)
-  const Node* m = producedBy(g, *m1, ops().add_Tensor);
-  const Node* mScaled = m ? producedBy(g, m->args[0].value, ops().mul_Scalar) : nullptr;
-  if (!mScaled || !isValue(mScaled->args[0], *m0) || m->args[1].kind != Arg::Kind::Value) return std::nullopt;
-  u.hyper.beta1 = scalar(mScaled->args[1]);
+  // exp_avg.lerp(grad, 1 - beta1); beta1 itself from the bias correction below
+  const Node* m = producedBy(g, *m1, ops().lerp_Scalar);
+  if (!m || !isValue(m->args[0], *m0) || m->args[1].kind != Arg::Kind::Value) return std::nullopt;
   ValueId grad = m->args[1].value;
   // exp_avg_sq * beta2 + grad * grad * (1 - beta2)
   const Node* v = producedBy(g, *v1, ops().addcmul);
@@ -165,6 +176,9 @@ std::optional<Update> matchUpdate(const Graph& g, ValueId input) {
   const Node* neg = producedBy(g, scaled->args[1].value, ops().neg);
   const Node* div = neg ? producedBy(g, neg->args[0].value, ops().div_Tensor) : nullptr;
   if (!div) return std::nullopt;
+  const std::optional<double> beta1 = biasCorrectionBeta(g, div->args[1]);
+  if (!beta1) return std::nullopt;
+  u.hyper.beta1 = *beta1;
   if (const Node* lr = producedBy(g, div->args[0].value, ops().full_like)) {
     u.hyper.lr = scalar(lr->args[1]);
   } else if (isRateInput(g, div->args[0].value)) {

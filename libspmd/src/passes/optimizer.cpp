@@ -72,8 +72,9 @@ void adam(Graph& g, GraphBuilder& b, const Gradient& grad, const OptimizerOption
   } else if (o.weightDecay != 0.0) {
     gv = b.add(gv, param, o.weightDecay);
   }
-  // exp_avg.mul_(beta1).add_(grad, alpha=1 - beta1)
-  ValueId m = b.add(b.mulScalar(expAvg, o.beta1), gv, 1.0 - o.beta1);
+  // exp_avg.lerp_(grad, 1 - beta1), as torch.optim's single-tensor and
+  // foreach Adam and AdamW write it (not mul + add, which rounds otherwise)
+  ValueId m = b.call("aten::lerp.Scalar", {Arg::tensor(expAvg), Arg::tensor(gv), Arg::ofFloat(1.0 - o.beta1)});
   // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
   ValueId v = b.call("aten::addcmul", {Arg::tensor(b.mulScalar(expAvgSq, o.beta2)), Arg::tensor(gv), Arg::tensor(gv),
                                        Arg::ofFloat(1.0 - o.beta2)});

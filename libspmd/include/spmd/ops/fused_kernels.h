@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/ArrayRef.h>
+
 namespace at {
 class Tensor;
 }
@@ -19,6 +21,15 @@ class Tensor;
 namespace spmd {
 
 void ensureFusedKernelOpsRegistered();
+
+struct PointwiseProgram;
+
+// The strides of each of spmd::fused's results for these inputs: the layout
+// ATen's ops give the values they compute (a non-row program's results
+// follow their operands' permutation, as TensorIterator's do), contiguous
+// for a row program. The CPU, CUDA and meta kernels all write these.
+std::vector<std::vector<int64_t>> fusedResultStrides(const PointwiseProgram& program,
+                                                     c10::ArrayRef<at::Tensor> inputs);
 
 #ifdef SPMD_WITH_CUDA
 // spmd::fused_attention's "gemm" kernel (ops/attention_ops.cpp) runs its
