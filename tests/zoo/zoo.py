@@ -614,6 +614,128 @@ class PaddedEncoderClassifier(nn.Module):
         return F.cross_entropy(self.head(pooled), labels)
 
 
+# ---- T5 as Hugging Face's transformers writes it (T5ForConditionalGeneration) ----
+
+
+class T5LayerNorm(nn.Module):
+    """RMS norm without a mean or a bias, its variance in fp32."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, hidden):
+        variance = hidden.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        return self.weight * (hidden * torch.rsqrt(variance + self.eps))
+
+
+def t5_position_bucket(relative, bidirectional, buckets=32, max_distance=128):
+    """T5's relative-position buckets: exact for near offsets, logarithmic for
+    far ones, computed through a float log and cast back to int64 (what made
+    spmd's importer give one of its constants the wrong dtype)."""
+    bucket = 0
+    if bidirectional:
+        buckets //= 2
+        bucket += (relative > 0).to(torch.long) * buckets
+        relative = torch.abs(relative)
+    else:
+        relative = -torch.min(relative, torch.zeros_like(relative))
+    exact = buckets // 2
+    far = exact + (torch.log(relative.float() / exact) / math.log(max_distance / exact)
+                   * (buckets - exact)).to(torch.long)
+    far = torch.min(far, torch.full_like(far, buckets - 1))
+    return bucket + torch.where(relative < exact, relative, far)
+
+
+class T5Attention(nn.Module):
+    """No score scaling; the first layer of a stack owns the position bias,
+    which the other layers reuse."""
+
+    def __init__(self, dim, heads, bidirectional, has_bias):
+        super().__init__()
+        self.heads, self.head_dim, self.bidirectional = heads, dim // heads, bidirectional
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.relative_attention_bias = nn.Embedding(32, heads) if has_bias else None
+
+    def position_bias(self, q_len, k_len, device):
+        context = torch.arange(q_len, dtype=torch.long, device=device)[:, None]
+        memory = torch.arange(k_len, dtype=torch.long, device=device)[None, :]
+        buckets = t5_position_bucket(memory - context, self.bidirectional)
+        return self.relative_attention_bias(buckets).permute([2, 0, 1]).unsqueeze(0)
+
+    def forward(self, hidden, kv=None, bias=None, mask=None):
+        kv = hidden if kv is None else kv
+        batch = hidden.size(0)
+
+        def heads(x):
+            return x.view(batch, -1, self.heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.q(hidden)), heads(self.k(kv)), heads(self.v(kv))
+        scores = torch.matmul(q, k.transpose(3, 2))
+        if bias is None:
+            bias = (self.position_bias(q.size(2), k.size(2), hidden.device) if self.relative_attention_bias is not None
+                    else torch.zeros(1, self.heads, q.size(2), k.size(2), device=hidden.device, dtype=scores.dtype))
+            if mask is not None:
+                bias = bias + mask
+        weights = F.softmax(scores.float() + bias, dim=-1).type_as(scores)
+        out = torch.matmul(weights, v).transpose(1, 2).contiguous().view(batch, -1, self.heads * self.head_dim)
+        return self.o(out), bias
+
+
+class T5Block(nn.Module):
+    def __init__(self, dim, heads, ff, decoder, first):
+        super().__init__()
+        self.norm_self = T5LayerNorm(dim)
+        self.self_attn = T5Attention(dim, heads, bidirectional=not decoder, has_bias=first)
+        self.cross = None
+        if decoder:
+            self.norm_cross = T5LayerNorm(dim)
+            self.cross = T5Attention(dim, heads, bidirectional=True, has_bias=False)
+        self.norm_ff = T5LayerNorm(dim)
+        self.wi = nn.Linear(dim, ff, bias=False)
+        self.wo = nn.Linear(ff, dim, bias=False)
+
+    def forward(self, hidden, bias=None, mask=None, memory=None, cross_bias=None):
+        out, bias = self.self_attn(self.norm_self(hidden), bias=bias, mask=mask)
+        hidden = hidden + out
+        if self.cross is not None:
+            out, cross_bias = self.cross(self.norm_cross(hidden), kv=memory, bias=cross_bias)
+            hidden = hidden + out
+        hidden = hidden + self.wo(F.relu(self.wi(self.norm_ff(hidden))))
+        return hidden, bias, cross_bias
+
+
+class T5LM(nn.Module):
+    """T5ForConditionalGeneration's training step: a shared embedding for
+    both stacks and the tied head (scaled by dim ** -0.5), the decoder fed
+    the labels shifted right behind the start token 0, a causal mask added to
+    the decoder's position bias, and the loss over the labels."""
+
+    def __init__(self, dim=32, heads=4, ff=64, layers=2):
+        super().__init__()
+        self.dim = dim
+        self.shared = nn.Embedding(VOCAB, dim)
+        self.encoder = nn.ModuleList(T5Block(dim, heads, ff, False, i == 0) for i in range(layers))
+        self.decoder = nn.ModuleList(T5Block(dim, heads, ff, True, i == 0) for i in range(layers))
+        self.encoder_norm, self.decoder_norm = T5LayerNorm(dim), T5LayerNorm(dim)
+
+    def forward(self, input_ids, labels):
+        hidden, bias = self.shared(input_ids), None
+        for block in self.encoder:
+            hidden, bias, _ = block(hidden, bias=bias)
+        memory = self.encoder_norm(hidden)
+        decoder_ids = torch.cat([torch.zeros_like(labels[:, :1]), labels[:, :-1]], dim=1)
+        length = decoder_ids.size(1)
+        causal = torch.triu(torch.full((length, length), torch.finfo(torch.float32).min, device=labels.device), 1)
+        hidden, bias, cross_bias = self.shared(decoder_ids), None, None
+        for block in self.decoder:
+            hidden, bias, cross_bias = block(hidden, bias=bias, mask=causal[None, None], memory=memory,
+                                             cross_bias=cross_bias)
+        logits = F.linear(self.decoder_norm(hidden) * self.dim ** -0.5, self.shared.weight)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1))
+
+
 def images(batch=4, size=32):
     return [f"x:f32[{batch},3,{size},{size}]", f"y:i64[{batch}]"]
 
@@ -661,4 +783,5 @@ ZOO = {
     "convnext_tiny": (lambda: Classify(tvm.convnext_tiny(num_classes=CLASSES, stochastic_depth_prob=0.0)),
                       images(batch=2)),
     "resnet50": (lambda: Classify(tvm.resnet50(num_classes=CLASSES)), images()),
+    "t5_hf_style": (T5LM, tokens("input_ids", "labels", seq=12)),
 }

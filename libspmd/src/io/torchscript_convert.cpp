@@ -10,11 +10,13 @@
 #include <torch/csrc/jit/ir/constants.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace spmd {
@@ -272,10 +274,14 @@ class Converter {
   // otherwise) and takes part in type promotion as a number would: it gets
   // the dtype of the tensor it meets (f32 for x * 0.5, even where x is
   // 0-dim), and the default float dtype where a float meets integers.
+  // One constant may meet tensors of several dtypes (T5's `max_exact` divides
+  // a float tensor and is added to a long one): a node per dtype it takes.
   ValueId scalarTensor(const jit::Node* user, const jit::Value* v, const at::Tensor& t) {
     const bool pythonNumber = t.scalar_type() == c10::ScalarType::Double || t.scalar_type() == c10::ScalarType::Long ||
                               t.scalar_type() == c10::ScalarType::Bool || t.unsafeGetTensorImpl()->is_wrapped_number();
     const c10::ScalarType dtype = pythonNumber ? wrappedNumberDtype(user, v, t) : t.scalar_type();
+    const auto made = scalarTensors_.find({v, dtype});
+    if (made != scalarTensors_.end()) return made->second;
     Node node;
     node.op = "aten::scalar_tensor";
     node.meta.source = sourceOf(user);
@@ -292,7 +298,7 @@ class Converter {
     node.args.push_back(Arg::none());  // pin_memory
     ValueId id = newValue("scalar_tensor", dtype, {});
     node.outputs.push_back(id);
-    values_[v] = id;
+    scalarTensors_[{v, dtype}] = id;
     graph_.addNode(std::move(node));
     return id;
   }
@@ -391,6 +397,8 @@ class Converter {
   Graph& graph_;
   std::string fileName_;
   std::unordered_map<const jit::Value*, ValueId> values_;
+  // The aten::scalar_tensor nodes made of 0-dim constants, by constant and dtype.
+  std::map<std::pair<const jit::Value*, c10::ScalarType>, ValueId> scalarTensors_;
   ShapeFolder folder_{graph_, values_};
   ViewTable views_;
   std::unordered_map<ValueId, std::string> producers_;
