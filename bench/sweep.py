@@ -1,0 +1,646 @@
+"""The architectures of the libraries people train, through spmd's whole
+pipeline against eager PyTorch: does each one train, and if not, why.
+
+  python3 bench/sweep.py BIN_DIR OUT_DIR [--tier ci|families|all] [--device cpu|cuda]
+      [--format pt2 --format pt] [--only NAME ...] [--jobs N] [--timeout S] [--table FILE] [--list]
+
+Models (each built from a seeded small configuration, dropout and stochastic
+depth 0, wrapped so that forward returns the training loss):
+- torchvision: the classification builders of list_models(module=torchvision.models),
+  64 classes, at the smallest image of 32, 48, 64, 75, 96, 128, 160, 224 whose
+  train-mode forward runs in eager (ViTs built for it), batch 4 (2 from 128 px);
+- timm (where importable): one small model of each family in TIMM;
+- transformers (where importable): the architectures in HF at small
+  configurations, called with labels for their own loss.
+Tiers: ci (a fixed few torchvision models the zoo does not hold: what CTest's
+sweep.ci runs on the CPU), families (torchvision's smallest variant of each
+family, and every timm and transformers entry), all (every torchvision
+builder too).
+
+Each model is written as a torch.export program (.pt2) and a TorchScript
+trace (.pt) from the same weights, and each file goes through
+
+  spmd-expand FILE [--input ...] --optimizer sgd --lr 0.01 --momentum 0.9 | spmd-split
+    | spmd-unroll --iters 3 | spmd-lower --device DEV -o step.spmd
+  spmd-run step.spmd --device DEV --steps 3 --data data.pt --save-params ours.pt
+
+beside a copy of the eager model trained 3 steps by torch.optim.SGD on the
+same batches, and once more from weights one ulp up: how far rounding alone
+carries the model (the floor). A file's result is one of
+- trains: the parameters within rtol 1e-3 / atol 1e-5 of eager's, or no
+  farther off than the floor;
+- refused: spmd-expand exits 1 with one line saying what it does not take;
+- failed: any other stage's error, a crash, a timeout or a parity miss;
+- not made: torch.export or torch.jit.trace cannot make the file (torch's
+  limit, not spmd's; its first line is kept).
+
+Writes OUT_DIR/sweep.json and OUT_DIR/sweep.md (the table, with date,
+commit, machine and library versions), rewritten as results come; --table
+FILE puts the table between FILE's `<!-- sweep:begin -->` and
+`<!-- sweep:end -->` lines. Prints a line per model and format. Exits 1 when
+any file failed, else 0.
+"""
+import argparse
+import copy
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+STEPS = 3
+LR, MOMENTUM = 0.01, 0.9
+CLASSES, VOCAB = 64, 128
+SIZES = [32, 48, 64, 75, 96, 128, 160, 224]
+SIZE_WORDS = {"t", "s", "m", "b", "l", "h", "tiny", "small", "base", "large"}
+# Beyond num_classes: no auxiliary heads (their losses are not in the logits).
+TV_KWARGS = {"googlenet": {"aux_logits": False, "init_weights": False},
+             "inception_v3": {"aux_logits": False, "init_weights": False}}
+# torchvision models the zoo (tests/zoo) does not hold, small enough for CI.
+CI_MODELS = ["mnasnet0_5", "googlenet", "regnet_x_400mf", "mobilenet_v3_large"]
+
+# timm: one small model a family, with its keyword arguments.
+TIMM = {
+    "resnet": ("resnet10t", {}), "efficientnet": ("efficientnet_b0", {}),
+    "mobilenetv3": ("mobilenetv3_small_050", {}), "convnext": ("convnext_atto", {}),
+    "regnet": ("regnetx_002", {}), "vit": ("vit_tiny_patch16_224", {"img_size": 64}),
+    "deit": ("deit_tiny_patch16_224", {"img_size": 64}),
+    "swin": ("swin_tiny_patch4_window7_224", {"img_size": 224}),
+    "mixer": ("mixer_s16_224", {"img_size": 64}), "levit": ("levit_128s", {}),
+    "mobilevit": ("mobilevit_xxs", {}), "densenet": ("densenet121", {}),
+    "ghostnet": ("ghostnet_100", {}), "repvgg": ("repvgg_a0", {}),
+    "efficientformer": ("efficientformer_l1", {}), "edgenext": ("edgenext_xx_small", {}),
+}
+TIMM_SIZE = {"levit": 224, "swin": 224, "efficientformer": 224}
+
+_LM = dict(vocab_size=VOCAB)
+# transformers: (config class, model class, kind, config arguments, attention).
+HF = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "lm",
+             dict(n_layer=2, n_embd=64, n_head=2, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", "lm",
+                 dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+                      max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", "lm",
+             dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
+                  attn_pdrop=0.0)),
+    "opt": ("OPTConfig", "OPTForCausalLM", "lm",
+            dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, ffn_dim=128, word_embed_proj_dim=64,
+                 max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)),
+    "bloom": ("BloomConfig", "BloomForCausalLM", "lm",
+              dict(n_layer=2, hidden_size=64, n_head=4, hidden_dropout=0.0, attention_dropout=0.0), "eager"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "lm",
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "lm",
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64, sliding_window=16)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", "lm",
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                     num_key_value_heads=2, max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "lm",
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64)),
+    "phi": ("PhiConfig", "PhiForCausalLM", "lm",
+            dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 max_position_embeddings=64, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "lm",
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=1, head_dim=16, max_position_embeddings=64)),
+    "falcon": ("FalconConfig", "FalconForCausalLM", "lm",
+               dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, hidden_dropout=0.0,
+                    attention_dropout=0.0)),
+    "bert": ("BertConfig", "BertForMaskedLM", "mlm",
+             dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                  max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "roberta": ("RobertaConfig", "RobertaForMaskedLM", "mlm",
+                dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                     max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "distilbert": ("DistilBertConfig", "DistilBertForMaskedLM", "mlm",
+                   dict(n_layers=2, dim=64, n_heads=2, hidden_dim=128, max_position_embeddings=64, dropout=0.0,
+                        attention_dropout=0.0)),
+    "electra": ("ElectraConfig", "ElectraForMaskedLM", "mlm",
+                dict(num_hidden_layers=2, embedding_size=64, hidden_size=64, intermediate_size=128,
+                     num_attention_heads=2, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)),
+    "deberta_v2": ("DebertaV2Config", "DebertaV2ForMaskedLM", "mlm",
+                   dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "t5": ("T5Config", "T5ForConditionalGeneration", "seq2seq",
+           dict(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, dropout_rate=0.0, decoder_start_token_id=0,
+                pad_token_id=0)),
+    "bart": ("BartConfig", "BartForConditionalGeneration", "seq2seq",
+             dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64, dropout=0.0,
+                  attention_dropout=0.0, activation_dropout=0.0)),
+    "marian": ("MarianConfig", "MarianMTModel", "seq2seq",
+               dict(encoder_layers=2, decoder_layers=2, d_model=64, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+                    dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, decoder_start_token_id=0,
+                    pad_token_id=0)),
+    "vit": ("ViTConfig", "ViTForImageClassification", "image",
+            dict(image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
+                 intermediate_size=128, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "deit": ("DeiTConfig", "DeiTForImageClassification", "image",
+             dict(image_size=32, patch_size=8, num_hidden_layers=2, hidden_size=64, num_attention_heads=2,
+                  intermediate_size=128, num_labels=10, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "swin": ("SwinConfig", "SwinForImageClassification", "image",
+             dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=4,
+                  num_labels=10, drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "convnext": ("ConvNextConfig", "ConvNextForImageClassification", "image",
+                 dict(hidden_sizes=[16, 32], depths=[1, 1], num_labels=10, drop_path_rate=0.0)),
+}
+TOKENS = 16  # sequence length of the language models
+
+
+def family(name):
+    """resnet18 -> resnet, regnet_y_400mf -> regnet_y, vgg11_bn -> vgg_bn,
+    efficientnet_v2_s -> efficientnet_v2, shufflenet_v2_x0_5 -> shufflenet_v2_x."""
+    kept = []
+    for token in name.split("_"):
+        if re.fullmatch(r"v\d+", token):
+            kept.append(token)
+        elif token not in SIZE_WORDS:
+            stem = re.match(r"[a-z]*", token).group(0)
+            if stem:
+                kept.append(stem)
+    return "_".join(kept)
+
+
+# ---- models -------------------------------------------------------------------
+
+
+def torch_modules():
+    import torch
+    import torch.nn as nn
+    return torch, nn
+
+
+def no_dropout(model):
+    """Every dropout and stochastic depth module of `model` at p = 0."""
+    for m in model.modules():
+        if hasattr(m, "p") and isinstance(getattr(m, "p"), float) and "drop" in type(m).__name__.lower():
+            m.p = 0.0
+        if type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+        if type(m).__name__ == "DropPath" and hasattr(m, "drop_prob"):
+            m.drop_prob = 0.0
+    return model
+
+
+def classify(model):
+    torch, nn = torch_modules()
+
+    class Classify(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.model(x), y)
+    return Classify(model)
+
+
+def hf_loss(model, names, extra):
+    torch, nn = torch_modules()
+
+    class HFLoss(nn.Module):
+        """A transformers model called with its inputs by name and labels: its own loss."""
+
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, *tensors):
+            return self.model(**dict(zip(names, tensors)), **extra).loss
+    return HFLoss(model)
+
+
+def images(batch, size, classes=CLASSES):
+    return {"x": ("f32", [batch, 3, size, size], None), "y": ("i64", [batch], classes)}
+
+
+def tv_entry(name):
+    kwargs = dict(num_classes=CLASSES, **TV_KWARGS.get(name, {}))
+    return {"name": "torchvision." + name, "library": "torchvision", "family": family(name),
+            "make": ("tv", name, kwargs)}
+
+
+def timm_entry(fam):
+    model, kwargs = TIMM[fam]
+    return {"name": "timm." + model, "library": "timm", "family": fam, "make": ("timm", model, kwargs)}
+
+
+def hf_entry(key):
+    return {"name": "transformers." + HF[key][1], "library": "transformers", "family": key, "make": ("hf", key, {})}
+
+
+def build(entry):
+    """(the loss module, its inputs {name: (dtype, shape, high)}), seeded."""
+    torch, _ = torch_modules()
+    kind, what, kwargs = entry["make"]
+    torch.manual_seed(0)
+    if kind == "tv":
+        return tv_model(what, kwargs)
+    if kind == "timm":
+        import timm
+        size = TIMM_SIZE.get(entry["family"], kwargs.get("img_size", 64))
+        model = timm.create_model(what, pretrained=False, num_classes=10, drop_rate=0.0, drop_path_rate=0.0, **kwargs)
+        return no_dropout(classify(model)).train(), images(2 if size >= 128 else 4, size, 10)
+    return hf_model(what)
+
+
+def tv_model(name, kwargs):
+    """A torchvision builder at the smallest image size whose forward runs."""
+    torch, _ = torch_modules()
+    import torchvision.models as tvm
+    last = None
+    for size in SIZES:
+        args = dict(kwargs, image_size=size) if name.startswith("vit_") else kwargs
+        torch.manual_seed(0)
+        model = no_dropout(classify(tvm.get_model(name, **args))).train()
+        batch = 4 if size < 128 else 2
+        try:
+            with torch.no_grad():
+                copy.deepcopy(model)(torch.randn(batch, 3, size, size), torch.zeros(batch, dtype=torch.long))
+        except Exception as e:  # noqa: BLE001 - the next size, else reported
+            last = e
+            continue
+        torch.manual_seed(0)
+        return no_dropout(classify(tvm.get_model(name, **args))).train(), images(batch, size)
+    raise RuntimeError(f"no image size of {SIZES} runs in eager: {first_line(last)}")
+
+
+def hf_model(key):
+    import transformers
+    spec = HF[key]
+    config_name, model_name, kind, config = spec[:4]
+    attention = spec[4] if len(spec) > 4 else "sdpa"
+    cfg = getattr(transformers, config_name)(attn_implementation=attention, **dict(_LM if kind != "image" else {},
+                                                                                   **config))
+    model = getattr(transformers, model_name)(cfg)
+    if kind == "image":
+        size = config.get("image_size", 32)
+        return no_dropout(hf_loss(model, ["pixel_values", "labels"], {})).train(), \
+            {"pixel_values": ("f32", [4, 3, size, size], None), "labels": ("i64", [4], config["num_labels"])}
+    extra = {"use_cache": False} if kind in ("lm", "seq2seq") else {}
+    tokens = {"input_ids": ("i64", [2, TOKENS], VOCAB), "labels": ("i64", [2, TOKENS], VOCAB)}
+    return no_dropout(hf_loss(model, list(tokens), extra)).train(), tokens
+
+
+def plan(tier, only):
+    """The entries of the tier (or the named ones): transformers', timm's, torchvision's."""
+    entries = []
+    if tier != "ci":
+        if importable("transformers"):
+            entries += [hf_entry(k) for k in HF]
+        if importable("timm"):
+            entries += [timm_entry(f) for f in TIMM]
+    try:
+        import torchvision
+        import torchvision.models as tvm
+        names = tvm.list_models(module=torchvision.models)
+        if tier == "ci":
+            names = CI_MODELS
+        elif tier == "families":
+            best = {}
+            for n in names:
+                count = tvm.get_model_weights(n).DEFAULT.meta["num_params"]
+                if family(n) not in best or count < best[family(n)][1]:
+                    best[family(n)] = (n, count)
+            names = sorted(n for n, _ in best.values())
+        entries += [tv_entry(n) for n in names]
+    except ImportError:
+        pass
+    if only:
+        entries = [e for e in entries if e["name"] in only or e["name"].split(".", 1)[1] in only]
+    return entries
+
+
+def importable(module):
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
+
+
+# ---- one model ----------------------------------------------------------------
+
+
+def first_line(e):
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def batches(inputs, device):
+    torch, _ = torch_modules()
+    generator = torch.Generator().manual_seed(1)
+    data = {}
+    for name, (dtype, shape, high) in inputs.items():
+        full = [STEPS] + shape
+        data[name] = (torch.randn(full, generator=generator) if dtype == "f32"
+                      else torch.randint(0, high, full, generator=generator))
+    return data
+
+
+def spec(name, dtype, shape):
+    return f"--input={name}:{dtype}[{','.join(map(str, shape))}]"
+
+
+class StageError(Exception):
+    def __init__(self, stage, line):
+        super().__init__(f"{stage}: {line}")
+        self.stage, self.line = stage, line
+
+
+def run_tool(cmd, stage, timeout, stdin=None, env=None):
+    try:
+        proc = subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        raise StageError(stage, f"timed out after {timeout}s")
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).decode(errors="replace").strip().splitlines()
+        errors = [l for l in lines if "error" in l]
+        line = (errors or lines or [f"exit {proc.returncode}"])[-1]
+        if proc.returncode < 0:
+            line = f"killed by signal {-proc.returncode}: " + line
+        raise StageError(stage + ("" if proc.returncode in (0, 1) else f" (exit {proc.returncode})"), line[:400])
+    return proc.stdout
+
+
+def pipeline(bin_dir, source, specs, folder, device, timeout):
+    """spmd's pipeline and run on `source`; the parameters spmd-run saved."""
+    step, ours = os.path.join(folder, "step.spmd"), os.path.join(folder, "ours.pt")
+    tool = lambda name: os.path.join(bin_dir, name)  # noqa: E731
+    graph = run_tool([tool("spmd-expand"), source, *specs, "--optimizer", "sgd", "--lr", str(LR), "--momentum",
+                      str(MOMENTUM)], "spmd-expand", timeout)
+    graph = run_tool([tool("spmd-split")], "spmd-split", timeout, stdin=graph)
+    graph = run_tool([tool("spmd-unroll"), "--iters", str(STEPS)], "spmd-unroll", timeout, stdin=graph)
+    run_tool([tool("spmd-lower"), "--device", device, "-o", step], "spmd-lower", timeout, stdin=graph)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    run_tool([tool("spmd-run"), step, "--device", device, "--steps", str(STEPS), "--data",
+              os.path.join(folder, "data.pt"), "--save-params", ours], "spmd-run", timeout, env=env)
+    return ours
+
+
+def train_eager(model, data, inputs, device):
+    torch, _ = torch_modules()
+    model = model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    for s in range(STEPS):
+        opt.zero_grad()
+        model(*[data[n][s].to(device) for n in inputs]).backward()
+        opt.step()
+    return {n: p.detach().cpu() for n, p in model.named_parameters()}
+
+
+def compare(got, eager, floor):
+    """(trains, worst abs difference, the floor's worst)."""
+    torch, _ = torch_modules()
+    missing = [n for n in eager if n not in got]
+    if missing:
+        return False, float("inf"), 0.0, f"spmd-run saved no parameter {missing[0]}"
+    worst = max((float((got[n].double() - p.double()).abs().max()) for n, p in eager.items()), default=0.0)
+    floor_worst = max((float((floor[n].double() - p.double()).abs().max()) for n, p in eager.items()), default=0.0)
+    close = all(torch.allclose(got[n].float(), p.float(), rtol=1e-3, atol=1e-5) for n, p in eager.items())
+    ok = close or worst <= floor_worst
+    return ok, worst, floor_worst, "" if ok else f"parameters differ from eager's by up to {worst:.3g} " \
+                                                    f"(one ulp's floor {floor_worst:.3g})"
+
+
+def check(entry, bin_dir, work, device, formats, timeout):
+    """The results of one model, one per format."""
+    torch, _ = torch_modules()
+    folder = os.path.join(work, entry["name"])
+    os.makedirs(folder, exist_ok=True)
+    base = {"name": entry["name"], "library": entry["library"], "family": entry["family"]}
+    try:
+        model, inputs = build(entry)
+    except Exception as e:  # noqa: BLE001 - the model cannot be built here: reported
+        return [dict(base, format=f, result="not made", stage="build", why=first_line(e)) for f in formats]
+    data = batches(inputs, device)
+    torch.save(data, os.path.join(folder, "data.pt"))
+    example = tuple(data[n][0] for n in inputs)
+    params = sum(p.numel() for p in model.parameters())
+    eager = floor = None
+    results = []
+    for fmt in formats:
+        row = dict(base, format=fmt, params=params, inputs={n: s for n, (_, s, _) in inputs.items()})
+        started = time.monotonic()
+        source = os.path.join(folder, "model." + fmt)
+        try:
+            write_format(model, example, fmt, source)
+        except Exception as e:  # noqa: BLE001 - torch's limit, reported
+            results.append(dict(row, result="not made", stage="torch.export" if fmt == "pt2" else "torch.jit.trace",
+                                why=first_line(e)))
+            continue
+        specs = [spec(n, d, s) for n, (d, s, _) in inputs.items()] if fmt == "pt" else []
+        try:
+            ours = pipeline(bin_dir, source, specs, folder, device, timeout)
+            if eager is None:
+                eager = train_eager(copy.deepcopy(model), data, inputs, device)
+                floor = train_eager(nudged(model), data, inputs, device)
+            ok, worst, floor_worst, why = compare(torch.load(ours), eager, floor)
+            row.update(result="trains" if ok else "failed", stage="" if ok else "parity", why=why,
+                       worst_abs=worst, floor_abs=floor_worst)
+        except StageError as e:
+            refused = e.stage == "spmd-expand" and "error:" in e.line and "internal error" not in e.line
+            row.update(result="refused" if refused else "failed", stage=e.stage, why=e.line)
+        row["seconds"] = round(time.monotonic() - started, 1)
+        results.append(row)
+    return results
+
+
+def write_format(model, example, fmt, path):
+    torch, _ = torch_modules()
+    if fmt == "pt2":
+        torch.export.save(torch.export.export(model, example, strict=False), path)
+    else:
+        torch.jit.trace(model, example, check_trace=False, strict=False).save(path)
+
+
+def nudged(model):
+    """A copy of `model` with every weight one ulp up."""
+    torch, _ = torch_modules()
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
+    return other
+
+
+def worker(entry, bin_dir, work, device, formats, timeout, threads, out):
+    """One model in its own process: its results to `out` (JSON)."""
+    import torch
+    torch.set_num_threads(threads)
+    try:
+        results = check(entry, bin_dir, work, device, formats, timeout)
+    except Exception as e:  # noqa: BLE001 - the sweep's own failure, reported as such
+        results = [dict(name=entry["name"], library=entry["library"], family=entry["family"], format=f,
+                        result="failed", stage="sweep", why=first_line(e)) for f in formats]
+    with open(out, "w") as f:
+        json.dump(results, f)
+
+
+# ---- the run and its table ------------------------------------------------------
+
+
+def environment(device):
+    import torch
+    versions = {"torch": torch.__version__}
+    for module in ("torchvision", "timm", "transformers"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            pass
+    commit = os.environ.get("SPMD_COMMIT") or git_commit()
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    if device == "cuda":
+        machine = torch.cuda.get_device_name() + ", " + machine
+    return {"date": datetime.date.today().isoformat(), "commit": commit, "machine": machine, "device": device,
+            "versions": versions}
+
+
+def git_commit():
+    """HEAD's commit, read from .git (no git command needed), or "unknown"."""
+    try:
+        with open(os.path.join(ROOT, ".git", "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref: "):
+            return head[:7]
+        ref = head[5:]
+        loose = os.path.join(ROOT, ".git", ref)
+        if os.path.exists(loose):
+            with open(loose) as f:
+                return f.read().strip()[:7]
+        with open(os.path.join(ROOT, ".git", "packed-refs")) as f:
+            for line in f:
+                if line.strip().endswith(" " + ref):
+                    return line.split()[0][:7]
+    except OSError:
+        pass
+    return "unknown"
+
+
+def table(env, rows, done):
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+    counted = [r for r in rows if r["result"] not in ("not made", "not run")]
+    trains = sum(r["result"] == "trains" for r in counted)
+    lines = [f"Sweep of {env['date']} at {env['commit']} on {env['machine']} ({env['device']}); {versions}"
+             f"{'' if done else '; cut off before the end'}. {trains} of {len(counted)} files train with parity, "
+             f"{sum(r['result'] == 'refused' for r in counted)} refused, "
+             f"{sum(r['result'] == 'failed' for r in counted)} failed; "
+             f"{sum(r['result'] == 'not made' for r in rows)} could not be made by torch"
+             f"{'; %d not run' % sum(r['result'] == 'not run' for r in rows) if any(r['result'] == 'not run' for r in rows) else ''}.", "",
+             "| architecture | format | result | why |", "| --- | --- | --- | --- |"]
+    for r in sorted(rows, key=lambda r: (r["library"], r["name"], r["format"])):
+        why = (r.get("stage", "") + ": " if r.get("stage") else "") + r.get("why", "")
+        lines.append(f"| {r['name']} | {r['format']} | {r['result']} | {why.replace('|', '/')[:200]} |")
+    return "\n".join(lines) + "\n"
+
+
+def put_table(path, text):
+    """`text` between the file's sweep markers."""
+    with open(path) as f:
+        content = f.read()
+    begin, end = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+    if begin not in content or end not in content:
+        raise SystemExit(f"sweep.py: error: {path}: no '{begin}' ... '{end}' section")
+    head, rest = content.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    with open(path, "w") as f:
+        f.write(head + begin + "\n" + text + end + tail)
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bin_dir")
+    p.add_argument("out_dir")
+    p.add_argument("--tier", choices=["ci", "families", "all"], default="families")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--format", action="append", choices=["pt2", "pt"], help="pt2 and pt unless given")
+    p.add_argument("--only", action="append", default=[], metavar="NAME")
+    p.add_argument("--jobs", type=int, default=1, help="models at once (1)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per model (900)")
+    p.add_argument("--budget", type=int, default=0,
+                   help="start no model after this many seconds (0: no limit); the rest are listed as not run")
+    p.add_argument("--table", metavar="FILE", help="also put the table into FILE's sweep section")
+    p.add_argument("--list", action="store_true", help="print the models and exit")
+    a = p.parse_args(argv)
+    os.environ.setdefault("PYTORCH_TENSOREXPR", "0")
+    entries = plan(a.tier, a.only)
+    if a.list:
+        print("\n".join(e["name"] for e in entries))
+        return 0
+    if not entries:
+        print("sweep.py: error: no model to sweep", file=sys.stderr)
+        return 1
+    formats = a.format or ["pt2", "pt"]
+    bin_dir, out = os.path.abspath(a.bin_dir), os.path.abspath(a.out_dir)
+    work = os.path.join(out, "models")
+    os.makedirs(work, exist_ok=True)
+    env = environment(a.device)
+    threads = max(1, (os.cpu_count() or 1) // a.jobs)
+    ctx = multiprocessing.get_context("spawn")
+    rows, running, queue = [], {}, list(entries)
+    began = time.monotonic()
+    while queue or running:
+        if a.budget and time.monotonic() - began > a.budget and queue:
+            rows += [dict(name=e["name"], library=e["library"], family=e["family"], format=f, result="not run",
+                          stage="", why=f"the sweep's budget of {a.budget}s was spent") for e in queue for f in formats]
+            queue = []
+        while queue and len(running) < a.jobs:
+            entry = queue.pop(0)
+            result = os.path.join(work, entry["name"] + ".json")
+            proc = ctx.Process(target=worker, args=(entry, bin_dir, work, a.device, formats, a.timeout, threads,
+                                                    result))
+            proc.start()
+            running[proc] = (entry, result, time.monotonic())
+        time.sleep(0.5)
+        for proc, (entry, result, started) in list(running.items()):
+            late = time.monotonic() - started > a.timeout
+            if proc.is_alive() and not late:
+                continue
+            if proc.is_alive():
+                proc.kill()
+            proc.join()
+            del running[proc]
+            rows += finished(entry, result, formats, proc.exitcode, late, a.timeout)
+            for r in rows[-len(formats):]:
+                print(f"{r['result']:8} {r['name']} ({r['format']}) {r.get('stage', '')} {r.get('why', '')}",
+                      flush=True)
+            text = table(env, rows, done=not queue and not running and not any(r["result"] == "not run" for r in rows))
+            with open(os.path.join(out, "sweep.md"), "w") as f:
+                f.write(text)
+            with open(os.path.join(out, "sweep.json"), "w") as f:
+                json.dump(dict(env, results=rows), f, indent=1)
+    if a.table:
+        put_table(a.table, table(env, rows, done=not any(r["result"] == "not run" for r in rows)))
+    failed = [r for r in rows if r["result"] == "failed"]
+    print(f"{sum(r['result'] == 'trains' for r in rows)} train, {sum(r['result'] == 'refused' for r in rows)} "
+          f"refused, {len(failed)} failed, {sum(r['result'] == 'not made' for r in rows)} not made; "
+          f"table in {os.path.join(out, 'sweep.md')}")
+    return 1 if failed else 0
+
+
+def finished(entry, result, formats, exitcode, late, timeout):
+    """The rows a worker left, or rows saying how it ended."""
+    if os.path.exists(result):
+        with open(result) as f:
+            return json.load(f)
+    why = f"timed out after {timeout}s" if late else f"the worker ended with exit code {exitcode}"
+    return [dict(name=entry["name"], library=entry["library"], family=entry["family"], format=f, result="failed",
+                 stage="sweep", why=why) for f in formats]
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
