@@ -209,19 +209,23 @@ def classify(model):
     return Classify(model)
 
 
-def hf_loss(model, names, extra):
+def hf_loss(model, kind, extra):
+    """A transformers model called with its inputs by name and labels: its own
+    loss. The forward's argument names are the programs' input names."""
     torch, nn = torch_modules()
 
-    class HFLoss(nn.Module):
-        """A transformers model called with its inputs by name and labels: its own loss."""
-
+    class TokensLoss(nn.Module):
         def __init__(self, inner):
             super().__init__()
             self.model = inner
 
-        def forward(self, *tensors):
-            return self.model(**dict(zip(names, tensors)), **extra).loss
-    return HFLoss(model)
+        def forward(self, input_ids, labels):
+            return self.model(input_ids=input_ids, labels=labels, **extra).loss
+
+    class PixelsLoss(TokensLoss):
+        def forward(self, pixel_values, labels):
+            return self.model(pixel_values=pixel_values, labels=labels).loss
+    return (PixelsLoss if kind == "image" else TokensLoss)(model)
 
 
 def images(batch, size, classes=CLASSES):
@@ -253,7 +257,11 @@ def build(entry):
     if kind == "timm":
         import timm
         size = TIMM_SIZE.get(entry["family"], kwargs.get("img_size", 64))
-        model = timm.create_model(what, pretrained=False, num_classes=10, drop_rate=0.0, drop_path_rate=0.0, **kwargs)
+        try:
+            model = timm.create_model(what, pretrained=False, num_classes=10, drop_rate=0.0, drop_path_rate=0.0,
+                                      **kwargs)
+        except TypeError:  # a family without stochastic depth
+            model = timm.create_model(what, pretrained=False, num_classes=10, drop_rate=0.0, **kwargs)
         return no_dropout(classify(model)).train(), images(2 if size >= 128 else 4, size, 10)
     return hf_model(what)
 
@@ -289,11 +297,11 @@ def hf_model(key):
     model = getattr(transformers, model_name)(cfg)
     if kind == "image":
         size = config.get("image_size", 32)
-        return no_dropout(hf_loss(model, ["pixel_values", "labels"], {})).train(), \
+        return no_dropout(hf_loss(model, kind, {})).train(), \
             {"pixel_values": ("f32", [4, 3, size, size], None), "labels": ("i64", [4], config["num_labels"])}
     extra = {"use_cache": False} if kind in ("lm", "seq2seq") else {}
     tokens = {"input_ids": ("i64", [2, TOKENS], VOCAB), "labels": ("i64", [2, TOKENS], VOCAB)}
-    return no_dropout(hf_loss(model, list(tokens), extra)).train(), tokens
+    return no_dropout(hf_loss(model, kind, extra)).train(), tokens
 
 
 def plan(tier, only):
@@ -362,7 +370,8 @@ class StageError(Exception):
         self.stage, self.line = stage, line
 
 
-def run_tool(cmd, stage, timeout, stdin=None, env=None):
+def run_tool(cmd, stage, timeout, stdin=None, env=None, times=None):
+    started = time.monotonic()
     try:
         proc = subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -374,21 +383,24 @@ def run_tool(cmd, stage, timeout, stdin=None, env=None):
         if proc.returncode < 0:
             line = f"killed by signal {-proc.returncode}: " + line
         raise StageError(stage + ("" if proc.returncode in (0, 1) else f" (exit {proc.returncode})"), line[:400])
+    if times is not None:
+        times[stage] = round(time.monotonic() - started, 1)
     return proc.stdout
 
 
-def pipeline(bin_dir, source, specs, folder, device, timeout):
-    """spmd's pipeline and run on `source`; the parameters spmd-run saved."""
+def pipeline(bin_dir, source, specs, folder, device, timeout, times):
+    """spmd's pipeline and run on `source`; the parameters spmd-run saved.
+    Each stage's seconds go to `times`."""
     step, ours = os.path.join(folder, "step.spmd"), os.path.join(folder, "ours.pt")
     tool = lambda name: os.path.join(bin_dir, name)  # noqa: E731
     graph = run_tool([tool("spmd-expand"), source, *specs, "--optimizer", "sgd", "--lr", str(LR), "--momentum",
-                      str(MOMENTUM)], "spmd-expand", timeout)
-    graph = run_tool([tool("spmd-split")], "spmd-split", timeout, stdin=graph)
-    graph = run_tool([tool("spmd-unroll"), "--iters", str(STEPS)], "spmd-unroll", timeout, stdin=graph)
-    run_tool([tool("spmd-lower"), "--device", device, "-o", step], "spmd-lower", timeout, stdin=graph)
+                      str(MOMENTUM)], "spmd-expand", timeout, times=times)
+    graph = run_tool([tool("spmd-split")], "spmd-split", timeout, stdin=graph, times=times)
+    graph = run_tool([tool("spmd-unroll"), "--iters", str(STEPS)], "spmd-unroll", timeout, stdin=graph, times=times)
+    run_tool([tool("spmd-lower"), "--device", device, "-o", step], "spmd-lower", timeout, stdin=graph, times=times)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     run_tool([tool("spmd-run"), step, "--device", device, "--steps", str(STEPS), "--data",
-              os.path.join(folder, "data.pt"), "--save-params", ours], "spmd-run", timeout, env=env)
+              os.path.join(folder, "data.pt"), "--save-params", ours], "spmd-run", timeout, env=env, times=times)
     return ours
 
 
@@ -417,8 +429,9 @@ def compare(got, eager, floor):
                                                     f"(one ulp's floor {floor_worst:.3g})"
 
 
-def check(entry, bin_dir, work, device, formats, timeout):
-    """The results of one model, one per format."""
+def check(entry, bin_dir, work, device, formats, timeout, progress=None):
+    """The results of one model, one per format (each also to `progress`
+    as it comes)."""
     torch, _ = torch_modules()
     folder = os.path.join(work, entry["name"])
     os.makedirs(folder, exist_ok=True)
@@ -434,21 +447,25 @@ def check(entry, bin_dir, work, device, formats, timeout):
     eager = floor = None
     results = []
     for fmt in formats:
-        row = dict(base, format=fmt, params=params, inputs={n: s for n, (_, s, _) in inputs.items()})
+        times = {}
+        row = dict(base, format=fmt, params=params, inputs={n: s for n, (_, s, _) in inputs.items()}, times=times)
         started = time.monotonic()
         source = os.path.join(folder, "model." + fmt)
         try:
             write_format(model, example, fmt, source)
+            times["write"] = round(time.monotonic() - started, 1)
         except Exception as e:  # noqa: BLE001 - torch's limit, reported
             results.append(dict(row, result="not made", stage="torch.export" if fmt == "pt2" else "torch.jit.trace",
                                 why=first_line(e)))
             continue
         specs = [spec(n, d, s) for n, (d, s, _) in inputs.items()] if fmt == "pt" else []
         try:
-            ours = pipeline(bin_dir, source, specs, folder, device, timeout)
+            ours = pipeline(bin_dir, source, specs, folder, device, timeout, times)
             if eager is None:
+                begun = time.monotonic()
                 eager = train_eager(copy.deepcopy(model), data, inputs, device)
                 floor = train_eager(nudged(model), data, inputs, device)
+                times["eager"] = round(time.monotonic() - begun, 1)
             ok, worst, floor_worst, why = compare(torch.load(ours), eager, floor)
             row.update(result="trains" if ok else "failed", stage="" if ok else "parity", why=why,
                        worst_abs=worst, floor_abs=floor_worst)
@@ -457,6 +474,8 @@ def check(entry, bin_dir, work, device, formats, timeout):
             row.update(result="refused" if refused else "failed", stage=e.stage, why=e.line)
         row["seconds"] = round(time.monotonic() - started, 1)
         results.append(row)
+        if progress:
+            progress(results)
     return results
 
 
@@ -482,8 +501,11 @@ def worker(entry, bin_dir, work, device, formats, timeout, threads, out):
     """One model in its own process: its results to `out` (JSON)."""
     import torch
     torch.set_num_threads(threads)
+    def save(results):
+        with open(out, "w") as f:
+            json.dump(results, f)
     try:
-        results = check(entry, bin_dir, work, device, formats, timeout)
+        results = check(entry, bin_dir, work, device, formats, timeout, progress=save)
     except Exception as e:  # noqa: BLE001 - the sweep's own failure, reported as such
         results = [dict(name=entry["name"], library=entry["library"], family=entry["family"], format=f,
                         result="failed", stage="sweep", why=first_line(e)) for f in formats]
@@ -616,8 +638,8 @@ def main(argv):
             del running[proc]
             rows += finished(entry, result, formats, proc.exitcode, late, a.timeout)
             for r in rows[-len(formats):]:
-                print(f"{r['result']:8} {r['name']} ({r['format']}) {r.get('stage', '')} {r.get('why', '')}",
-                      flush=True)
+                print(f"{r['result']:8} {r['name']} ({r['format']}) {r.get('stage', '')} {r.get('why', '')} "
+                      f"{json.dumps(r.get('times', {}))}", flush=True)
             text = table(env, rows, done=not queue and not running and not any(r["result"] == "not run" for r in rows))
             with open(os.path.join(out, "sweep.md"), "w") as f:
                 f.write(text)
@@ -633,13 +655,16 @@ def main(argv):
 
 
 def finished(entry, result, formats, exitcode, late, timeout):
-    """The rows a worker left, or rows saying how it ended."""
+    """The rows a worker left, and for the formats it did not finish rows
+    saying how it ended."""
+    rows = []
     if os.path.exists(result):
         with open(result) as f:
-            return json.load(f)
+            rows = json.load(f)
     why = f"timed out after {timeout}s" if late else f"the worker ended with exit code {exitcode}"
-    return [dict(name=entry["name"], library=entry["library"], family=entry["family"], format=f, result="failed",
-                 stage="sweep", why=why) for f in formats]
+    done = {r["format"] for r in rows}
+    return rows + [dict(name=entry["name"], library=entry["library"], family=entry["family"], format=f,
+                        result="failed", stage="sweep", why=why) for f in formats if f not in done]
 
 
 if __name__ == "__main__":

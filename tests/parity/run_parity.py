@@ -409,6 +409,11 @@ def main():
                                                          bool(c.shard) == a.sharded]
     if a.shard:
         cases = [c._replace(shard=a.shard) for c in cases]
+    if a.zoo and a.format == ["core.pt2"]:
+        # Core ATen decomposes LayerNorm, softmax, GELU and BatchNorm into ops
+        # that round otherwise than eager's kernels, which Adam at eps 1e-8
+        # would amplify: SGD, within 1e-4.
+        cases = [c._replace(optimizer=ZOO_SGD, **NEAR) for c in cases]
     bin_dir = os.path.abspath(a.bin_dir)
 
     passed = failed = 0

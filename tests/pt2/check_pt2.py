@@ -17,6 +17,9 @@ and checks with BIN/spmd-inspect, spmd-expand and spmd-split that:
   and no output file: a higher-order op, a first output that is no floating
   scalar, a joint program's input mutation, a newer schema major version, a
   cut file;
+* a `torch.no_grad()` block (the higher-order op wrap_with_set_grad_enabled,
+  tests/pt2/fixtures/no_grad.pt2 from make_no_grad_fixture.py) trains as
+  eager PyTorch trains it;
 * `python3 -m spmd_export --format pt2` writes a .pt2 spmd reads, and refuses
   a model that does not return the loss.
 
@@ -104,6 +107,23 @@ def refused(name, argv, file, where_what, out=None):
     check(name, bool(ok), f"exit {proc.returncode}, stderr {proc.stderr.strip()[:400]!r}")
 
 
+def trains_like_eager(tool, python, tmp, name):
+    """FIXTURES/NAME.pt2 through expand | lower | run for 2 SGD steps (lr 0.1)
+    on NAME.data.pt: its parameters against NAME.expected.pt, eager's."""
+    step, ours = os.path.join(tmp, name + ".spmd"), os.path.join(tmp, name + ".ours.pt")
+    graph = run([tool["spmd-expand"], os.path.join(FIXTURES, name + ".pt2"), "--optimizer", "sgd", "--lr", "0.1"])
+    lowered = run([tool["spmd-lower"], "-o", step], input=graph.stdout)
+    ran = run([tool["spmd-run"], step, "--steps", "2", "--data", os.path.join(FIXTURES, name + ".data.pt"),
+               "--save-params", ours, "--device", "cpu"])
+    if graph.returncode or lowered.returncode or ran.returncode:
+        print("    " + (graph.stderr + lowered.stderr + ran.stderr).strip()[-400:])
+        return False
+    compare = run([python, "-c", "import sys, torch; a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2]); "
+                   "sys.exit(0 if a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-7) "
+                   "for k in b) else 1)", ours, os.path.join(FIXTURES, name + ".expected.pt")])
+    return compare.returncode == 0
+
+
 def program_names(path):
     """Parameter and buffer names of a .pt2 as its signature gives them, read with Python's zipfile."""
     with zipfile.ZipFile(path) as z:
@@ -122,7 +142,8 @@ def main():
     p.add_argument("bin_dir")
     p.add_argument("--python", default="/usr/bin/python3")
     a = p.parse_args()
-    tool = {t: os.path.join(os.path.abspath(a.bin_dir), t) for t in ("spmd-inspect", "spmd-expand", "spmd-split")}
+    tool = {t: os.path.join(os.path.abspath(a.bin_dir), t)
+            for t in ("spmd-inspect", "spmd-expand", "spmd-split", "spmd-lower", "spmd-run")}
     tmp = tempfile.mkdtemp(prefix="spmd-pt2-")
     try:
         gen = run([a.python, os.path.join(HERE, "make_fixtures.py"), tmp])
@@ -175,6 +196,10 @@ def main():
         values = [t.replace("head.weight", "tok.weight") for t in tables.values()]
         check("buckets of lm.pt2 (both layouts) equal lm.pt's", values[0] == values[1] == values[2] and
               values[0].count("\n") > 2, "\n".join(values))
+
+        # A torch.no_grad() block (wrap_with_set_grad_enabled, torch 2.14's
+        # export): trained as eager PyTorch trains it, no gradient through it.
+        check("a no_grad block trains as in eager", trains_like_eager(tool, a.python, tmp, "no_grad"))
 
         # Refusals, one line each, with no output left.
         out = os.path.join(tmp, "out.json")

@@ -23,6 +23,7 @@
 #include <optional>
 #include <sstream>
 #include <unordered_map>
+#include <utility>
 
 namespace spmd {
 namespace export_detail {
@@ -84,6 +85,7 @@ class ProgramRunner {
  private:
   std::string describe(const ser::Node& node, size_t index) const;
   void runSymbolic(const ser::Node& node, const std::string& where);
+  void runGradModeRegion(const ser::Node& node, const std::string& where);
   int64_t symInt(const ser::SymIntArgument& a, const std::string& where) const;
   std::vector<int64_t> symInts(const std::vector<ser::SymIntArgument>& list, const std::string& where) const;
   c10::IValue argument(const ser::Argument& a, const c10::Argument& formal, const std::string& where) const;
@@ -267,6 +269,49 @@ void ProgramRunner::runSymbolic(const ser::Node& node, const std::string& where)
   }
 }
 
+// wrap_with_set_grad_enabled(enabled, body, *args): export's record of a
+// `with torch.no_grad()` or `torch.set_grad_enabled(...)` block (transformers'
+// rotary embeddings compute their cos and sin so). The body's nodes run here,
+// in names of their own; where the block disabled gradients its results are
+// detached, so that no gradient flows back through them, as in eager.
+void ProgramRunner::runGradModeRegion(const ser::Node& node, const std::string& where) {
+  const auto& in = node.get_inputs();
+  if (in.size() < 2 || in[0].get_arg().tag() != Tag::AS_BOOL || in[1].get_arg().tag() != Tag::AS_GRAPH) {
+    throw Diagnostic(where, "wrap_with_set_grad_enabled without its flag and body");
+  }
+  const bool enabled = in[0].get_arg().get_as_bool();
+  const ser::Graph& body = *in[1].get_arg().get_as_graph().get_graph();
+  if (body.get_inputs().size() != in.size() - 2) {
+    throw Diagnostic(where, "wrap_with_set_grad_enabled's body takes " + std::to_string(body.get_inputs().size()) +
+                                " inputs, given " + std::to_string(in.size() - 2));
+  }
+  std::unordered_map<std::string, c10::IValue> bound;
+  for (size_t i = 2; i < in.size(); ++i) {
+    const ser::Argument& given = in[i].get_arg();
+    const ser::Argument& formal = body.get_inputs()[i - 2];
+    if (given.tag() != Tag::AS_TENSOR || formal.tag() != Tag::AS_TENSOR) {
+      throw Diagnostic(where, "wrap_with_set_grad_enabled reads an argument that is not a tensor");
+    }
+    bound[formal.get_as_tensor().get_name()] = value(given.get_as_tensor().get_name(), where);
+  }
+  std::unordered_map<std::string, c10::IValue> outer = std::exchange(values_, std::move(bound));
+  const auto& nodes = body.get_nodes();
+  for (size_t k = 0; k < nodes.size(); ++k) run(nodes[k], k);
+  jit::Stack results;
+  for (const ser::Argument& out : body.get_outputs()) {
+    if (out.tag() != Tag::AS_TENSOR) throw Diagnostic(where, "wrap_with_set_grad_enabled returns what is not a tensor");
+    const at::Tensor t = tensor(out.get_as_tensor().get_name(), where);
+    results.push_back(enabled ? t : t.detach());
+  }
+  values_ = std::move(outer);
+  if (node.get_outputs().size() == 1 && node.get_outputs()[0].tag() == Tag::AS_TENSORS) {
+    std::vector<at::Tensor> list;
+    for (const c10::IValue& r : results) list.push_back(r.toTensor());
+    results = jit::Stack{c10::IValue(list)};
+  }
+  bindOutputs(node, results);
+}
+
 void ProgramRunner::bindOutputs(const ser::Node& node, jit::Stack& results) {
   const auto& outputs = node.get_outputs();
   // One Tensor[] result (split, unbind) may be written as one output per element.
@@ -322,9 +367,10 @@ c10::OperatorHandle ProgramRunner::operatorThatRuns(const c10::OperatorHandle& o
 void ProgramRunner::run(const ser::Node& node, size_t index) {
   const std::string where = describe(node, index);
   const std::string& target = node.get_target();
+  if (target == "torch.ops.higher_order.wrap_with_set_grad_enabled") return runGradModeRegion(node, where);
   if (target.rfind("torch.ops.higher_order.", 0) == 0) {
     throw Diagnostic(where, "higher-order op '" + target.substr(23) +
-                                "': spmd takes programs of ATen ops (no cond, while_loop, wrap_with_set_grad_enabled, ...)");
+                                "': spmd takes programs of ATen ops (no cond, while_loop, map, ...)");
   }
   if (target.rfind("_operator.", 0) == 0) return runSymbolic(node, where);
   const std::optional<c10::OperatorName> name = operatorNameOf(target);

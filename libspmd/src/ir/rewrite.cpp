@@ -8,8 +8,11 @@
 #include <numeric>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+#include <vector>
 
 namespace spmd {
 
@@ -150,9 +153,19 @@ RewriteCounts applyPatternsGreedily(Graph& g, const std::vector<RewritePattern*>
 
 RewriteCounts applyPatternsNotingFailures(Graph& g, const std::vector<RewritePattern*>& patterns,
                                           DiagnosticEngine& diagnostics, const std::string& failurePrefix) {
-  return applyPatternsGreedily(g, patterns, [&](const PatternFailure& f) {
-    diagnostics.note(noteWhere(*f.node), failurePrefix + f.why);
+  // One note per place and reason, with how many nodes it is about: a
+  // model's layers repeat one source line many times.
+  std::vector<std::pair<std::string, std::string>> order;
+  std::map<std::pair<std::string, std::string>, int> times;
+  const RewriteCounts counts = applyPatternsGreedily(g, patterns, [&](const PatternFailure& f) {
+    const auto key = std::make_pair(noteWhere(*f.node), failurePrefix + f.why);
+    if (times[key]++ == 0) order.push_back(key);
   });
+  for (const auto& key : order) {
+    const int n = times[key];
+    diagnostics.note(key.first, key.second + (n > 1 ? " (" + std::to_string(n) + " nodes)" : ""));
+  }
+  return counts;
 }
 
 }  // namespace spmd

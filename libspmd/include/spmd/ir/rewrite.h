@@ -103,7 +103,8 @@ struct RewriteCounts {
 // that last sweep go to `onFailure` in program order.
 RewriteCounts applyPatternsGreedily(Graph& g, const std::vector<RewritePattern*>& patterns,
                                     const std::function<void(const PatternFailure&)>& onFailure);
-// The same, each failure a note on `diagnostics` about its node (noteWhere):
+// The same, each failure a note on `diagnostics` about its node (noteWhere;
+// one note per place and reason, "(N nodes)" where it is about several):
 // `failurePrefix` + why, as "layer-norm-to-kernel: not fused: " + why.
 RewriteCounts applyPatternsNotingFailures(Graph& g, const std::vector<RewritePattern*>& patterns,
                                           DiagnosticEngine& diagnostics, const std::string& failurePrefix);
