@@ -10,6 +10,7 @@
 #include "spmd/runtime/interpreter.h"
 #include "spmd/io/weights.h"
 
+#include <cmath>
 #include <set>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -36,12 +37,68 @@ void requireClose(const at::Tensor& ours, const at::Tensor& ref, const std::stri
   testing::requireClose(ours, ref, what, 1e-5, 1e-7);
 }
 
-// The reference: LibTorch training the TorchScript module itself.
+// Python's torch.optim.Adam and AdamW (torch/optim/adam.py's single-tensor
+// step, not capturable) in ATen's in-place calls: LibTorch's C++ torch::optim
+// computes the first moment as mul + add, where torch.optim (and spmd) use
+// lerp, which rounds otherwise and which Adam then amplifies.
+struct TorchOptimAdam {
+  struct State {
+    at::Tensor expAvg, expAvgSq, maxExpAvgSq;
+    int64_t step = 0;
+  };
+  std::vector<at::Tensor> params;
+  OptimizerOptions o;
+  std::vector<State> states;
+
+  TorchOptimAdam(std::vector<at::Tensor> ps, const OptimizerOptions& options) : params(std::move(ps)), o(options) {
+    for (const at::Tensor& p : params) {
+      states.push_back({at::zeros_like(p), at::zeros_like(p), at::zeros_like(p), 0});
+    }
+  }
+
+  void zeroGrad() {
+    for (at::Tensor& p : params) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+  }
+
+  void step() {
+    at::NoGradGuard noGrad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor p = params[i];
+      if (!p.grad().defined()) continue;
+      State& s = states[i];
+      at::Tensor grad = p.grad();
+      s.step += 1;
+      if (o.kind == OptimizerKind::AdamW) {
+        p.mul_(1 - o.lr * o.weightDecay);
+      } else if (o.weightDecay != 0) {
+        grad = grad.add(p, o.weightDecay);
+      }
+      s.expAvg.lerp_(grad, 1 - o.beta1);
+      s.expAvgSq.mul_(o.beta2).addcmul_(grad, grad, 1 - o.beta2);
+      const double bc1 = 1 - std::pow(o.beta1, static_cast<double>(s.step));
+      const double bc2 = 1 - std::pow(o.beta2, static_cast<double>(s.step));
+      const double stepSize = o.lr / bc1, bc2Sqrt = std::sqrt(bc2);
+      at::Tensor second = s.expAvgSq;
+      if (o.amsgrad) {
+        at::maximum_out(s.maxExpAvgSq, s.maxExpAvgSq, s.expAvgSq);
+        second = s.maxExpAvgSq;
+      }
+      const at::Tensor denom = (second.sqrt() / bc2Sqrt).add_(o.eps);
+      p.addcdiv_(s.expAvg, denom, -stepSize);
+    }
+  }
+};
+
+// The reference: LibTorch training the TorchScript module itself, with
+// torch::optim's SGD or torch.optim's Adam/AdamW.
 struct Reference {
   torch::jit::Module module;
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<TorchOptimAdam> adam;
 
   Reference(const std::string& path, const OptimizerOptions& o) : module(torch::jit::load(path)) {
     module.train();
@@ -56,47 +113,39 @@ struct Reference {
     if (o.kind == OptimizerKind::Sgd) {
       optimizer = std::make_unique<torch::optim::SGD>(
           params, torch::optim::SGDOptions(o.lr).momentum(o.momentum).dampening(o.dampening).nesterov(o.nesterov).weight_decay(o.weightDecay));
-    } else if (o.kind == OptimizerKind::Adam) {
-      optimizer = std::make_unique<torch::optim::Adam>(
-          params, torch::optim::AdamOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay).amsgrad(o.amsgrad));
     } else {
-      optimizer = std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(o.lr).betas({o.beta1, o.beta2}).eps(o.eps).weight_decay(o.weightDecay).amsgrad(o.amsgrad));
+      adam = std::make_unique<TorchOptimAdam>(params, o);
     }
   }
 
   at::Tensor step(const std::vector<InputSpec>& specs, const std::map<std::string, at::Tensor>& data) {
-    optimizer->zero_grad();
+    if (optimizer) optimizer->zero_grad();
+    if (adam) adam->zeroGrad();
     std::vector<c10::IValue> args;
     for (const auto& s : specs) args.emplace_back(data.at(s.name));
     at::Tensor loss = module.forward(args).toTensor();
     loss.backward();
-    optimizer->step();
+    if (optimizer) optimizer->step();
+    if (adam) adam->step();
     return loss.detach();
   }
 
   // The optimizer state of parameter i under spmd's names for it.
   std::map<std::string, at::Tensor> state(size_t i, const OptimizerOptions& o) {
+    const std::string& n = names[i];
+    if (adam) {
+      const TorchOptimAdam::State& s = adam->states[i];
+      if (s.step == 0) return {};
+      std::map<std::string, at::Tensor> out = {{n + ".exp_avg", s.expAvg}, {n + ".exp_avg_sq", s.expAvgSq},
+                                               {n + ".step", torch::tensor(static_cast<float>(s.step))}};
+      if (o.amsgrad) out[n + ".max_exp_avg_sq"] = s.maxExpAvgSq;
+      return out;
+    }
     auto& all = optimizer->state();
     auto it = testing::findOptimizerState(all, params[i]);
     std::map<std::string, at::Tensor> out;
     if (it == all.end()) return out;
-    const std::string& n = names[i];
-    if (o.kind == OptimizerKind::Sgd) {
-      out[n + ".momentum_buffer"] = static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();
-    } else if (o.kind == OptimizerKind::Adam) {
-      auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
-      out[n + ".exp_avg"] = s.exp_avg();
-      out[n + ".exp_avg_sq"] = s.exp_avg_sq();
-      if (o.amsgrad) out[n + ".max_exp_avg_sq"] = s.max_exp_avg_sq();
-      out[n + ".step"] = torch::tensor(static_cast<float>(s.step()));
-    } else {
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      out[n + ".exp_avg"] = s.exp_avg();
-      out[n + ".exp_avg_sq"] = s.exp_avg_sq();
-      if (o.amsgrad) out[n + ".max_exp_avg_sq"] = s.max_exp_avg_sq();
-      out[n + ".step"] = torch::tensor(static_cast<float>(s.step()));
-    }
+    out[n + ".momentum_buffer"] = static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer();
     return out;
   }
 };

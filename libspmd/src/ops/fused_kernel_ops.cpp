@@ -69,8 +69,12 @@ at::Tensor keepMask(const at::Tensor& seed, at::IntArrayRef shape, float p) {
 // reductions run (an operand may broadcast to it).
 at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& a, at::IntArrayRef shape) {
   using P = PointwiseOp;
-  // A threshold or exponent is a Scalar to ATen (these come from constants).
-  auto scalar = [&](size_t k) { return a[k].item(); };
+  // A threshold, exponent or probability is a Scalar to ATen: a constant's
+  // own value (read off the statement, which also works on the meta device).
+  auto scalar = [&](size_t k) -> at::Scalar {
+    if (s.operands[k].kind == PointwiseOperand::Kind::Constant) return static_cast<float>(s.operands[k].constant);
+    return a[k].item();
+  };
   switch (s.op) {
     case P::Add: return a[0] + a[1];
     case P::Sub: return a[0] - a[1];
@@ -100,14 +104,13 @@ at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& 
     case P::Bernoulli:
       // On the meta device only the layout counts: a dense mask of the shape.
       if (a[0].is_meta()) return at::empty(shape, a[2].options()) * a[2];
-      return keepMask(a[0], shape, a[1].item<float>()) * a[2];
+      return keepMask(a[0], shape, scalar(1).to<float>()) * a[2];
   }
   TORCH_CHECK(false, "spmd::fused: an operation without a CPU kernel");
 }
 
 // The program's statements evaluated with ATen's ops, each rounded to its
-// dtype and kept in fp32 (constants are CPU scalars, which ATen takes beside
-// tensors of any device, so this runs on meta tensors too).
+// dtype and kept in fp32, on the inputs' device (meta included).
 std::vector<at::Tensor> evaluateProgram(const PointwiseProgram& program, at::TensorList inputs,
                                         at::IntArrayRef shape) {
   std::vector<at::Tensor> temps;
@@ -119,7 +122,7 @@ std::vector<at::Tensor> evaluateProgram(const PointwiseProgram& program, at::Ten
         case PointwiseOperand::Kind::Input: operands.push_back(seed ? inputs[o.index] : inputs[o.index].to(at::kFloat)); break;
         case PointwiseOperand::Kind::Temp: operands.push_back(temps[o.index]); break;
         case PointwiseOperand::Kind::Constant:
-          operands.push_back(at::scalar_tensor(static_cast<float>(o.constant), at::kFloat));
+          operands.push_back(at::scalar_tensor(static_cast<float>(o.constant), inputs[0].options().dtype(at::kFloat)));
           break;
       }
     }
