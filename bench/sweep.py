@@ -28,7 +28,7 @@ beside a copy of the eager model trained 3 steps by torch.optim.SGD on the
 same batches, and once more from weights one ulp up: how far rounding alone
 carries the model (the floor). A file's result is one of
 - trains: the parameters within rtol 1e-3 / atol 1e-5 of eager's, or no
-  farther off than the floor;
+  farther off than FLOOR_MARGIN (4) times the floor;
 - refused: spmd-expand exits 1 with one line saying what it does not take;
 - failed: any other stage's error, a crash, a timeout or a parity miss;
 - not made: torch.export or torch.jit.trace cannot make the file (torch's
@@ -58,6 +58,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 STEPS = 3
 LR, MOMENTUM = 0.01, 0.9
+# A file trains with parity when its parameters are within rtol 1e-3 / atol
+# 1e-5 of eager's, or no farther off than FLOOR_MARGIN times eager's own
+# drift from weights one ulp away (small BatchNorm nets on 4 images of 32
+# pixels are chaotic: rounding alone moves them by whole units in 3 steps).
+FLOOR_MARGIN = 4
 CLASSES, VOCAB = 64, 128
 SIZES = [32, 48, 64, 75, 96, 128, 160, 224]
 SIZE_WORDS = {"t", "s", "m", "b", "l", "h", "tiny", "small", "base", "large"}
@@ -424,9 +429,9 @@ def compare(got, eager, floor):
     worst = max((float((got[n].double() - p.double()).abs().max()) for n, p in eager.items()), default=0.0)
     floor_worst = max((float((floor[n].double() - p.double()).abs().max()) for n, p in eager.items()), default=0.0)
     close = all(torch.allclose(got[n].float(), p.float(), rtol=1e-3, atol=1e-5) for n, p in eager.items())
-    ok = close or worst <= floor_worst
+    ok = close or worst <= FLOOR_MARGIN * floor_worst
     return ok, worst, floor_worst, "" if ok else f"parameters differ from eager's by up to {worst:.3g} " \
-                                                    f"(one ulp's floor {floor_worst:.3g})"
+                                                    f"(one ulp's floor {floor_worst:.3g}, times {FLOOR_MARGIN})"
 
 
 def check(entry, bin_dir, work, device, formats, timeout, progress=None):

@@ -103,11 +103,15 @@ def _check_members(folder, manifest):
 def _check_manifests(folders, step, world):
     """Each rank's manifest names the step of its folder, and every rank's the same run."""
     first = None
-    for folder in folders:
+    for rank, folder in enumerate(folders):
         path = os.path.join(folder, "manifest.json")
         manifest = _read_json(path)
         if not isinstance(manifest, dict):
             raise MergeError(f"{path}: not a checkpoint manifest")
+        # Written by spmd-run since issue 57: the rank whose shards the folder holds.
+        if "rank" in manifest and manifest["rank"] != rank:
+            raise MergeError(f"{path}: holds rank {manifest['rank']!r}'s shards, not rank {rank}'s: the rank "
+                             f"folders were swapped or copied")
         if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
             raise MergeError(f"{path}: step {manifest.get('step')!r}, but the folder is step-{step:08d}")
         if manifest.get("world_size") != world:

@@ -377,6 +377,40 @@ def output_target_errors(tmp):
           r"spmd-expand: error: .*/fifo: cannot write: a FIFO that nobody reads", tool=EXPAND)
 
 
+def full_stdout_errors(tmp):
+    """Issue 57: spmd-run > /dev/full (with and without --json) exited 0."""
+    lm = ["samples/lm.pt"] + open("samples/lm.inputs").read().split()
+    step = subprocess.run([EXPAND] + lm + ["--optimizer", "sgd", "--lr", "0.1"], capture_output=True, check=True).stdout
+    artifact = os.path.join(tmp, "lm-full.spmd")
+    subprocess.run([LOWER, "-", "-o", artifact], input=step, capture_output=True, check=True)
+    for extra in ([], ["--json"]):
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([RUN, artifact, "--steps", "2", *extra], stdout=full, stderr=subprocess.PIPE,
+                                  timeout=120)
+        err = proc.stderr.decode(errors="replace").strip()
+        record(f"spmd-run {' '.join(extra)}> /dev/full exits 1", proc.returncode == 1 and re.fullmatch(
+            r"spmd-run: error: <stdout>: cannot write: .+", err) is not None,
+            f"exit {proc.returncode}, stderr {err!r}")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([BIN, "samples/mlp.pt"], stdout=full, stderr=subprocess.PIPE, timeout=120)
+    record("spmd-inspect > /dev/full exits 1", proc.returncode == 1, f"exit {proc.returncode}")
+
+
+def bound_errors():
+    """Issue 57: --micro-batches 100000 grew to 2.9 GB and ran past 60 s;
+    --bucket-cap-mb nan was accepted."""
+    check("--micro-batches past the node bound", MLP + ["--optimizer", "sgd", "--lr", "0.1", "--micro-batches",
+                                                        "100000"], 1,
+          r"spmd-expand: error: samples/mlp\.pt: --micro-batches: 100000 copies of the step's \d+ nodes pass the bound of 2097152 "
+          r"nodes: take fewer micro-batches of more rows \(--input\)", tool=EXPAND)
+    graph = subprocess.run([EXPAND] + MLP + ["--optimizer", "sgd", "--lr", "0.1"], capture_output=True,
+                           check=True).stdout
+    for flag in ("--bucket-cap-mb", "--first-bucket-cap-mb"):
+        for value in ("nan", "inf"):
+            check(f"{flag} {value}", ["-", flag, value], 2, r"must be a finite number > 0", stdin=graph,
+                  tool=SPLIT)
+
+
 def stream_and_fifo_errors(tmp):
     """Issue 44: reading /dev/zero grew without bound; FIFOs given to --data,
     --tokens and --metrics hung."""
@@ -646,6 +680,8 @@ def main():
     cut_member_errors(tmp)
     output_target_errors(tmp)
     stream_and_fifo_errors(tmp)
+    full_stdout_errors(tmp)
+    bound_errors()
     huge_batch_errors()
     utf8_and_bounds_errors(tmp)
     print(f"{passed} passed, {failed} failed")

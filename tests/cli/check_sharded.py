@@ -206,6 +206,14 @@ def refusals(cases):
                path("lm.ckpt"), check=False)
     report("a sharded checkpoint of 2 ranks refuses a resume on 4",
            one_line_error(proc, "spmd-run", "sharded run of 2 ranks"), proc.stderr)
+    swapped = path("lm_swapped.ckpt")
+    shutil.copytree(path("lm.ckpt"), swapped)
+    os.rename(os.path.join(swapped, "rank-00000"), os.path.join(swapped, "swap"))
+    os.rename(os.path.join(swapped, "rank-00001"), os.path.join(swapped, "rank-00000"))
+    os.rename(os.path.join(swapped, "swap"), os.path.join(swapped, "rank-00001"))
+    proc = run(artifact, "--nproc", "2", "--data", data, "--steps", "8", "--resume", swapped, check=False)
+    report("a resume from swapped rank folders is refused (issue 57)",
+           one_line_error(proc, "spmd-run", "'s shards, not rank ") and "swapped or copied" in proc.stderr, proc.stderr)
     plain = pipeline("lm_plain.spmd", LM, ADAMW, [])
     proc = run(plain, "--nproc", "2", "--data", data, "--steps", "8", "--resume", path("lm.ckpt"), check=False)
     report("a sharded checkpoint refuses an unsharded step", one_line_error(proc, "spmd-run", "sharded run's"),
@@ -255,7 +263,15 @@ def merge_refusals():
         manifest["step"] = 4
         json.dump(manifest, open(name, "w"))
 
+    def swapped_rank_folders(root):
+        os.rename(os.path.join(root, "rank-00000"), os.path.join(root, "swap"))
+        os.rename(os.path.join(root, "rank-00001"), os.path.join(root, "rank-00000"))
+        os.rename(os.path.join(root, "swap"), os.path.join(root, "rank-00001"))
+
     cases = [("index.json is []", index_list, None, r"index\.json: not an spmd sharded checkpoint index"),
+             ("swapped rank folders", swapped_rank_folders, None,
+              r"rank-00000/step-00000005/manifest\.json: holds rank 1's shards, not rank 0's: the rank folders were "
+              r"swapped or copied"),
              ("index.json without parameters", index_without_parameters, None, r"index\.json: no 'parameters'"),
              ("a damaged optimizer shard", flipped_optimizer_byte, None,
               r"rank-00001/step-00000005/optimizer\.pt: damaged: member '.*' does not match its CRC-32"),

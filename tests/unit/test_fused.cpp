@@ -92,6 +92,16 @@ const FusionCase kCases[] = {
   %w: {D}[40,24] = aten::sub.Tensor(%v, %x, 0.5)
   return (%w)
 )", 1},
+    // Adam's first moment (torch.optim's lerp, from both ends: weights under
+    // and over one half) with its neighbours.
+    {"lerp from both ends, with a scale", R"(graph
+  input %m: {D}[24,40] data
+  input %g: {D}[24,40] data
+  %l: {D}[24,40] = aten::lerp.Scalar(%m, %g, 0.09999999999999998)
+  %h: {D}[24,40] = aten::lerp.Scalar(%l, %g, 0.75)
+  %y: {D}[24,40] = aten::mul.Scalar(%h, -0.5)
+  return (%l, %y)
+)", 1},
     // ConvNeXt's layer scale: ATen's mul and add keep the permuted operand's
     // layout, and the view after the permute back relies on it.
     {"permuted operands keep their layout (ConvNeXt's layer scale)", R"(graph

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -23,18 +24,32 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 
 namespace spmd {
 namespace {
 
+// Whether two strides of `sizes` lay it out alike (size-1 dimensions' strides
+// do not matter).
+bool sameLayout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != 1 && a[d] != b[d]) return false;
+  }
+  return true;
+}
+
 // The dimensions of `shape` from the outermost to the innermost in memory
-// for a dense tensor of these strides (size-1 dimensions where they stand).
+// for a dense tensor of these strides: as they stand where the layout is the
+// contiguous one (the kernel spec lowering predicted from the shapes), else
+// size-1 dimensions (whose place does not matter) first, then the others by
+// falling stride.
 std::vector<int64_t> memoryOrder(const std::vector<int64_t>& strides, const std::vector<int64_t>& shape) {
   std::vector<int64_t> order;
   for (size_t d = 0; d < shape.size(); ++d) order.push_back(static_cast<int64_t>(d));
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return shape[a] != 1 && shape[b] != 1 && strides[a] > strides[b];
-  });
+  const c10::DimVector contiguous = c10::contiguous_strides(shape);
+  if (sameLayout(shape, strides, std::vector<int64_t>(contiguous.begin(), contiguous.end()))) return order;
+  auto key = [&](int64_t d) { return std::make_pair(shape[d] == 1 ? 0 : 1, -strides[d]); };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
   return order;
 }
 
@@ -57,15 +72,6 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& order) {
   std::vector<int64_t> out(order.size());
   for (size_t k = 0; k < order.size(); ++k) out[order[k]] = static_cast<int64_t>(k);
   return out;
-}
-
-// Whether two strides of `sizes` lay it out alike (size-1 dimensions' strides
-// do not matter).
-bool sameLayout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] != 1 && a[d] != b[d]) return false;
-  }
-  return true;
 }
 
 // The kernel runs over the iteration space in the memory order of the first

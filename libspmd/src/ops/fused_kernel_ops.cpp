@@ -93,6 +93,9 @@ at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& 
     case P::SigmoidGrad: return at::sigmoid_backward(a[0], a[1]);
     case P::Silu: return at::silu(a[0]);
     case P::SiluGrad: return at::silu_backward(a[0], a[1]);
+    case P::Lerp:
+      return s.operands[2].kind == PointwiseOperand::Kind::Constant ? at::lerp(a[0], a[1], scalar(2))
+                                                                     : at::lerp(a[0], a[1], a[2]);
     case P::Exp: return at::exp(a[0]);
     case P::Log: return at::log(a[0]);
     case P::Sqrt: return at::sqrt(a[0]);

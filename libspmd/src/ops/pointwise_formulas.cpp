@@ -71,6 +71,10 @@ std::string opExpr(const PointwiseStatement& s) {
     case P::SigmoidGrad: return a[0] + " * (1.0f - " + a[1] + ") * " + a[1];
     case P::Silu: return a[0] + " / (1.0f + expf(-" + a[0] + "))";
     case P::SiluGrad: return "spmd_silu_grad(" + a[0] + ", " + a[1] + ")";
+    // ATen's lerp: from the nearer end, so that weight 1 gives `end` exactly.
+    case P::Lerp:
+      return "(fabsf(" + a[2] + ") < 0.5f ? " + a[0] + " + " + a[2] + " * (" + a[1] + " - " + a[0] + ") : " + a[1] +
+             " - (" + a[1] + " - " + a[0] + ") * (1.0f - " + a[2] + "))";
     case P::Exp: return "expf(" + a[0] + ")";
     case P::Log: return "logf(" + a[0] + ")";
     case P::Sqrt: return "sqrtf(" + a[0] + ")";

@@ -29,6 +29,7 @@ const std::vector<PointwiseOpInfo>& pointwiseOps() {
       {P::Exp, "exp", 1},          {P::Log, "log", 1},
       {P::Sqrt, "sqrt", 1},        {P::Rsqrt, "rsqrt", 1},
       {P::Pow, "pow", 2},          {P::Cast, "cast", 1},
+      {P::Lerp, "lerp", 3},
       {P::RowSum, "row_sum", 1},   {P::RowMax, "row_max", 1},
       {P::Bernoulli, "bernoulli", 3},
   };

@@ -28,6 +28,7 @@ struct Ops {
   OpName gelu = OpName::known("aten::gelu");
   OpName gelu_backward = OpName::known("aten::gelu_backward");
   OpName _to_copy = OpName::known("aten::_to_copy");
+  OpName lerp_Scalar = OpName::known("aten::lerp.Scalar");
   OpName to_dtype = OpName::known("aten::to.dtype");
   // One tensor in, one statement out.
   std::map<OpName, PointwiseOp> unary = {
@@ -114,6 +115,9 @@ std::optional<std::vector<Step>> translatePointwise(const Node& n) {
     if (a[2].s == "tanh") return std::vector<Step>{{P::GeluTanhGrad, {v(0), v(1)}}};
   }
   if (op == o._to_copy && tensors(1) && isPlainCopy(n)) return std::vector<Step>{{P::Cast, {v(0)}}};
+  if (op == o.lerp_Scalar && tensors(2) && a.size() == 3 && isScalar(a[2])) {
+    return std::vector<Step>{{P::Lerp, {v(0), v(1), c(2)}}};
+  }
   // dropout_mul(self, seed, keep, mask_dtype, divisor): self times the mask
   // the seed draws, kept at 1 / divisor in mask_dtype (the mask is rounded there).
   if (op == o.spmd_dropout_mul && tensors(2) && a.size() == 5 && isScalar(a[2]) && a[3].kind == Arg::Kind::DType &&

@@ -4,6 +4,7 @@
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/phase_times.h"
 
+#include <cmath>
 #include <iostream>
 #include <sstream>
 
@@ -135,13 +136,22 @@ void finishTrainingFlags(const TrainingFlags& flags, PipelineOptions& options) {
   options.training = c;
 }
 
+// A finite number > 0: CLI11's PositiveNumber lets nan and inf through.
+const CLI::Validator kFinitePositive(
+    [](std::string& text) {
+      double v = 0;
+      return CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v > 0 ? std::string()
+                                                                               : std::string("must be a finite number > 0");
+    },
+    "FINITE > 0");
+
 void addBucketFlags(CLI::App& app, BucketOptions& options) {
   app.add_option("--bucket-cap-mb", options.capMb, "bucket capacity in MiB")
-      ->check(CLI::PositiveNumber)
+      ->check(kFinitePositive)
       ->capture_default_str();
   app.add_option("--first-bucket-cap-mb", options.firstCapMb,
                  "capacity of the first bucket filled (the last in forward order)")
-      ->check(CLI::PositiveNumber)
+      ->check(kFinitePositive)
       ->capture_default_str();
   app.add_option("--ignore-param", options.ignored, "a parameter DDP ignores: never bucketed, never synced");
   app.add_option("--world-size", options.worldSize,

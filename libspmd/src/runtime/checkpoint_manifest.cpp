@@ -69,6 +69,7 @@ std::string manifestText(const CheckpointInfo& info) {
   if (info.lr) j["lr"] = *info.lr;
   if (!info.data.empty()) j["data"] = info.data;
   if (!info.digests.empty()) j["digests"] = info.digests;
+  if (info.rank) j["rank"] = *info.rank;
   return j.dump(2) + "\n";
 }
 
@@ -96,6 +97,13 @@ CheckpointInfo parseManifest(const std::string& path) {
                                     std::to_string(kMaxRunSteps) + ")");
     }
     if (info.worldSize < 1) throw Diagnostic("/world_size", "must be at least 1");
+    if (j.contains("rank")) {
+      const int64_t rank = integerField(j, "rank");
+      if (rank < 0 || rank >= info.worldSize) {
+        throw Diagnostic("/rank", std::to_string(rank) + " is not a rank of a run of " + std::to_string(info.worldSize));
+      }
+      info.rank = static_cast<int>(rank);
+    }
     return info;
   } catch (Diagnostic& d) {
     throw d.inFile(path);

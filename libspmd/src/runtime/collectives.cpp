@@ -428,8 +428,18 @@ void joinAgreeing(c10d::Store& store, const RankInfo& info, const RunAgreement& 
   store.set(agreedKey(info.rank), std::vector<uint8_t>(text.begin(), text.end()));
   std::optional<RunAgreement> lead;
   if (info.rank != 0) lead = leadAgreement(store, timeout, where);
-  markJoined(store, info);  // so that rank 0 gets to compare, and names the difference too
-  if (lead) requireAgrees(agreed, info.rank, *lead, 0, where);
+  auto requireAgreesWithLead = [&] {
+    if (lead) requireAgrees(agreed, info.rank, *lead, 0, where);
+  };
+  try {
+    markJoined(store, info);  // so that rank 0 gets to compare, and names the difference too
+  } catch (const std::exception&) {
+    // Rank 0 may have seen the difference first and left, its store with it,
+    // before this add was answered: this rank names the difference all the same.
+    requireAgreesWithLead();
+    throw;
+  }
+  requireAgreesWithLead();
   waitForPeers(store, info, timeout, where);
   if (info.rank != 0) return;
   for (int r = 1; r < info.worldSize; ++r) requireAgrees(agreed, 0, decodeAgreement(store.get(agreedKey(r))), r, where);

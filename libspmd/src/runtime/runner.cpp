@@ -131,6 +131,11 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
                                                  " ranks, this one has " + std::to_string(info.worldSize) +
                                                  "; --resume-weights-only takes its weights alone");
   }
+  if (c.info.rank && *c.info.rank != info.rank) {
+    throw Diagnostic("--resume " + c.folder, "holds rank " + std::to_string(*c.info.rank) + "'s shards, not rank " +
+                                                 std::to_string(info.rank) +
+                                                 "'s: the rank folders were swapped or copied");
+  }
   restoreState(g, c, /*weightsOnly=*/false, info.rank, state);
   if (info.rank == 0) noteResumeChanges(c, o);
   seed = c.info.seed;
@@ -246,7 +251,9 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (metrics) metrics->write(step + 1, report, device.peakBytes());
     const bool segmentEnds = iteration == Iteration::Last || iteration == Iteration::Only;
     if (checkpoints && segmentEnds) {
-      checkpoints->write(g, state, CheckpointInfo{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}});
+      CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt};
+      if (g.training().shard != ShardMode::None) written.rank = info.rank;
+      checkpoints->write(g, state, written);
     }
   }
   if (trace) trace->write();

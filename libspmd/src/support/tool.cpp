@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 #ifndef SPMD_VERSION
@@ -58,6 +60,18 @@ void addExitCodes(CLI::App& app) {
              "  2  usage error (a flag unknown or malformed)");
 }
 
+// Whether what the tool printed on stdout got out: a full disk or /dev/full
+// loses it, and the exit status must say so (issue 57).
+bool stdoutWritten(const std::string& tool) {
+  std::cout.flush();
+  errno = 0;
+  const bool failed = std::cout.fail() || std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (!failed) return true;
+  const int error = errno;
+  printError(tool, std::string("<stdout>: cannot write: ") + (error ? std::strerror(error) : "a write failed (a full disk?)"));
+  return false;
+}
+
 // A tool whose IN defaults to stdin, started on a terminal with no input:
 // refused, rather than waiting silently for the user to type a graph.
 bool waitsOnTerminal(CLI::App& app) {
@@ -92,7 +106,7 @@ int runTool(const std::string& tool, CLI::App& app, int argc, char** argv, const
   try {
     const int status = body();
     printPhaseTimes(std::cerr);  // --time-passes
-    return status;
+    return status == 0 && !stdoutWritten(tool) ? 1 : status;
   } catch (const Diagnostic& d) {
     printError(tool, d.format());
   } catch (const c10::Error& e) {

@@ -51,6 +51,7 @@ namespace spmd {
 enum class PointwiseOp {
   Add, Sub, Mul, Div, Neg, Relu, ThresholdGrad, Gelu, GeluGrad, GeluTanh, GeluTanhGrad,
   Tanh, TanhGrad, Sigmoid, SigmoidGrad, Silu, SiluGrad, Exp, Log, Sqrt, Rsqrt, Pow, Cast,
+  Lerp,            // lerp(start, end, weight), ATen's two-sided formula (Adam's first moment)
   RowSum, RowMax,  // over the last dimension (see above)
   Bernoulli,       // dropout's mask from a seed input (see above)
 };

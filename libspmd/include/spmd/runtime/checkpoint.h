@@ -49,6 +49,10 @@ struct CheckpointInfo {
   // Each member file's digest (zipDigest), by file name; empty in checkpoints
   // written before they were recorded, whose members are then not compared.
   std::map<std::string, std::string> digests;
+  // A sharded run's rank whose shards the folder holds (unset in unsharded
+  // checkpoints and in sharded ones written before it was recorded): a
+  // resume and the merge tool refuse rank folders swapped or copied.
+  std::optional<int> rank;
 };
 
 // What a run's data is, as a resume compares it: "random inputs", or the
