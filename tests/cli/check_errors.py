@@ -191,7 +191,8 @@ def help_and_terminal():
     """Every tool's --help ends with examples and the exit codes; a tool whose IN
     defaults to stdin refuses a terminal rather than wait on it."""
     global passed, failed
-    tools = ["spmd-inspect", "spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-opt", "spmd-run"]
+    tools = ["spmd-inspect", "spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-compile", "spmd-opt",
+             "spmd-run"]
     for name in tools:
         proc = subprocess.run([os.path.join(BIN_DIR, name), "--help"], capture_output=True, text=True)
         text = proc.stdout
@@ -223,7 +224,9 @@ def reader_errors(write, graph_json, tmp):
     """Issue #19: inputs that crashed the readers or gave errors naming no file."""
     global passed, failed
     tools = [(BIN, []), (EXPAND, ["--optimizer", "adam"]), (SPLIT, []), (UNROLL, []),
-             (LOWER, ["-o", os.path.join(tmp, "deep.spmd")]), (RUN, [])]
+             (LOWER, ["-o", os.path.join(tmp, "deep.spmd")]),
+             (os.path.join(BIN_DIR, "spmd-compile"), ["--optimizer", "adam", "-o", os.path.join(tmp, "deep.spmd")]),
+             (RUN, [])]
 
     # JSON nested 60k deep (120 KB): a SIGSEGV in every tool before.
     deep = write("deep.json", '{"format": ' + "[" * 60000 + "]" * 60000 + "}")
@@ -234,7 +237,7 @@ def reader_errors(write, graph_json, tmp):
               tool=tool)
     if os.path.exists(os.path.join(tmp, "deep.spmd")):
         failed += 1
-        print("FAIL deep nesting: spmd-lower left an output file")
+        print("FAIL deep nesting: spmd-lower or spmd-compile left an output file")
 
     # Bad values are echoed cut short, on one line.
     E = r"spmd-inspect: error: "

@@ -173,7 +173,12 @@ void stampBuckets(Graph& g, const std::vector<PlanBucket>& plan) {
 struct PerParameterReduce {
   std::vector<const Node*> nodes;  // last first: the order to erase them in
   c10::ScalarType sentAs = c10::ScalarType::Undefined;
+  std::string mode;  // "mean" or "sum", as grad-sync reduced it
 };
+
+std::string modeOf(const Node& allReduce) {
+  return allReduce.args.size() > 1 && allReduce.args[1].kind == Arg::Kind::Str ? allReduce.args[1].s : std::string();
+}
 
 std::optional<PerParameterReduce> perParameterReduce(const Graph& g, const Gradient& grad) {
   auto single = [&](const Node* n, const char* op) { return n && n->op == op && n->outputs.size() == 1; };
@@ -187,23 +192,32 @@ std::optional<PerParameterReduce> perParameterReduce(const Graph& g, const Gradi
           sent->args[0].value == grad.value) {
         r.nodes = {n, allReduce, sent};
         r.sentAs = g.value(allReduce->outputs[0]).dtype;
+        r.mode = modeOf(*allReduce);
         return r;
       }
     }
   }
   if (single(n, "spmd::all_reduce")) {
     r.nodes = {n};
+    r.mode = modeOf(*n);
     return r;
   }
   return std::nullopt;
 }
 
-// Drops grad-sync's per-parameter all-reduces; readers of their results read
-// the local gradient again (the bucket's all-reduce replaces them). Returns
-// the dtype each parameter's gradient was sent in (--reduce-dtype), where
-// it was not its own.
-std::map<ValueId, c10::ScalarType> dropPerParameterReduces(Graph& g) {
+// What the per-parameter all-reduces did, for the buckets to do the same:
+// the dtype each parameter's gradient was sent in (--reduce-dtype), where it
+// was not its own, and the reduction (spmd-expand's --grad-reduce), empty
+// when there was none to read.
+struct DroppedReduces {
   std::map<ValueId, c10::ScalarType> sentAs;
+  std::string mode;
+};
+
+// Drops grad-sync's per-parameter all-reduces; readers of their results read
+// the local gradient again (the bucket's all-reduce replaces them).
+DroppedReduces dropPerParameterReduces(Graph& g) {
+  DroppedReduces dropped;
   for (Gradient& grad : g.gradients()) {
     const ValueId reduced = grad.reduced;
     if (reduced == kNoValue) continue;
@@ -212,9 +226,10 @@ std::map<ValueId, c10::ScalarType> dropPerParameterReduces(Graph& g) {
     g.replaceAllUsesWith(reduced, grad.value);
     if (!r) continue;
     for (const Node* n : r->nodes) g.erase(*n);
-    if (r->sentAs != c10::ScalarType::Undefined) sentAs[grad.parameter] = r->sentAs;
+    if (r->sentAs != c10::ScalarType::Undefined) dropped.sentAs[grad.parameter] = r->sentAs;
+    if (!r->mode.empty()) dropped.mode = r->mode;
   }
-  return sentAs;
+  return dropped;
 }
 
 // A bucket's all-reduce: started right after its last gradient is made
@@ -363,8 +378,12 @@ bool BucketPass::run(Graph& g, DiagnosticEngine& diagnostics) {
   stampBuckets(g, plan);
   g.setBuckets(std::move(table));
   if (g.gradients().empty()) return true;
-  const std::map<ValueId, c10::ScalarType> sentAs = dropPerParameterReduces(g);
-  rewrite(g, plan, reduce_, sentAs);
+  // The graph's own reduction wins over --grad-reduce: spmd-expand chose it
+  // (its --grad-reduce), and split's flag is for dumps without gradient sync.
+  const DroppedReduces dropped = dropPerParameterReduces(g);
+  GradReduce reduce = reduce_;
+  if (!dropped.mode.empty()) reduce = dropped.mode == "sum" ? GradReduce::Sum : GradReduce::Mean;
+  rewrite(g, plan, reduce, dropped.sentAs);
   return true;
 }
 

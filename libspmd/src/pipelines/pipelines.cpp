@@ -85,10 +85,10 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
 }
 
 void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const PipelineOptions& options,
-              const DebugOptions& debug) {
+              const DebugOptions& debug, bool verifyInput) {
   if (options.diagnostics) options.diagnostics->setFile(loaded.displayName);
   try {
-    {
+    if (verifyInput) {
       TimedPhase phase("verify input");
       verifyGraphOrThrow(loaded.graph);
     }

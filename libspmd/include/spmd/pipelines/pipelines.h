@@ -22,9 +22,10 @@ std::vector<std::string> unrollPipeline(const PipelineOptions& options);
 // optimizer-to-foreach (unless --no-fuse), check-capture (with --cudagraphs).
 std::vector<std::string> lowerPipeline(const PipelineOptions& options);
 
-// A stage's work on its loaded input: verify, run `names`, and name the
-// input file in any diagnostic.
+// A stage's work on its loaded input: verify (unless `verifyInput` is false:
+// the graph came from the stage before in the same process), run `names`, and
+// name the input file in any diagnostic.
 void runStage(LoadedGraph& loaded, const std::vector<std::string>& names, const PipelineOptions& options,
-              const DebugOptions& debug);
+              const DebugOptions& debug, bool verifyInput = true);
 
 }  // namespace spmd
