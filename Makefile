@@ -17,7 +17,7 @@ SPMD_ROOTFS ?= /var/lib/spmd/trixie
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEPS    := cmake g++ make ninja-build libtorch-dev python3-torch libgloo-dev zlib1g-dev libcli11-dev \
            nlohmann-json3-dev libcatch2-dev graphviz python3-jsonschema procps llvm-19-tools \
-           python3-torchvision strace
+           python3-torchvision strace libtomlplusplus-dev
 INSPECT := $(BUILD)/spmd-inspect
 EXPAND  := $(BUILD)/spmd-expand
 PLATFORM := $(shell tools/platform.sh mode)

@@ -191,8 +191,8 @@ def help_and_terminal():
     """Every tool's --help ends with examples and the exit codes; a tool whose IN
     defaults to stdin refuses a terminal rather than wait on it."""
     global passed, failed
-    tools = ["spmd-inspect", "spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-compile", "spmd-opt",
-             "spmd-run"]
+    tools = ["spmd-inspect", "spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-compile", "spmd-train",
+             "spmd-opt", "spmd-run"]
     for name in tools:
         proc = subprocess.run([os.path.join(BIN_DIR, name), "--help"], capture_output=True, text=True)
         text = proc.stdout

@@ -23,6 +23,7 @@ ALLOWED = {
     "backend": {"support", "ops", "ir"},
     "runtime": {"support", "ops", "ir", "analysis", "io", "backend"},
     "pipelines": {"support", "ops", "ir", "analysis", "passes", "io", "backend"},
+    "driver": {"support", "ops", "ir", "analysis", "passes", "io", "backend", "runtime", "pipelines"},
 }
 MAX_LINES = 600
 INCLUDE = re.compile(r'^\s*#\s*include\s+"spmd/([a-z_]+)/')

@@ -1,0 +1,184 @@
+"""spmd-train, the one-command driver: a model given as a Python function and a
+TOML file train on 2 CPU ranks to the same parameters, bit for bit, as
+spmd-compile and spmd-run given the same flags; the command line overrides the
+file; the resolved configuration is written and is itself a config that runs
+the same; checkpoints resume bit for bit; bad files and models exit 1 in one
+line naming the file and place.
+
+  check_train.py BIN_DIR        (python3 with torch; any working directory)
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+
+import torch
+
+BIN = os.path.abspath(sys.argv[1])
+TMP = tempfile.mkdtemp()
+passed = failed = 0
+
+MODEL = '''
+import torch, torch.nn as nn, torch.nn.functional as F
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.norm = nn.LayerNorm(32)
+        self.fc2 = nn.Linear(32, 4)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.fc2(self.norm(F.relu(self.fc1(x)))), y)
+
+def make():
+    torch.manual_seed(0)
+    return Net(), (torch.randn(8, 16), torch.randint(0, 4, (8,)))
+
+def broken():
+    raise ValueError("no such layer")
+'''
+
+CONFIG = '''
+[model]
+module = "model.py"
+
+[compile]
+optimizer = "adamw"
+lr = 1e-2
+lr-schedule = "cosine"
+warmup-steps = 2
+decay-steps = 10
+clip-grad-norm = 1.0
+bucket-cap-mb = 0.001
+
+[run]
+nproc = 2
+steps = 6
+seed = 3
+save-params = "params.pt"
+'''
+
+
+def report(name, ok, detail=""):
+    global passed, failed
+    passed, failed = passed + ok, failed + (not ok)
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + detail))
+
+
+def run(args, cwd=TMP):
+    return subprocess.run(args, capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def write(name, text):
+    path = os.path.join(TMP, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def params(path):
+    return torch.load(os.path.join(TMP, path))
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def train(*args):
+    return run([os.path.join(BIN, "spmd-train"), *args])
+
+
+def driver_matches_the_tools():
+    write("model.py", MODEL)
+    write("train.toml", CONFIG)
+    proc = train("train.toml")
+    report("spmd-train trains from model.py and train.toml", proc.returncode == 0 and "step 6/6" in proc.stdout,
+           proc.stderr[-600:])
+    if proc.returncode != 0:
+        return
+    files = sorted(os.listdir(os.path.join(TMP, "train.run")))
+    report("the run folder holds model.pt2, step.spmd, config.toml", files == ["config.toml", "model.pt2", "step.spmd"],
+           str(files))
+    # The same through the tools, from the model the driver exported.
+    compile_ = run([os.path.join(BIN, "spmd-compile"), "train.run/model.pt2", "--optimizer", "adamw", "--lr", "1e-2",
+                    "--lr-schedule", "cosine", "--warmup-steps", "2", "--decay-steps", "10", "--clip-grad-norm", "1.0",
+                    "--bucket-cap-mb", "0.001", "--device", "cpu", "-o", "tools.spmd"])
+    same_artifact = compile_.returncode == 0 and open(os.path.join(TMP, "tools.spmd"), "rb").read() == open(
+        os.path.join(TMP, "train.run/step.spmd"), "rb").read()
+    report("its artifact is spmd-compile's from the same flags", same_artifact, compile_.stderr[-400:])
+    tools = run([os.path.join(BIN, "spmd-run"), "tools.spmd", "--nproc", "2", "--steps", "6", "--seed", "3",
+                 "--save-params", "tools-params.pt"])
+    report("its parameters are spmd-run's, bit for bit", tools.returncode == 0 and
+           same(params("params.pt"), params("tools-params.pt")), tools.stderr[-400:])
+
+    # The resolved configuration: valid TOML, every value the run used, itself a config.
+    resolved = tomllib.load(open(os.path.join(TMP, "train.run/config.toml"), "rb"))
+    ok = (resolved["compile"]["lr"] == 0.01 and resolved["compile"]["lr-schedule"] == "cosine" and
+          resolved["run"]["steps"] == 6 and resolved["run"]["nproc"] == 2 and resolved["model"]["function"] == "make")
+    report("config.toml holds the resolved configuration", ok, str(resolved))
+    again = train("train.run/config.toml", "--dir", "again", "--save-params", "again.pt")
+    report("config.toml trains the same run", again.returncode == 0 and same(params("params.pt"), params("again.pt")),
+           again.stderr[-400:])
+
+
+def command_line_wins():
+    proc = train("train.toml", "--steps", "3", "--lr", "0.05", "--dir", "override", "--print-config")
+    resolved = tomllib.loads(proc.stdout) if proc.returncode == 0 else {}
+    ok = resolved.get("run", {}).get("steps") == 3 and resolved.get("compile", {}).get("lr") == 0.05
+    report("the command line overrides the file (--print-config)", ok, proc.stdout[-300:] + proc.stderr[-300:])
+    proc = train("train.toml", "--steps", "3", "--nproc", "1", "--dir", "override", "--save-params", "three.pt")
+    report("--steps 3 on the command line runs 3 steps on 1 rank",
+           proc.returncode == 0 and "3 steps on 1 rank" in proc.stdout + proc.stderr, proc.stdout[-300:])
+
+
+def checkpoints_resume():
+    straight = train("train.toml", "--dir", "ck", "--steps", "8", "--save-params", "straight.pt")
+    first = train("train.toml", "--dir", "ck", "--steps", "4", "--checkpoint", "ckpt", "--checkpoint-every", "2")
+    resumed = train("train.toml", "--dir", "ck", "--steps", "8", "--resume", "ckpt", "--save-params", "resumed.pt")
+    ok = all(p.returncode == 0 for p in (straight, first, resumed)) and same(params("straight.pt"), params("resumed.pt"))
+    report("a run resumed from its checkpoint ends where the straight run does", ok,
+           (first.stderr + resumed.stderr)[-400:])
+
+
+def refusals():
+    write("typo.toml", CONFIG.replace("lr = 1e-2", "lr = 1e-2\nlearning-rate = 3"))
+    write("table.toml", CONFIG + "\n[optimizer]\nbeta = 1\n")
+    write("syntax.toml", CONFIG.replace('optimizer = "adamw"', "optimizer = adamw"))
+    write("value.toml", CONFIG.replace("lr = 1e-2", 'lr = "fast"'))
+    write("array.toml", CONFIG.replace("steps = 6", "steps = [6, 7]"))
+    write("nofunc.toml", CONFIG.replace('module = "model.py"', 'module = "model.py"\nfunction = "nothing"'))
+    write("raises.toml", CONFIG.replace('module = "model.py"', 'module = "model.py"\nfunction = "broken"'))
+    write("nomodel.toml", CONFIG.replace('module = "model.py"', ""))
+    line = 1 + CONFIG.split("\n").index("lr = 1e-2") + 1
+    cases = [
+        ("an unknown key", ["typo.toml"], rf"spmd-train: error: typo\.toml:{line}:1: learning-rate: \[compile\] has no "
+                                          r"such key"),
+        ("an unknown table", ["table.toml"], r"spmd-train: error: table\.toml:\d+:1: \[optimizer\]: no such table"),
+        ("a file that is not TOML", ["syntax.toml"], r"spmd-train: error: syntax\.toml:\d+:\d+: "),
+        ("a value the flag refuses", ["value.toml"], r"spmd-train: error: value\.toml:\d+:1: lr: "),
+        ("an array for a one-value flag", ["array.toml"], r"spmd-train: error: array\.toml:\d+:1: steps: takes one value"),
+        ("a missing function", ["nofunc.toml"], r"spmd-train: error: nofunc\.toml: \[model\]: exporting model\.py's nothing\(\): model\.py: no function "
+                                                r"'nothing'"),
+        ("a model function that raises", ["raises.toml"],
+         r"spmd-train: error: raises\.toml: \[model\]: .*model\.py:\d+: ValueError: no such layer"),
+        ("no model", ["nomodel.toml"], r"spmd-train: error: nomodel\.toml: \[model\]: no model"),
+        ("a missing config", ["none.toml"], r"spmd-train: error: none\.toml: "),
+    ]
+    for name, args, pattern in cases:
+        proc = train(*args, "--dir", "refused")
+        lines = proc.stderr.strip().splitlines()
+        ok = proc.returncode == 1 and len(lines) == 1 and re.match(pattern, lines[0]) is not None
+        report(f"refused in one line: {name}", ok, f"exit {proc.returncode}, {proc.stderr.strip()[-400:]!r}")
+    left = [f for f in os.listdir(os.path.join(TMP, "refused"))] if os.path.isdir(os.path.join(TMP, "refused")) else []
+    report("a refused run leaves no step.spmd", "step.spmd" not in left, str(left))
+
+
+driver_matches_the_tools()
+command_line_wins()
+checkpoints_resume()
+refusals()
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
