@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     }
     auto loaded = spmd::loadGraph(file, spmd::parseInputSpecs(model.inputs));
     spmd::Artifact artifact = spmd::compileGraph(loaded, compile);
-    if (!writer) std::remove(file.c_str());
+    if (!writer && file != model.file) std::remove(file.c_str());  // this rank's own export, not the user's file
     const std::string artifactPath = dir + "/step.spmd";
     if (writer) {
       if (!stages.empty()) makeDir(dir + "/stages", "--dir");

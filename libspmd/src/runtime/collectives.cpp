@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 // pip's LibTorch ships no Gloo headers (Debian's does): Gloo only where they are.
 #if __has_include(<gloo/algorithm.h>)
@@ -445,16 +446,31 @@ void joinAgreeing(c10d::Store& store, const RankInfo& info, const RunAgreement& 
   for (int r = 1; r < info.worldSize; ++r) requireAgrees(agreed, 0, decodeAgreement(store.get(agreedKey(r))), r, where);
 }
 
+// torchrun's agent serves the store at MASTER_ADDR:MASTER_PORT itself and
+// says so (TORCHELASTIC_USE_AGENT_STORE=True): then every rank is a client,
+// rank 0 too, and the keys go under the restart's prefix, as torch's own
+// env:// initialisation does, so that a restarted group starts afresh. The
+// prefix, or "" when the ranks serve their own store.
+std::string agentStorePrefix() {
+  const char* use = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  if (!use || std::string(use) != "True") return "";
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return "/worker/attempt_" + std::string(restart && *restart ? restart : "0");
+}
+
 c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milliseconds timeout,
                                         const RunAgreement& agreed) {
   const std::string where = "MASTER_ADDR:MASTER_PORT " + info.masterAddr + ":" + std::to_string(info.masterPort);
-  if (info.rank == 0) requirePortFree(info);
-  if (info.rank != 0 && !storeAnswers(info, std::chrono::steady_clock::now() + timeout)) {
-    throw JoinError(where, "rank 0's store did not answer within " + secondsText(timeout));
+  const std::string agentPrefix = agentStorePrefix();
+  const bool serves = info.rank == 0 && agentPrefix.empty();
+  if (serves) requirePortFree(info);
+  if (!serves && !storeAnswers(info, std::chrono::steady_clock::now() + timeout)) {
+    throw JoinError(where, (agentPrefix.empty() ? "rank 0's" : "torchrun's agent's") + std::string(" store did not answer within ") +
+                               secondsText(timeout));
   }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(info.masterPort);
-  opts.isServer = info.rank == 0;
+  opts.isServer = serves;
   opts.numWorkers = static_cast<size_t>(info.worldSize);
   opts.waitWorkers = false;  // waitForPeers waits, and names who is missing
   opts.timeout = timeout;
@@ -463,9 +479,10 @@ c10::intrusive_ptr<c10d::Store> connect(const RankInfo& info, std::chrono::milli
   try {
     store = openStore(info.masterAddr, opts);
   } catch (const std::exception& e) {
-    if (info.rank == 0) throw Diagnostic(where, "cannot serve the group's store: " + firstLine(e.what()));
+    if (serves) throw Diagnostic(where, "cannot serve the group's store: " + firstLine(e.what()));
     throw JoinError(where, "rank 0's store did not answer within " + secondsText(timeout) + ": " + firstLine(e.what()));
   }
+  if (!agentPrefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(agentPrefix, store);
   try {
     requireOwnJob(*store, info, timeout, where);
     joinAgreeing(*store, info, agreed, timeout, where);
