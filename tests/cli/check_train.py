@@ -28,10 +28,11 @@ class Net(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(16, 32)
         self.norm = nn.LayerNorm(32)
+        self.bn = nn.BatchNorm1d(32)
         self.fc2 = nn.Linear(32, 4)
 
     def forward(self, x, y):
-        return F.cross_entropy(self.fc2(self.norm(F.relu(self.fc1(x)))), y)
+        return F.cross_entropy(self.fc2(self.bn(self.norm(F.relu(self.fc1(x))))), y)
 
 def make():
     torch.manual_seed(0)
@@ -59,6 +60,7 @@ nproc = 2
 steps = 6
 seed = 3
 save-params = "params.pt"
+save-state-dict = "state.pt"
 '''
 
 
@@ -113,6 +115,22 @@ def driver_matches_the_tools():
                  "--save-params", "tools-params.pt"])
     report("its parameters are spmd-run's, bit for bit", tools.returncode == 0 and
            same(params("params.pt"), params("tools-params.pt")), tools.stderr[-400:])
+
+    # --save-state-dict: what model.load_state_dict(strict=True) takes, buffers included.
+    sys.path.insert(0, TMP)
+    import model as user_model
+    net, _ = user_model.make()
+    state = torch.load(os.path.join(TMP, "state.pt"))
+    try:
+        net.load_state_dict(state, strict=True)
+        loaded = ""
+    except RuntimeError as e:
+        loaded = str(e)
+    trained = params("params.pt")
+    ok = (not loaded and all(torch.equal(net.state_dict()[k], trained[k]) for k in trained) and
+          int(net.bn.num_batches_tracked) == 6 and not torch.equal(net.bn.running_mean, torch.zeros(32)))
+    report("--save-state-dict loads with load_state_dict(strict=True), buffers trained", ok,
+           loaded or str(list(state)))
 
     # The resolved configuration: valid TOML, every value the run used, itself a config.
     resolved = tomllib.load(open(os.path.join(TMP, "train.run/config.toml"), "rb"))

@@ -65,6 +65,9 @@ void addRunFlags(CLI::App& app, RunOptions& options, RunFlags& flags) {
       ->check(CLI::IsMember({"uint16", "uint32"}))
       ->capture_default_str();
   app.add_option("--save-params", options.saveParams, "write rank 0's parameters {name: tensor} (torch.load reads it)");
+  app.add_option("--save-state-dict", options.saveStateDict,
+                 "write the parameters and buffers under the module's names, as model.state_dict() holds them "
+                 "(model.load_state_dict(torch.load(FILE)) takes it)");
   app.add_option("--metrics", options.metrics,
                  "append one JSON object per step to FILE.jsonl (step, loss, lr, grad_norm, ms, samples_per_s, "
                  "peak_bytes), flushed after each step");

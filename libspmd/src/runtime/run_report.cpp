@@ -46,6 +46,19 @@ void requireWritableDirectory(const std::string& path, const std::string& flag) 
   ::unlink(probe.c_str());
 }
 
+void saveStateDict(const Graph& g, const TensorMap& params, const TensorMap& state, const std::string& path) {
+  std::vector<std::pair<std::string, at::Tensor>> entries;
+  for (InputKind kind : {InputKind::Parameter, InputKind::Buffer}) {
+    for (const auto& in : g.inputs()) {
+      if (in.kind != kind) continue;
+      const std::string& name = g.value(in.value).name;
+      const at::Tensor& t = kind == InputKind::Parameter ? params.at(name) : state.at(name);
+      entries.emplace_back(name, t.detach().to(at::kCPU).contiguous());
+    }
+  }
+  writeOutput(path, saveTorchSave(entries));
+}
+
 void saveParameters(const Graph& g, const TensorMap& state, const std::string& path) {
   std::vector<std::pair<std::string, at::Tensor>> params;
   for (const auto& in : g.inputs()) {

@@ -25,6 +25,10 @@ void requireWritableDirectory(const std::string& path, const std::string& flag);
 // The graph's parameters in `state`, on the CPU, saved as torch.save's
 // {name: tensor} at `path` (torch.load reads it).
 void saveParameters(const Graph& g, const TensorMap& state, const std::string& path);
+// --save-state-dict: the parameters (`params`, whole) then the buffers (this
+// rank's `state`), by their module names, in the graph's order: what
+// model.state_dict() holds, for model.load_state_dict(strict=True).
+void saveStateDict(const Graph& g, const TensorMap& params, const TensorMap& state, const std::string& path);
 
 // --metrics FILE.jsonl: one JSON object per step (step, loss, lr and
 // grad_norm where the step has them, ms, samples_per_s, peak_bytes on CUDA),

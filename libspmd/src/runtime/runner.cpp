@@ -166,6 +166,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   const int steps = o.steps > 0 ? o.steps : (g.iters() > 0 ? g.iters() : 10);
   if (lead) {
     requireWritableDirectory(o.saveParams, "--save-params");
+    requireWritableDirectory(o.saveStateDict, "--save-state-dict");
     requireWritableDirectory(o.profile, "--profile");
     requireWritableDirectory(o.trace, "--trace");
   }
@@ -264,11 +265,13 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   plans.reset();
   device.synchronize();
   // --shard parameters: every rank takes part in gathering the parameters whole.
-  const TensorMap params = o.saveParams.empty() ? TensorMap() : wholeParameters(artifact, state, comm.get());
+  const bool saves = !o.saveParams.empty() || !o.saveStateDict.empty();
+  const TensorMap params = saves ? wholeParameters(artifact, state, comm.get()) : TensorMap();
   if (comm) comm->shutdown();
 
   if (!lead) return;
   if (!o.saveParams.empty()) saveParameters(g, params, o.saveParams);
+  if (!o.saveStateDict.empty()) saveStateDict(g, params, state, o.saveStateDict);
   if (profile) writeOutput(o.profile, profile->report(info.worldSize));
   if (o.json) {
     record.writeJson(out);

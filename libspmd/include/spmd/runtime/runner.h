@@ -18,6 +18,7 @@ struct RunOptions {
   std::string tokens;      // --tokens: a token stream (nanoGPT's train.bin) for the first two data inputs
   std::string tokenDtype = "uint16";  // --token-dtype: uint16 or uint32
   std::string saveParams;  // --save-params: rank 0's parameters after the run
+  std::string saveStateDict;  // --save-state-dict: parameters and buffers, as model.state_dict() holds them
   std::string device = "auto";
   uint64_t seed = 0;
   bool json = false;
