@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   spmd::PrecisionFlags precisionFlags;
   spmd::TrainingFlags trainingFlags;
   spmd::DebugOptions debug;
-  app.add_option("IN", in, "TorchScript module or JSON graph dump, '-' for stdin")->capture_default_str();
+  app.add_option("IN", in, "torch.export program (.pt2), TorchScript module, JSON graph dump or listing, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output JSON graph dump, '-' for stdout")->capture_default_str();
   spmd::addInputSpecFlag(app, inputSpecs);
   spmd::addOptimizerFlags(app, options.optimizer, optimizerFlags);

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   std::string out = "-";
   std::vector<std::string> inputSpecs;
   bool verify = false;
-  app.add_option("IN", in, "input file, '-' for stdin")->capture_default_str();
+  app.add_option("IN", in, "any graph (.pt2, TorchScript, JSON graph dump, listing) or artifact, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output file, '-' for stdout")->capture_default_str();
   app.add_option("--input", inputSpecs, "NAME:DTYPE[d0,d1,...] per-rank shape of a forward argument (TorchScript)");
   app.add_flag("--verify", verify, "verify the graph; list every problem and exit 1 if there is any");

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;
   spmd::DebugOptions debug;
-  app.add_option("IN", in, "JSON graph dump (or TorchScript, or an artifact), '-' for stdin")->capture_default_str();
+  app.add_option("IN", in, "JSON graph dump (or a listing, .pt2, TorchScript or an artifact), '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "artifact file to write")->required();
   spmd::addLowerFlags(app, options.lower);
   spmd::addInputSpecFlag(app, inputSpecs);

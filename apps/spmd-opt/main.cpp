@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   spmd::PrecisionFlags precisionFlags;
   spmd::TrainingFlags trainingFlags;
   spmd::DebugOptions debug;
-  app.add_option("IN", in, "listing, JSON graph dump, TorchScript or artifact, '-' for stdin")->capture_default_str();
+  app.add_option("IN", in, "listing, JSON graph dump, .pt2, TorchScript or artifact, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output listing (or JSON with --json), '-' for stdout")->capture_default_str();
   app.add_option("--passes", passes, "comma-separated passes to run, in order (see --list-passes)");
   app.add_flag("--json", json, "print the JSON graph dump instead of the listing");

@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   spmd::RunOptions o;
   spmd::RunFlags flags;
   std::vector<std::string> inputSpecs;
-  app.add_option("IN", in, "artifact from spmd-lower, or a graph (JSON/TorchScript) to lower with defaults")->required();
+  app.add_option("IN", in, "artifact from spmd-lower, or a graph (.pt2, TorchScript, JSON, listing) to lower with defaults")->required();
   spmd::addRunFlags(app, o, flags);
   app.add_option("--input", inputSpecs, "NAME:DTYPE[d0,d1,...] for a TorchScript IN");
 

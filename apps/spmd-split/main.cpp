@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;
   spmd::DebugOptions debug;
-  app.add_option("IN", in, "JSON graph dump (spmd-expand's or spmd_export's) or TorchScript, '-' for stdin")
+  app.add_option("IN", in, "JSON graph dump (spmd-expand's or spmd_export's), listing, .pt2 or TorchScript, '-' for stdin")
       ->capture_default_str();
   app.add_option("-o,--output", out, "output JSON graph dump, '-' for stdout")->capture_default_str();
   spmd::addInputSpecFlag(app, inputSpecs);

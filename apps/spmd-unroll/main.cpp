@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   spmd::PipelineOptions options;
   spmd::DebugOptions debug;
-  app.add_option("IN", in, "JSON graph dump (spmd-split's, or any train step), '-' for stdin")->capture_default_str();
+  app.add_option("IN", in, "JSON graph dump (spmd-split's, or any train step), listing, .pt2 or TorchScript, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output JSON graph dump, '-' for stdout")->capture_default_str();
   spmd::addInputSpecFlag(app, inputSpecs);
   spmd::addUnrollFlags(app, options.unroll);

@@ -22,6 +22,13 @@ its whole process group is then killed), fails as FILE:LINE (the line of its
 opening fence) with the tail of its output; the page's later blocks are skipped,
 other pages still run.
 
+A flag a page quotes for one of spmd's tools must be one that tool's `--help`
+lists: in code blocks (of any kind) and code spans, the `--flags` that follow
+`spmd-TOOL` on its command line (up to a `|`, `;` or `&&`; a backslash continues the
+line), and on docs/tools/spmd-TOOL.md the flags in the first cell of each table
+row; and that page must name every flag the tool's `--help` lists (as `--flag`,
+or as a config key in backticks).
+
 Each page must also keep to the project: a link (`[text](target)`, an image, a
 reference definition) to a relative path must name a file or folder that exists
 inside SOURCE_DIR; absolute paths and `../shared` anywhere in the text are
@@ -91,6 +98,62 @@ def parse(text):
             raise ValueError(f"line {start}: code block never closed")
         blocks.append(Block(start, m.group("info").strip(), "\n".join(body) + "\n"))
     return blocks, prose
+
+
+TOOL_WORD = re.compile(r"(?:^|[\s/`(])(spmd-(?:expand|split|unroll|lower|compile|train|run|inspect|opt))(?![\w.-])")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
+COMMAND_BREAK = re.compile(r"\||;|&&")
+HELP_OPTION = re.compile(r"^\s+(?:-\w,)?(--[a-z][a-z0-9-]*)", re.M)
+
+
+def tool_flags(build_dir, tool, cache):
+    """The flags `tool --help` lists (None when the tool is not built)."""
+    if tool not in cache:
+        exe = os.path.join(build_dir, tool)
+        help_text = subprocess.run([exe, "--help"], capture_output=True, text=True,
+                                   timeout=60).stdout if os.path.exists(exe) else None
+        # The options column only: a description may mention another tool's flag.
+        cache[tool] = set(HELP_OPTION.findall(help_text)) if help_text else None
+    return cache[tool]
+
+
+def quoted_flags(text):
+    """(tool, flag) for each --flag following `spmd-TOOL` on a command line of `text`."""
+    found = []
+    for command in COMMAND_BREAK.split(text.replace("\\\n", " ")):
+        for line in command.split("\n"):
+            tools = list(TOOL_WORD.finditer(line))
+            for k, m in enumerate(tools):
+                end = tools[k + 1].start() if k + 1 < len(tools) else len(line)
+                found += [(m.group(1), flag) for flag in FLAG.findall(line[m.end():end])]
+    return found
+
+
+def flag_problems(path, text, blocks, prose, build_dir, cache):
+    """Flags a page quotes that the tool's --help does not list."""
+    quoted = []
+    for block in blocks:
+        quoted += [(block.line, tool, flag) for tool, flag in quoted_flags(block.text)]
+    for lineno, line in prose:
+        for span in CODE_SPAN.finditer(line):
+            quoted += [(lineno, tool, flag) for tool, flag in quoted_flags(span.group(0).strip("`"))]
+    page_tool = os.path.basename(path)[:-3]
+    if TOOL_WORD.fullmatch(" " + page_tool):
+        for lineno, line in prose:
+            cells = line.split("|")
+            if line.lstrip().startswith("|") and len(cells) > 2:
+                quoted += [(lineno, page_tool, flag) for flag in FLAG.findall(cells[1])]
+    problems = []
+    if TOOL_WORD.fullmatch(" " + page_tool) and tool_flags(build_dir, page_tool, cache) is not None:
+        # spmd-train's page may name a flag as its config key: `lr`.
+        named = set(FLAG.findall(text)) | {"--" + key for key in re.findall(r"`([a-z][a-z0-9-]*)`", text)}
+        for flag in sorted(tool_flags(build_dir, page_tool, cache) - named):
+            problems.append(f"1: does not name {flag}, which `{page_tool} --help` lists")
+    for lineno, tool, flag in quoted:
+        flags = tool_flags(build_dir, tool, cache)
+        if flags is not None and flag not in flags:
+            problems.append(f"{lineno}: quotes {tool} {flag}, which `{tool} --help` does not list")
+    return problems
 
 
 def link_problems(page, prose, source_dir):
@@ -214,7 +277,7 @@ def main():
                     found.append((os.path.relpath(full, source_dir), full))
         pages += sorted(found)
 
-    failures, ran, shown_blocks = [], 0, 0
+    failures, ran, shown_blocks, helps = [], 0, 0, {}
     for name, path in pages:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -227,6 +290,7 @@ def main():
             if "../shared" in line:
                 failures.append(f"{name}:{lineno}: mentions '../shared', a folder outside the project")
         failures += [f"{name}:{p}" for p in link_problems(path, prose, source_dir)]
+        failures += [f"{name}:{p}" for p in flag_problems(path, text, blocks, prose, build_dir, helps)]
 
         runnable = [b for b in blocks if b.info == "sh"]
         shown_blocks += len(blocks) - len(runnable)
