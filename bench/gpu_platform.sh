@@ -4,7 +4,7 @@
 # LibTorch, runs the unit tests ([cuda] cases first, so that a crash among the
 # others cannot hide them), and bench/gpu_zoo.py (real transformers, timm and
 # torchvision models on one GPU against eager PyTorch).
-# Needs .deps (CLI11, nlohmann/json headers) where the machine lacks them.
+# Needs .deps (CLI11, nlohmann/json, toml++ headers: bash bench/gpu_deps.sh) where the machine lacks them.
 #   OUT=dir [UNIT_ALL=0: only the [cuda] unit tests] bash bench/gpu_platform.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
