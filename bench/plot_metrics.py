@@ -1,5 +1,6 @@
 """Draws spmd-run --metrics FILE.jsonl as an SVG: the loss (and its moving
-average) against the step, and below it the learning rate and, where the
+average) against the step, with the validation loss (spmd-run --eval) as
+points joined by a line where the run evaluated, and below it the learning rate and, where the
 run clips, the gradient norm. Python's standard library only; the same
 input gives the same bytes.
 
@@ -102,7 +103,8 @@ def main():
     rows = read(a.metrics)
     steps = [r["step"] for r in rows]
     loss = [r["loss"] if r.get("loss") is not None else float("nan") for r in rows]
-    finite = [v for v in loss if math.isfinite(v)] or [0.0]
+    val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None and math.isfinite(r["val_loss"])]
+    finite = [v for v in loss if math.isfinite(v)] + [v for _, v in val] or [0.0]
     lower = [("lr", [r.get("lr") for r in rows], "#d62728")]
     if any(r.get("grad_norm") is not None for r in rows):
         lower.append(("grad norm", [r.get("grad_norm") for r in rows], "#2ca02c"))
@@ -114,6 +116,11 @@ def main():
     svg += top.frame(f"loss (per step; moving average of {a.smooth})")
     svg += top.line(steps, loss, "#aec7e8", 1)
     svg += top.line(steps, moving_average([v if math.isfinite(v) else 0.0 for v in loss], a.smooth), "#1f77b4", 2)
+    if val:
+        svg += top.line([s for s, _ in val], [v for _, v in val], "#ff7f0e", 2)
+        svg += [f'<circle cx="{top.x(s):.1f}" cy="{top.y(v):.1f}" r="3" fill="#ff7f0e"/>' for s, v in val]
+        svg.append(f'<text x="{WIDTH - MARGIN_R - 6}" y="{MARGIN_T + 16}" text-anchor="end" fill="#ff7f0e">'
+                   'validation loss</text>')
     y = MARGIN_T + PANEL + GAP
     for label, values, colour in lower:
         present = [(s, v) for s, v in zip(steps, values) if v is not None]

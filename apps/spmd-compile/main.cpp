@@ -65,6 +65,9 @@ int main(int argc, char** argv) {
                  "shell pipeline's files)");
   app.add_flag("--verify-each", verifyEach,
                "verify the graph between stages too (the passes' own checks always run)");
+  app.add_flag("--eval-step", options.evalStep,
+               "compile the forward-only evaluation step instead (spmd-expand --eval-step, then spmd-lower): for "
+               "spmd-run --eval");
   spmd::addInputSpecFlag(app, inputSpecs);
   spmd::addOptimizerFlags(app, pipeline.optimizer, optimizerFlags);
   spmd::addGradReduceFlag(app, pipeline.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
   return spmd::runTool(tool, app, argc, argv, [&] {
     spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(tool);
     pipeline.diagnostics = &diagnostics;
-    spmd::finishOptimizerFlags(optimizerFlags, pipeline.optimizer, /*required=*/true);
+    spmd::finishOptimizerFlags(optimizerFlags, pipeline.optimizer, /*required=*/!options.evalStep);
     spmd::finishPrecisionFlags(precisionFlags, pipeline);
     spmd::finishTrainingFlags(trainingFlags, pipeline);
     if (!emitAfter.empty()) spmd::parseStage(emitAfter, options.last);

@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
   spmd::addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
   spmd::addPrecisionFlags(app, precisionFlags);
   spmd::addTrainingFlags(app, trainingFlags);
+  bool evalStep = false;
+  app.add_flag("--eval-step", evalStep,
+               "write the forward-only evaluation step instead (model.eval(): BatchNorm on running statistics, dropout "
+               "off, the loss the only output; spmd-lower lowers it, spmd-run --eval runs it)");
   spmd::addDebugFlags(app, debug);
   spmd::addListPassesFlag(app);
   // A callback, as --list-passes: it needs no IN, so runs before IN is looked at.
@@ -46,11 +50,11 @@ int main(int argc, char** argv) {
   return spmd::runTool(tool, app, argc, argv, [&] {
     spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(tool);
     options.diagnostics = &diagnostics;
-    spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/true);
+    spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/!evalStep);
     spmd::finishPrecisionFlags(precisionFlags, options);
     spmd::finishTrainingFlags(trainingFlags, options);
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
-    spmd::runStage(loaded, spmd::expandPipeline(options), options, debug);
+    spmd::runStage(loaded, evalStep ? spmd::evalPipeline(options) : spmd::expandPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;
   });

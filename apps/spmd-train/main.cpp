@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <optional>
 
 namespace {
 
@@ -127,8 +128,12 @@ int main(int argc, char** argv) {
       std::cout << spmd::resolvedConfig(app, {"model", "compile", "run"});
       return 0;
     }
-    spmd::finishRunFlags(runFlags, run);
     if (dir.empty()) dir = defaultDir(config);
+    // [run] eval-every (or eval-data, eval-tokens) without an eval file: the
+    // evaluation step is compiled here, beside the training step.
+    const bool compileEval = run.evalArtifact.empty() && (!run.evalData.empty() || !run.evalTokens.empty());
+    if (compileEval) run.evalArtifact = dir + "/eval.spmd";
+    spmd::finishRunFlags(runFlags, run);
     if (!artifactFile.empty()) {
       const auto load = [&] {
         auto loaded = spmd::loadGraph(artifactFile, {});
@@ -159,14 +164,24 @@ int main(int argc, char** argv) {
     }
     auto loaded = spmd::loadGraph(file, spmd::parseInputSpecs(model.inputs));
     spmd::Artifact artifact = spmd::compileGraph(loaded, compile);
+    std::optional<spmd::Artifact> evalArtifact;
+    if (compileEval) {
+      spmd::CompileOptions evalOptions = compile;
+      evalOptions.evalStep = true;
+      evalOptions.afterStage = nullptr;
+      auto forward = spmd::loadGraph(file, spmd::parseInputSpecs(model.inputs));
+      evalArtifact = spmd::compileGraph(forward, evalOptions);
+    }
     if (!writer && file != model.file) std::remove(file.c_str());  // this rank's own export, not the user's file
     const std::string artifactPath = dir + "/step.spmd";
     if (writer) {
       if (!stages.empty()) makeDir(dir + "/stages", "--dir");
       for (const auto& [path, text] : stages) spmd::writeOutput(path, text);
       spmd::writeArtifact(artifact, artifactPath);
+      if (evalArtifact) spmd::writeArtifact(*evalArtifact, run.evalArtifact);
       spmd::writeOutput(dir + "/config.toml", spmd::resolvedConfig(app, {"model", "compile", "run"}));
     }
+    if (evalArtifact) run.evalStep = std::make_shared<const spmd::Artifact>(std::move(*evalArtifact));
     if (compileOnly) return 0;
     if (!rank && runFlags.nproc > 1) {
       // Local ranks run what was just written, with the same settings.

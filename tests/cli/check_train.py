@@ -7,6 +7,7 @@ line naming the file and place.
 
   check_train.py BIN_DIR        (python3 with torch; any working directory)
 """
+import json
 import os
 import re
 import subprocess
@@ -29,10 +30,11 @@ class Net(nn.Module):
         self.fc1 = nn.Linear(16, 32)
         self.norm = nn.LayerNorm(32)
         self.bn = nn.BatchNorm1d(32)
+        self.drop = nn.Dropout(0.0)
         self.fc2 = nn.Linear(32, 4)
 
     def forward(self, x, y):
-        return F.cross_entropy(self.fc2(self.bn(self.norm(F.relu(self.fc1(x))))), y)
+        return F.cross_entropy(self.fc2(self.drop(self.bn(self.norm(F.relu(self.fc1(x)))))), y)
 
 def make():
     torch.manual_seed(0)
@@ -142,6 +144,75 @@ def driver_matches_the_tools():
            again.stderr[-400:])
 
 
+def evaluation():
+    """--eval-every with held-out data: the validation loss after steps 3 and 6 is eager PyTorch's
+    model.eval() loss with the trained weights (rank 0's buffers, as DDP broadcasts them), averaged
+    over the batches and the ranks; dropout (p 0.5 here) is off in it."""
+    write("drop.py", MODEL.replace("nn.Dropout(0.0)", "nn.Dropout(0.5)"))
+    g = torch.Generator().manual_seed(5)
+    torch.save({"x": torch.randn(6, 16, 16, generator=g), "y": torch.randint(0, 4, (6, 16), generator=g)},
+               os.path.join(TMP, "train_data.pt"))
+    val = {"x": torch.randn(2, 16, 16, generator=g), "y": torch.randint(0, 4, (2, 16), generator=g)}
+    torch.save(val, os.path.join(TMP, "val_data.pt"))
+    write("eval.toml", CONFIG.replace('module = "model.py"', 'module = "drop.py"') +
+          'data = "train_data.pt"\neval-data = "val_data.pt"\neval-every = 3\neval-steps = 2\n')
+    proc = train("eval.toml", "--json", "--save-state-dict", "eval_state.pt")
+    result = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
+    steps = [s for s, _ in result.get("val_losses", [])]
+    report("--eval-every 3 over 6 steps evaluates after steps 3 and 6", steps == [3, 6],
+           proc.stderr[-500:] + str(result)[:300])
+    if steps != [3, 6]:
+        return
+    sys.path.insert(0, TMP)
+    import drop as user_model
+    net, _ = user_model.make()
+    net.load_state_dict(torch.load(os.path.join(TMP, "eval_state.pt")))
+    net.eval()
+    with torch.no_grad():
+        # Each rank's 8 rows of each batch, its mean over the batches, then the ranks' mean.
+        per_rank = [sum(float(net(val["x"][k, r * 8:(r + 1) * 8], val["y"][k, r * 8:(r + 1) * 8])) for k in range(2)) / 2
+                    for r in range(2)]
+    expected = sum(per_rank) / 2
+    got = result["val_losses"][-1][1]
+    report("the validation loss is eager model.eval()'s", abs(got - expected) <= 1e-6 * abs(expected),
+           f"{got} against {expected}")
+    files = sorted(os.listdir(os.path.join(TMP, "eval.run")))
+    report("the run folder holds eval.spmd", "eval.spmd" in files, str(files))
+    metrics = train("eval.toml", "--steps", "3", "--dir", "eval2", "--metrics", "m.jsonl")
+    lines = [json.loads(line) for line in open(os.path.join(TMP, "m.jsonl"))] if metrics.returncode == 0 else []
+    ok = "val loss" in metrics.stdout and [line.get("val_loss") is not None for line in lines] == [False, False, True]
+    report("the progress line and --metrics show the validation loss", ok, metrics.stdout[-300:] + metrics.stderr[-300:])
+
+
+def eval_refusals():
+    """spmd-run --eval's own checks, before step 1, in one line."""
+    run_ = os.path.join(BIN, "spmd-run")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    mlp = run([os.path.join(BIN, "spmd-compile"), os.path.join(root, "samples", "mlp.pt2"), "--eval-step", "-o",
+               "mlp-eval.spmd"])
+    shell = subprocess.run(f"{BIN}/spmd-expand eval.run/model.pt2 --eval-step | {BIN}/spmd-lower -o piped-eval.spmd",
+                           shell=True, capture_output=True, text=True, cwd=TMP)
+    report("spmd-expand --eval-step | spmd-lower is spmd-compile --eval-step",
+           shell.returncode == 0 and open(os.path.join(TMP, "piped-eval.spmd"), "rb").read() == open(
+               os.path.join(TMP, "eval.run/eval.spmd"), "rb").read(), shell.stderr[-300:])
+    cases = [
+        ("--eval-every without --eval", ["eval.run/step.spmd", "--eval-every", "2"],
+         r"spmd-run: error: --eval-every: needs --eval FILE"),
+        ("--eval without held-out data", ["eval.run/step.spmd", "--eval", "eval.run/eval.spmd"],
+         r"spmd-run: error: --eval: needs held-out data"),
+        ("a training step as --eval", ["eval.run/step.spmd", "--eval", "eval.run/step.spmd", "--eval-data", "val_data.pt"],
+         r"spmd-run: error: .*--eval eval\.run/step\.spmd: not an evaluation step"),
+        ("another model's evaluation step", ["eval.run/step.spmd", "--eval", "mlp-eval.spmd", "--eval-data",
+                                             "val_data.pt"],
+         r"spmd-run: error: .*--eval mlp-eval\.spmd: its parameter '.*' is not one of the training step's"),
+    ]
+    for name, args, pattern in cases:
+        proc = run([run_, *args, "--steps", "1"])
+        lines = proc.stderr.strip().splitlines()
+        ok = mlp.returncode == 0 and proc.returncode == 1 and len(lines) == 1 and re.match(pattern, lines[0])
+        report(f"spmd-run refuses {name}", bool(ok), f"exit {proc.returncode}, {proc.stderr.strip()[-300:]!r}")
+
+
 def command_line_wins():
     proc = train("train.toml", "--steps", "3", "--lr", "0.05", "--dir", "override", "--print-config")
     resolved = tomllib.loads(proc.stdout) if proc.returncode == 0 else {}
@@ -195,6 +266,8 @@ def refusals():
 
 
 driver_matches_the_tools()
+evaluation()
+eval_refusals()
 command_line_wins()
 checkpoints_resume()
 refusals()

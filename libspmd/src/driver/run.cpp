@@ -86,6 +86,19 @@ void addRunFlags(CLI::App& app, RunOptions& options, RunFlags& flags) {
   app.add_flag("--resume-weights-only", options.resumeWeightsOnly,
                "take only the checkpoint's parameters and buffers and start at step 1 (another artifact or world size)")
       ->needs(resumeOption);
+  app.add_option("--eval", options.evalArtifact,
+                 "the evaluation step (spmd-compile --eval-step): the validation loss, on --eval-data or --eval-tokens, "
+                 "after every --eval-every steps and after the last, averaged over --eval-steps batches and the ranks");
+  flags.evalFlags = {
+      app.add_option("--eval-every", options.evalEvery, "steps between evaluations (with --eval; default: the last step only)")
+          ->check(CLI::Range(1, 100000000)),
+      app.add_option("--eval-steps", options.evalSteps, "batches per evaluation, the same ones each time (default 1)")
+          ->check(CLI::Range(1, 1000000)),
+      app.add_option("--eval-data", options.evalData, "held-out batches for --eval, in --data's contract"),
+      app.add_option("--eval-tokens", options.evalTokens,
+                     "a held-out token stream for --eval (nanoGPT's val.bin; --token-dtype), windows drawn as --tokens "
+                     "draws them")};
+  flags.evalFlags[3]->excludes(flags.evalFlags[2]);
   app.add_option("--init-from", options.initFrom,
                  "start from the parameters (and buffers) of a PyTorch state_dict file (torch.save(model.state_dict()))");
   app.add_option("--device", options.device, "auto, cuda or cpu")->check(CLI::IsMember({"auto", "cuda", "cpu"}))->capture_default_str();
@@ -109,6 +122,13 @@ void addRunFlags(CLI::App& app, RunOptions& options, RunFlags& flags) {
 }
 
 void finishRunFlags(const RunFlags& flags, RunOptions& options) {
+  if (options.evalArtifact.empty()) {
+    for (const CLI::Option* flag : flags.evalFlags) {
+      if (flag && *flag) throw Diagnostic(flag->get_name(), "needs --eval FILE, the evaluation step");
+    }
+  } else if (options.evalData.empty() && options.evalTokens.empty()) {
+    throw Diagnostic("--eval", "needs held-out data: --eval-data FILE or --eval-tokens FILE");
+  }
   options.timeout = std::chrono::milliseconds(static_cast<int64_t>(flags.timeoutSec * 1000));
   options.cudnnTf32 = !flags.noCudnnTf32;
 }

@@ -20,6 +20,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createAttentionPass, "attention"},
       {"autocast", "torch.autocast's policy for one device type as explicit casts (spmd-expand --autocast)",
        createAutocastPass},
+      {"eval-mode", "a forward graph as model.eval() runs it: BatchNorm on its running statistics, dropout off, no state updates, the loss the only output (spmd-expand --eval-step)",
+       createEvalModePass},
       {"autodiff", "reverse-mode autodiff: backward nodes and per-parameter gradients", createAutodiffPass},
       {"micro-batches", "gradient accumulation: forward and backward on N slices of the data, gradients summed (--micro-batches)",
        createMicroBatchesPass},

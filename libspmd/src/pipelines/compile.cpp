@@ -12,7 +12,8 @@ namespace {
 
 constexpr Stage kStages[] = {Stage::Expand, Stage::Split, Stage::Unroll, Stage::Lower};
 
-std::vector<std::string> passesOf(Stage stage, const PipelineOptions& options) {
+std::vector<std::string> passesOf(Stage stage, const PipelineOptions& options, bool evalStep) {
+  if (evalStep && stage != Stage::Lower) return stage == Stage::Expand ? evalPipeline(options) : std::vector<std::string>{};
   switch (stage) {
     case Stage::Expand: return expandPipeline(options);
     case Stage::Split: return splitPipeline(options);
@@ -95,7 +96,7 @@ Artifact compileGraph(LoadedGraph& loaded, const CompileOptions& options) {
         throw d.inFile(loaded.displayName);
       }
     }
-    runStage(loaded, passesOf(stage, stageOpts), stageOpts, debug, verifyInput);
+    runStage(loaded, passesOf(stage, stageOpts, options.evalStep), stageOpts, debug, verifyInput);
     if (options.afterStage) options.afterStage(stage, loaded.graph);
     if (stage == options.last) break;
   }

@@ -49,6 +49,13 @@ std::vector<std::string> expandPipeline(const PipelineOptions& options) {
   return names;
 }
 
+std::vector<std::string> evalPipeline(const PipelineOptions& options) {
+  std::vector<std::string> names = {"eval-mode", "match-attention", "dce"};
+  if (options.autocast.enabled) names.push_back("autocast");
+  for (const char* name : {"cse", "dce"}) names.push_back(name);
+  return names;
+}
+
 std::vector<std::string> splitPipeline(const PipelineOptions& options) {
   if (options.buckets.shard == ShardMode::None) return {"grad-sync", "bucket"};
   return {"grad-sync", "bucket", "shard", "dce"};

@@ -33,6 +33,7 @@ void Progress::stepDone(int step, int steps, const StepReport& r, std::ostream& 
                    : std::snprintf(line, sizeof line, "step %d/%d  no loss (the graph has no outputs)", step, steps);
     if (r.lr) n += std::snprintf(line + n, sizeof line - n, "  lr %.6g", *r.lr);
     if (r.gradNorm) n += std::snprintf(line + n, sizeof line - n, "  grad norm %.6g", *r.gradNorm);
+    if (r.valLoss) n += std::snprintf(line + n, sizeof line - n, "  val loss %.6g", *r.valLoss);
     std::snprintf(line + n, sizeof line - n, "  %.3f ms\n", r.ms);
     out << line << std::flush;
   }
@@ -44,6 +45,7 @@ void Progress::stepDone(int step, int steps, const StepReport& r, std::ostream& 
     int n = std::snprintf(line, sizeof line, "\r[%s%s] %d/%d", std::string(done, '=').c_str(),
                           std::string(width - done, ' ').c_str(), step, steps);
     if (r.loss) n += std::snprintf(line + n, sizeof line - n, "  loss %.4g", *r.loss);
+    if (r.valLoss) n += std::snprintf(line + n, sizeof line - n, "  val %.4g", *r.valLoss);
     if (rate > 0) {
       n += std::snprintf(line + n, sizeof line - n, "  %.3g steps/s  ETA %s", rate,
                          durationText((steps - step) / rate).c_str());

@@ -11,10 +11,12 @@ namespace spmd {
 // What a step reports: its loss and time, and, where the step has them, the
 // learning rate the schedule gave it and the gradient norm before clipping.
 struct StepReport {
+  int step = 0;  // 1-based
   std::optional<double> loss;  // none when the graph has no outputs
   double ms = 0.0;
   std::optional<double> lr;
   std::optional<double> gradNorm;
+  std::optional<double> valLoss;  // --eval: the validation loss after this step
 };
 
 class Progress {

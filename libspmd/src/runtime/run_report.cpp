@@ -111,6 +111,7 @@ void MetricsLog::write(int step, const StepReport& r, int64_t peakBytes) {
   std::string line = "{\"step\": " + std::to_string(step) + ", \"loss\": " + (r.loss ? jsonNumber(*r.loss) : "null");
   if (r.lr) line += ", \"lr\": " + jsonNumber(*r.lr);
   if (r.gradNorm) line += ", \"grad_norm\": " + jsonNumber(*r.gradNorm);
+  if (r.valLoss) line += ", \"val_loss\": " + jsonNumber(*r.valLoss);
   char ms[64];
   std::snprintf(ms, sizeof ms, ", \"ms\": %.4f", r.ms);
   line += ms;
@@ -137,6 +138,7 @@ void RunRecord::addStep(const StepReport& step, bool timed) {
   if (step.loss) losses_.push_back(*step.loss);
   if (step.lr) lrs_.push_back(*step.lr);
   if (step.gradNorm) gradNorms_.push_back(*step.gradNorm);
+  if (step.valLoss) valLosses_.emplace_back(step.step, *step.valLoss);
   if (timed) ms_.push_back(step.ms);
 }
 
@@ -155,6 +157,12 @@ void RunRecord::writeJson(std::ostream& out) const {
   for (size_t i = 0; i < losses_.size(); ++i) j << (i ? ", " : "") << floatText(losses_[i]);
   list("lrs", lrs_);
   list("grad_norms", gradNorms_);
+  if (!valLosses_.empty()) {  // [[step, loss], ...]: the steps after which the run evaluated
+    j << "], \"val_losses\": [";
+    for (size_t i = 0; i < valLosses_.size(); ++i) {
+      j << (i ? ", " : "") << "[" << valLosses_[i].first << ", " << floatText(valLosses_[i].second) << "]";
+    }
+  }
   char summary[256];
   std::snprintf(summary, sizeof summary,
                 "], \"ms_per_step\": {\"median\": %.4f, \"min\": %.4f, \"max\": %.4f}, \"steps_per_s\": %.3f}\n", median,

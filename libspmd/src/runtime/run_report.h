@@ -77,6 +77,7 @@ class RunRecord {
   std::string device_;
   int steps_;
   std::vector<double> losses_, ms_, lrs_, gradNorms_;
+  std::vector<std::pair<int, double>> valLosses_;  // (the step, 1-based; the validation loss after it)
   int64_t peakBytes_ = 0;
   size_t kernelsCompiled_ = 0;
 };

@@ -4,6 +4,8 @@
 // (op_profile), progress lines (run_progress), and the reports after the
 // last step (run_report).
 #include "spmd/runtime/runner.h"
+
+#include "evaluation.h"
 #include "spmd/backend/generated_kernels.h"
 
 #include "spmd/runtime/checkpoint.h"
@@ -64,11 +66,12 @@ int64_t samplesPerStep(const Graph& g, int worldSize) {
 // a segment with the setup iteration. Segments change no bits: the work
 // moved to the next iteration runs on the same values either way, at the
 // end of this iteration instead of the start of the next.
-Iteration iterationOf(int step, int start, int steps, int every) {
+Iteration iterationOf(int step, int start, int steps, std::initializer_list<int> periods) {
   int first = start, end = steps;
-  if (every > 0) {
-    first = std::max(start, step / every * every);
-    end = std::min(steps, (step / every + 1) * every);
+  for (int every : periods) {
+    if (every <= 0) continue;
+    first = std::max(first, step / every * every);
+    end = std::min(end, (step / every + 1) * every);
   }
   return iterationAt(step - first, end - first);
 }
@@ -195,6 +198,12 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     throw Diagnostic("--steps", "the checkpoint is at step " + std::to_string(start) + " already: ask for more steps");
   }
   const StepData data(g, DataSource{o.dataFile, o.tokens, o.tokenDtype}, seed, info, device.device());
+  std::optional<Evaluation> evaluation;
+  if (!o.evalArtifact.empty()) {
+    evaluation.emplace(EvalOptions{o.evalArtifact, o.evalStep, o.evalEvery, o.evalSteps,
+                                   {o.evalData, o.evalTokens, o.tokenDtype}},
+                       artifact, device.name(), seed, info, device.device());
+  }
   if (o.warmup >= steps - start) {
     throw Diagnostic("--warmup", "must be fewer than the " + std::to_string(steps - start) + " steps to run");
   }
@@ -234,10 +243,12 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     device.synchronize();
     const auto begin = std::chrono::steady_clock::now();
     auto afterNode = profile ? profile->startStep(timed) : std::function<void(const Node&)>();
-    const Iteration iteration = iterationOf(step, start, steps, every);
+    // A checkpoint or an evaluation reads finished state: each ends a segment.
+    const Iteration iteration = iterationOf(step, start, steps, {every, evaluation ? o.evalEvery : 0});
     const std::vector<at::Tensor> outputs = plans->at(iteration).run(state, inputs, comm.get(), afterNode);
     device.synchronize();
     StepReport report;
+    report.step = step + 1;
     report.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin).count();
     report.loss = scalarOutput(outputs, 0);  // none: a graph without outputs
     report.lr = lr;
@@ -246,6 +257,9 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
       throw Diagnostic("step " + std::to_string(step + 1), "rank " + std::to_string(info.rank) + "'s loss is " +
                                                               floatText(*report.loss) +
                                                               " (--allow-nonfinite trains on)");
+    }
+    if (evaluation && (step + 1 == steps || (o.evalEvery > 0 && (step + 1) % o.evalEvery == 0))) {
+      report.valLoss = evaluation->run(state, comm.get());
     }
     record.addStep(report, timed);
     progress.stepDone(step + 1, steps, report, out);

@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <array>
 #include <functional>
 #include <string>
 
@@ -19,10 +20,13 @@ struct RunFlags {
   int nproc = 0;             // --nproc: local ranks to spawn
   double timeoutSec = 300;   // --timeout
   bool noCudnnTf32 = false;  // --no-cudnn-tf32
+  // --eval-every, --eval-steps, --eval-data, --eval-tokens: each needs --eval.
+  std::array<CLI::Option*, 4> evalFlags{};
 };
 
 void addRunFlags(CLI::App& app, RunOptions& options, RunFlags& flags);
-// After parsing: the timeout and cuDNN's TF32 into `options`.
+// After parsing: the timeout and cuDNN's TF32 into `options`; the --eval
+// flags checked (Diagnostic naming the flag).
 void finishRunFlags(const RunFlags& flags, RunOptions& options);
 
 // Runs the artifact `load` returns (it may throw Diagnostic) as the rank the

@@ -32,6 +32,9 @@ struct CompileOptions {
   // Verify the graph between stages too (spmd-compile --verify-each); the
   // passes' own verification (after every pass that changed it) always runs.
   bool verifyEach = false;
+  // The forward-only evaluation step instead of the train step (spmd-expand
+  // --eval-step): expand runs evalPipeline(), split and unroll nothing.
+  bool evalStep = false;
   // Called with each stage's graph after the stage ran (Expand, Split,
   // Unroll); may write it out.
   std::function<void(Stage, const Graph&)> afterStage;

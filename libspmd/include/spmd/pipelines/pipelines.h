@@ -14,6 +14,9 @@ struct LoadedGraph;
 
 // spmd-expand: autodiff, grad-sync, optimizer.
 std::vector<std::string> expandPipeline(const PipelineOptions& options);
+// spmd-expand --eval-step: eval-mode, match-attention, autocast: the forward
+// graph as model.eval() runs it, the loss its only output.
+std::vector<std::string> evalPipeline(const PipelineOptions& options);
 // spmd-split: grad-sync (for dumps that lack it), bucket.
 std::vector<std::string> splitPipeline(const PipelineOptions& options);
 // spmd-unroll: unroll.

@@ -5,6 +5,7 @@
 #include "spmd/runtime/collectives.h"
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -36,6 +37,12 @@ struct RunOptions {
   std::string resume;       // --resume DIR: continue from a checkpoint (a folder, or DIR's latest)
   bool resumeWeightsOnly = false;  // --resume-weights-only: take its parameters and buffers, start at step 0
   std::string initFrom;     // --init-from FILE: parameters and buffers from a PyTorch state_dict file
+  std::string evalArtifact; // --eval FILE: the evaluation step (spmd-compile --eval-step)
+  std::shared_ptr<const Artifact> evalStep;  // or that step already in memory (spmd-train; evalArtifact names it)
+  int evalEvery = 0;        // --eval-every N: evaluate after every N-th step and after the last
+  int evalSteps = 1;        // --eval-steps K: batches per evaluation
+  std::string evalData;     // --eval-data FILE: held-out batches, in --data's contract
+  std::string evalTokens;   // --eval-tokens FILE: held-out token stream (nanoGPT's val.bin)
   std::chrono::milliseconds timeout{300000};
 };
 
