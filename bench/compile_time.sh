@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Compile time of one model (issue #18): each stage on its own, the whole
-# pipeline through pipes, and what they are measured against, reading the
+# Compile time of one model (issues #18, #59): each stage on its own, the whole
+# pipeline through pipes, spmd-compile (the four in one process), and what they are measured against, reading the
 # model file and writing a copy of it once. From the repository root:
 #   B=build DEVICE=cpu PYTHON=/usr/bin/python3 bash bench/compile_time.sh MODELS_DIR gpt ITERS RESULTS.jsonl
 # MODELS_DIR holds bench/models.py's MODEL.pt, MODEL.inputs and MODEL.optim.
@@ -40,7 +40,7 @@ l="$B/spmd-lower --device $DEVICE $LOWER_FLAGS"
 w=$WORK/ct
 
 cat "$model" > /dev/null   # into the page cache
-copy=() startup=() expand=() split=() unroll=() lower=() pipeline=()
+copy=() startup=() expand=() split=() unroll=() lower=() pipeline=() onep=()
 for ((i = 0; i < RUNS; i++)); do
   timed copy "cat '$model' > '$w.copy'"
   rm -f "$w.copy"
@@ -52,7 +52,9 @@ for ((i = 0; i < RUNS; i++)); do
   rm -f "$w.spmd"
   timed pipeline "set -o pipefail; $e | $s | $u | $l -o '$w.spmd' 2> '$w.notes'"
   rm -f "$w.spmd"
+  timed onep "$B/spmd-compile $model $expand_args --iters $ITERS --device $DEVICE $LOWER_FLAGS -o '$w.spmd' 2> '$w.notes'"
+  rm -f "$w.spmd"
 done
 "$PY" bench/record.py compile-time --model "$M" --precision "${PRECISION:-fp32}" --bytes "$(stat -c %s "$model")" --copy "${copy[@]}" \
   --startup "${startup[@]}" --stage expand "${expand[@]}" --stage split "${split[@]}" \
-  --stage unroll "${unroll[@]}" --stage lower "${lower[@]}" --pipeline "${pipeline[@]}" | tee -a "$RESULTS" >&2
+  --stage unroll "${unroll[@]}" --stage lower "${lower[@]}" --pipeline "${pipeline[@]}" --compile "${onep[@]}" | tee -a "$RESULTS" >&2

@@ -107,7 +107,8 @@ def compile_time(args):
     emit({"kind": "compile_time", "model": args.model, "precision": args.precision, "model_bytes": args.bytes,
           "copy_s": med(args.copy), "startup_s": med(args.startup), "stages": stages,
           "pipeline_s": med(args.pipeline), "pipeline_runs_s": args.pipeline,
-          "ratio_to_copy": med(args.pipeline) / med(args.copy)})
+          "ratio_to_copy": med(args.pipeline) / med(args.copy),
+          **({"compile_s": med(args.compile), "compile_runs_s": args.compile} if args.compile else {})})
 
 
 def device_time(args):
@@ -165,6 +166,7 @@ def main():
     t.add_argument("--stage", nargs="+", action="append", required=True, metavar="NAME SECONDS",
                    help="a stage's name, then its run times (repeatable)")
     t.add_argument("--pipeline", type=float, nargs="+", required=True, help="seconds of the piped pipeline")
+    t.add_argument("--compile", type=float, nargs="+", help="seconds of spmd-compile (the four stages in one process)")
     d = sub.add_parser("device-time")
     d.add_argument("--system", required=True)
     d.add_argument("--model", required=True)

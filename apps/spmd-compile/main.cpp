@@ -51,9 +51,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   spmd::CompileOptions options;
   spmd::PipelineOptions& pipeline = options.pipeline;
-  spmd::OptimizerFlags optimizerFlags;
-  spmd::PrecisionFlags precisionFlags;
-  spmd::TrainingFlags trainingFlags;
+  spmd::StageFlags stageFlags;
   app.add_option("IN", in, "torch.export program (.pt2), TorchScript module or JSON graph dump, '-' for stdin")
       ->capture_default_str();
   app.add_option("-o,--output", out, "artifact file to write (with --emit-after: that stage's JSON graph dump)")
@@ -69,22 +67,14 @@ int main(int argc, char** argv) {
                "compile the forward-only evaluation step instead (spmd-expand --eval-step, then spmd-lower): for "
                "spmd-run --eval");
   spmd::addInputSpecFlag(app, inputSpecs);
-  spmd::addOptimizerFlags(app, pipeline.optimizer, optimizerFlags);
-  spmd::addGradReduceFlag(app, pipeline.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
-  spmd::addPrecisionFlags(app, precisionFlags);
-  spmd::addTrainingFlags(app, trainingFlags);
-  spmd::addBucketFlags(app, pipeline.buckets);
-  spmd::addUnrollFlags(app, pipeline.unroll);
-  spmd::addLowerFlags(app, pipeline.lower);
+  spmd::addStageFlags(app, pipeline, stageFlags);
   spmd::addDebugFlags(app, options.debug);
   spmd::addListPassesFlag(app);
 
   return spmd::runTool(tool, app, argc, argv, [&] {
     spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(tool);
     pipeline.diagnostics = &diagnostics;
-    spmd::finishOptimizerFlags(optimizerFlags, pipeline.optimizer, /*required=*/!options.evalStep);
-    spmd::finishPrecisionFlags(precisionFlags, pipeline);
-    spmd::finishTrainingFlags(trainingFlags, pipeline);
+    spmd::finishStageFlags(stageFlags, pipeline, /*optimizerRequired=*/!options.evalStep);
     if (!emitAfter.empty()) spmd::parseStage(emitAfter, options.last);
     options.verifyEach = verifyEach;
     // The stages' files are written once the whole compile succeeded: a

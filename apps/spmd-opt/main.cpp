@@ -68,9 +68,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputSpecs;
   bool json = false, split = false, verify = false;
   spmd::PipelineOptions options;
-  spmd::OptimizerFlags optimizerFlags;
-  spmd::PrecisionFlags precisionFlags;
-  spmd::TrainingFlags trainingFlags;
+  spmd::StageFlags stageFlags;
   spmd::DebugOptions debug;
   app.add_option("IN", in, "listing, JSON graph dump, .pt2, TorchScript or artifact, '-' for stdin")->capture_default_str();
   app.add_option("-o,--output", out, "output listing (or JSON with --json), '-' for stdout")->capture_default_str();
@@ -81,21 +79,13 @@ int main(int argc, char** argv) {
                "check the notes against the input's '// expected-note@+N {{text}}' comments (a listing); exit 1 "
                "naming each note not expected and each expectation not met");
   spmd::addInputSpecFlag(app, inputSpecs);
-  spmd::addOptimizerFlags(app, options.optimizer, optimizerFlags);
-  spmd::addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
-  spmd::addPrecisionFlags(app, precisionFlags);
-  spmd::addTrainingFlags(app, trainingFlags);
-  spmd::addBucketFlags(app, options.buckets);
-  spmd::addUnrollFlags(app, options.unroll);
-  spmd::addLowerFlags(app, options.lower);
+  spmd::addStageFlags(app, options, stageFlags);
   spmd::addDebugFlags(app, debug);
   spmd::addListPassesFlag(app);
 
   return spmd::runTool(kTool, app, argc, argv, [&] {
     const std::vector<std::string> names = passNames(passes);
-    spmd::finishOptimizerFlags(optimizerFlags, options.optimizer, /*required=*/false);
-    spmd::finishPrecisionFlags(precisionFlags, options);
-    spmd::finishTrainingFlags(trainingFlags, options);
+    spmd::finishStageFlags(stageFlags, options, /*optimizerRequired=*/false);
     const auto specs = spmd::parseInputSpecs(inputSpecs);
     const std::string file = spmd::displayNameOf(in);
     // One chunk: its passes run, its notes printed or, with --verify-diagnostics,

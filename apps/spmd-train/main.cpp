@@ -101,17 +101,9 @@ int main(int argc, char** argv) {
   addModelFlags(*app.add_option_group("model", "[model]: the model"), model);
 
   spmd::CompileOptions compile;
-  spmd::OptimizerFlags optimizerFlags;
-  spmd::PrecisionFlags precisionFlags;
-  spmd::TrainingFlags trainingFlags;
+  spmd::StageFlags stageFlags;
   CLI::App& compileGroup = *app.add_option_group("compile", "[compile]: spmd-compile's flags");
-  spmd::addOptimizerFlags(compileGroup, compile.pipeline.optimizer, optimizerFlags);
-  spmd::addGradReduceFlag(compileGroup, compile.pipeline.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
-  spmd::addPrecisionFlags(compileGroup, precisionFlags);
-  spmd::addTrainingFlags(compileGroup, trainingFlags);
-  spmd::addBucketFlags(compileGroup, compile.pipeline.buckets);
-  spmd::addUnrollFlags(compileGroup, compile.pipeline.unroll);
-  spmd::addLowerFlags(compileGroup, compile.pipeline.lower);
+  spmd::addStageFlags(compileGroup, compile.pipeline, stageFlags);
   // One --device for both: the step is lowered for where it runs ([run] device).
   compileGroup.remove_option(compileGroup.get_option("--device"));
   compileGroup.add_flag("--keep-stages", keepStages,
@@ -121,9 +113,13 @@ int main(int argc, char** argv) {
   spmd::RunFlags runFlags;
   spmd::addRunFlags(*app.add_option_group("run", "[run]: spmd-run's flags"), run, runFlags);
 
+  // --checkpoint-every in the file and --checkpoint on the command line (or
+  // the other way round) meet only once the file is applied.
+  const std::vector<spmd::Requirement> requirements = spmd::deferRequirements(app);
   const std::vector<std::string> args(argv, argv + argc);
   return spmd::runTool(kTool, app, argc, argv, [&] {
     spmd::applyConfig(app, spmd::readConfigFile(config));
+    spmd::checkRequirements(requirements);
     if (printConfig) {
       std::cout << spmd::resolvedConfig(app, {"model", "compile", "run"});
       return 0;
@@ -145,9 +141,7 @@ int main(int argc, char** argv) {
     const bool writer = !rank || rank->rank == 0;
     spmd::DiagnosticEngine diagnostics = writer ? spmd::printingDiagnostics(kTool) : spmd::DiagnosticEngine();
     compile.pipeline.diagnostics = &diagnostics;
-    spmd::finishOptimizerFlags(optimizerFlags, compile.pipeline.optimizer, /*required=*/true);
-    spmd::finishPrecisionFlags(precisionFlags, compile.pipeline);
-    spmd::finishTrainingFlags(trainingFlags, compile.pipeline);
+    spmd::finishStageFlags(stageFlags, compile.pipeline, /*optimizerRequired=*/true);
     compile.pipeline.lower.device = spmd::loweringDevice(run.device);
     makeDir(dir, "--dir");
     std::vector<std::pair<std::string, std::string>> stages;

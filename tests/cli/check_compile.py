@@ -115,7 +115,25 @@ def refusals():
                                        f"{os.path.exists(out) or os.path.exists(stages)}")
 
 
+def long_names():
+    """A legal 255-byte file name is written (its temporary name is cut to fit NAME_MAX); a longer one is
+    refused before the first step, not after training."""
+    name = os.path.join(TMP, "n" * 250 + ".spmd")
+    proc = run([tool("spmd-compile"), "samples/mlp.pt2", "--optimizer", "sgd", "--lr", "0.001", "-o", name])
+    report("spmd-compile writes a 255-byte file name", proc.returncode == 0 and os.path.exists(name), proc.stderr[-300:])
+    params = os.path.join(TMP, "p" * 252 + ".pt")
+    proc = run([tool("spmd-run"), name, "--steps", "1", "--save-params", params])
+    report("spmd-run --save-params writes a 255-byte file name", proc.returncode == 0 and os.path.exists(params),
+           proc.stderr[-300:])
+    too_long = os.path.join(TMP, "q" * 256)
+    proc = run([tool("spmd-run"), name, "--steps", "1", "--save-params", too_long])
+    report("spmd-run refuses a 256-byte --save-params name before step 1",
+           proc.returncode == 1 and "step 1" not in proc.stdout and
+           "longer than this file system's 255" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr[-300:])
+
+
 same_as_shell()
 refusals()
+long_names()
 print(f"{passed} passed, {failed} failed")
 sys.exit(1 if failed else 0)

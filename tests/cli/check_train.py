@@ -213,6 +213,44 @@ def eval_refusals():
         report(f"spmd-run refuses {name}", bool(ok), f"exit {proc.returncode}, {proc.stderr.strip()[-300:]!r}")
 
 
+def shuffled_epochs():
+    """--shuffle: each epoch's rows in the order of torch.randperm seeded by the seed and the epoch, the
+    same on every rank; the same run as the unshuffled one on the file Python shuffled so; resumable."""
+    g = torch.Generator().manual_seed(11)
+    rows = {"x": torch.randn(48, 16, generator=g), "y": torch.randint(0, 4, (48,), generator=g)}
+    torch.save(rows, os.path.join(TMP, "rows.pt"))
+    seed, global_rows, steps = 7, 16, 7          # 3 batches an epoch: 7 steps reach the third epoch
+    order = []
+    for epoch in range(3):
+        gen = torch.Generator().manual_seed((seed * 1000003 + 0x5DEECE66D + epoch) % 2**64)
+        order.append(torch.randperm(48, generator=gen))
+    order = torch.cat(order)
+    torch.save({k: v[order].reshape(9, global_rows, *v.shape[1:]) for k, v in rows.items()},
+               os.path.join(TMP, "ordered.pt"))
+    base = [os.path.join(BIN, "spmd-run"), "train.run/step.spmd", "--nproc", "2", "--seed", str(seed)]
+    shuffled = run(base + ["--steps", str(steps), "--data", "rows.pt", "--shuffle", "--save-params", "shuffled.pt"])
+    ordered = run(base + ["--steps", str(steps), "--data", "ordered.pt", "--save-params", "ordered.pt"])
+    report("--shuffle reads epochs in torch.randperm's seeded order",
+           shuffled.returncode == 0 and ordered.returncode == 0 and same(params("shuffled.pt"), params("ordered.pt")),
+           (shuffled.stderr + ordered.stderr)[-400:])
+    first = run(base + ["--steps", "4", "--data", "rows.pt", "--shuffle", "--checkpoint", "shuffle-ck"])
+    resumed = run(base + ["--steps", str(steps), "--data", "rows.pt", "--shuffle", "--resume", "shuffle-ck",
+                          "--save-params", "shuffle-resumed.pt"])
+    report("a shuffled run resumed mid-epoch continues the same order",
+           first.returncode == 0 and resumed.returncode == 0 and same(params("shuffled.pt"), params("shuffle-resumed.pt")),
+           (first.stderr + resumed.stderr)[-400:])
+    # A flag of the file met by one on the command line: --checkpoint-every (line) needs checkpoint (file).
+    write("ck.toml", CONFIG + 'checkpoint = "ck-from-file"\n')
+    proc = train("ck.toml", "--dir", "ckrun", "--checkpoint-every", "3", "--steps", "3")
+    report("--checkpoint-every on the command line takes checkpoint from the file",
+           proc.returncode == 0 and os.path.isdir(os.path.join(TMP, "ck-from-file", "step-00000003")),
+           proc.stderr[-300:])
+    proc = train("train.toml", "--dir", "ckrun", "--checkpoint-every", "3", "--steps", "3")
+    report("--checkpoint-every with no checkpoint anywhere is refused in one line",
+           proc.returncode == 1 and proc.stderr.strip() == "spmd-train: error: --checkpoint-every: needs --checkpoint",
+           proc.stderr[-300:])
+
+
 def command_line_wins():
     proc = train("train.toml", "--steps", "3", "--lr", "0.05", "--dir", "override", "--print-config")
     resolved = tomllib.loads(proc.stdout) if proc.returncode == 0 else {}
@@ -268,6 +306,7 @@ def refusals():
 driver_matches_the_tools()
 evaluation()
 eval_refusals()
+shuffled_epochs()
 command_line_wins()
 checkpoints_resume()
 refusals()

@@ -109,6 +109,34 @@ void applyConfig(CLI::App& app, const std::vector<ConfigValue>& values) {
   }
 }
 
+std::vector<Requirement> deferRequirements(CLI::App& app) {
+  std::vector<Requirement> deferred;
+  std::vector<CLI::App*> apps = {&app};
+  for (CLI::App* g : app.get_subcommands([](CLI::App*) { return true; })) apps.push_back(g);
+  for (CLI::App* a : apps) {
+    for (CLI::Option* o : a->get_options()) {
+      for (CLI::Option* other : o->get_needs()) deferred.push_back({o, other, true});
+      for (CLI::Option* other : o->get_excludes()) deferred.push_back({o, other, false});
+    }
+  }
+  for (const Requirement& r : deferred) {
+    if (r.needs) {
+      r.option->remove_needs(r.other);
+    } else {
+      r.option->remove_excludes(r.other);
+    }
+  }
+  return deferred;
+}
+
+void checkRequirements(const std::vector<Requirement>& requirements) {
+  for (const Requirement& r : requirements) {
+    if (r.option->count() == 0) continue;
+    if (r.needs && r.other->count() == 0) throw Diagnostic(r.option->get_name(), "needs " + r.other->get_name());
+    if (!r.needs && r.other->count() > 0) throw Diagnostic(r.option->get_name(), "excludes " + r.other->get_name());
+  }
+}
+
 std::string resolvedConfig(const CLI::App& app, const std::vector<std::string>& groups) {
   std::string out;
   for (const std::string& name : groups) {

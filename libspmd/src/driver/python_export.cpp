@@ -1,5 +1,6 @@
 #include "spmd/driver/python_export.h"
 
+#include "spmd/io/output_file.h"
 #include "spmd/support/diagnostic.h"
 
 #include <sys/wait.h>
@@ -108,7 +109,7 @@ std::string lastLine(std::string text) {
 }  // namespace
 
 void exportPythonModel(const PythonModel& model, const std::string& out) {
-  const std::string temp = out + ".tmp-" + std::to_string(::getpid());
+  const std::string temp = temporaryBeside(out, ".tmp-");
   const Finished f = runCapturingStderr({model.python, "-c", kExportScript, model.module, model.function, temp});
   const bool ok = WIFEXITED(f.status) && WEXITSTATUS(f.status) == 0;
   if (!ok) {

@@ -61,6 +61,10 @@ void addRunFlags(CLI::App& app, RunOptions& options, RunFlags& flags) {
                  "a token stream (nanoGPT's train.bin, memory-mapped): the first two data inputs, integer [B, T], get "
                  "B windows of T tokens and the windows one token later, at offsets seeded by --seed, rank and step")
       ->excludes(dataOption);
+  app.add_flag("--shuffle", options.shuffle,
+               "epochs over --data's rows, each in the order of a permutation seeded by --seed and the epoch (the "
+               "same on every rank; a resumed run continues it)")
+      ->needs(dataOption);
   app.add_option("--token-dtype", options.tokenDtype, "uint16 or uint32 (--tokens)")
       ->check(CLI::IsMember({"uint16", "uint32"}))
       ->capture_default_str();

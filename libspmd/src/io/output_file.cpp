@@ -62,6 +62,17 @@ int openInPlace(const std::string& path, mode_t mode) {
 
 }  // namespace
 
+std::string temporaryBeside(const std::string& target, const std::string& tag) {
+  const size_t slash = target.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "" : target.substr(0, slash + 1);
+  std::string base = slash == std::string::npos ? target : target.substr(slash + 1);
+  const std::string suffix = tag + std::to_string(::getpid());
+  const long limit = ::pathconf(dir.empty() ? "." : dir.c_str(), _PC_NAME_MAX);
+  const size_t nameMax = limit > 0 ? static_cast<size_t>(limit) : 255;
+  if (base.size() + suffix.size() > nameMax) base.resize(nameMax > suffix.size() ? nameMax - suffix.size() : 0);
+  return dir + base + suffix;
+}
+
 OutputFile::OutputFile(const std::string& path) : path_(path) {
   if (path == "-") {
     std::cout.flush();
@@ -82,7 +93,7 @@ OutputFile::OutputFile(const std::string& path) : path_(path) {
     return;
   }
   target_ = target;
-  temp_ = target + ".tmp." + std::to_string(::getpid());
+  temp_ = temporaryBeside(target, ".tmp.");
   fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw Diagnostic("", "cannot write: " + errnoText()).inFile(path_);
 }

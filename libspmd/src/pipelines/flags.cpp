@@ -226,6 +226,22 @@ void addDebugFlags(CLI::App& app, DebugOptions& debug) {
   app.add_option("--dump-dir", debug.dumpDir, "write NNNN.after_<pass>.txt for every pass into DIR");
 }
 
+void addStageFlags(CLI::App& app, PipelineOptions& options, StageFlags& flags) {
+  addOptimizerFlags(app, options.optimizer, flags.optimizer);
+  addGradReduceFlag(app, options.gradReduce, "mean (DDP) or sum (_spmd) over ranks");
+  addPrecisionFlags(app, flags.precision);
+  addTrainingFlags(app, flags.training);
+  addBucketFlags(app, options.buckets);
+  addUnrollFlags(app, options.unroll);
+  addLowerFlags(app, options.lower);
+}
+
+void finishStageFlags(const StageFlags& flags, PipelineOptions& options, bool optimizerRequired) {
+  finishOptimizerFlags(flags.optimizer, options.optimizer, optimizerRequired);
+  finishPrecisionFlags(flags.precision, options);
+  finishTrainingFlags(flags.training, options);
+}
+
 void addListPassesFlag(CLI::App& app) {
   // A callback runs before CLI11 checks for required flags.
   app.add_flag_callback(

@@ -92,8 +92,25 @@ StepData::StepData(const Graph& g, const DataSource& source, uint64_t seed, cons
     const int64_t globalRows = v->shape.empty() ? 1 : v->shape[0] * rank.worldSize;
     const at::Tensor steps = asSteps(it->second, *v, globalRows, file);
     checkSteps(steps, *v, rank, g.training().microBatches, file);
+    if (source.shuffle && !data_.empty() && steps.size(0) != data_.front().all.size(0)) {
+      throw Diagnostic("'" + v->name + "'", "holds " + std::to_string(steps.size(0)) + " steps of rows, '" +
+                                                data_.front().name + "' " + std::to_string(data_.front().all.size(0)) +
+                                                ": --shuffle draws the same rows of every input")
+          .inFile(file);
+    }
     data_.push_back({v->name, steps});
   }
+  shuffle_ = source.shuffle;
+}
+
+const at::Tensor& StepData::permutation(int64_t epoch, int64_t rows) const {
+  if (epoch != permutationEpoch_) {
+    // Seeded by the run's seed and the epoch only: every rank draws the same order.
+    at::Generator gen = at::detail::createCPUGenerator(seed_ * 1000003 + 0x5DEECE66Dull + static_cast<uint64_t>(epoch));
+    permutation_ = at::randperm(rows, gen, at::kLong);
+    permutationEpoch_ = epoch;
+  }
+  return permutation_;
 }
 
 StepData::~StepData() = default;
@@ -132,8 +149,14 @@ TensorMap StepData::forStep(int step) const {
     return inputs;
   }
   for (const auto& d : data_) {
-    const int64_t rows = d.all.size(1) / rank_.worldSize;
-    inputs[d.name] = onDevice(d.all[step % d.all.size(0)].narrow(0, rank_.rank * rows, rows), device_);
+    const int64_t batches = d.all.size(0), global = d.all.size(1), rows = global / rank_.worldSize;
+    if (shuffle_) {
+      const at::Tensor& order = permutation(step / batches, batches * global);
+      const at::Tensor mine = order.narrow(0, (step % batches) * global + rank_.rank * rows, rows);
+      inputs[d.name] = onDevice(d.all.flatten(0, 1).index_select(0, mine), device_);
+      continue;
+    }
+    inputs[d.name] = onDevice(d.all[step % batches].narrow(0, rank_.rank * rows, rows), device_);
   }
   return inputs;
 }

@@ -23,6 +23,7 @@ struct DataSource {
   std::string file;        // --data: a torch.save'd dict, a .npz or a folder of .npy files
   std::string tokens;      // --tokens: a token stream (nanoGPT's train.bin)
   std::string tokenDtype = "uint16";  // --token-dtype
+  bool shuffle = false;    // --shuffle: --data's rows in a seeded order, a new one each epoch
 };
 
 class StepData {
@@ -37,6 +38,12 @@ class StepData {
   //    windows of T tokens and the same windows shifted by one (inputs and
   //    targets), from offsets drawn by a generator seeded by `seed`, the rank
   //    and the step (nanoGPT's get_batch).
+  //  --data with shuffle: the file's S x G (or N // G x G) rows form epochs
+  //    of that many rows; epoch e reads them in the order of a permutation
+  //    seeded by `seed` and e (the same on every rank), G rows a step, rank
+  //    r its rows [r*G/W, (r+1)*G/W) of them: a step's rows follow from the
+  //    step and the seed, so a resumed run reads what the uninterrupted one
+  //    would.
   //  neither: random inputs seeded by `seed`, the rank and the step.
   StepData(const Graph& g, const DataSource& source, uint64_t seed, const RankInfo& rank, at::Device device);
   ~StepData();
@@ -49,6 +56,8 @@ class StepData {
     std::string name;
     at::Tensor all;  // [S, G, ...]
   };
+  // --shuffle: the permutation of epoch `epoch`'s S * G rows (the last asked for is kept).
+  const at::Tensor& permutation(int64_t epoch, int64_t rows) const;
   void checkTokenInputs() const;
 
   const Graph& graph_;
@@ -58,6 +67,9 @@ class StepData {
   std::vector<Input> data_;             // --data
   std::unique_ptr<TokenFile> tokens_;  // --tokens
   std::vector<const Value*> tokenInputs_;
+  bool shuffle_ = false;
+  mutable int64_t permutationEpoch_ = -1;
+  mutable at::Tensor permutation_;
 };
 
 }  // namespace spmd

@@ -39,6 +39,13 @@ void requireWritableDirectory(const std::string& path, const std::string& flag) 
   // passes it where a directory was meant. Making a file there is the test.
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const long nameMax = ::pathconf(dir.c_str(), _PC_NAME_MAX);
+  if (nameMax > 0 && name.size() > static_cast<size_t>(nameMax)) {
+    throw Diagnostic(flag + " " + path.substr(0, 60) + "...", "a file name of " + std::to_string(name.size()) +
+                                                                 " bytes, longer than this file system's " +
+                                                                 std::to_string(nameMax));
+  }
   std::string probe = dir + "/.spmd-probe-XXXXXX";
   const int fd = ::mkstemp(probe.data());
   if (fd < 0) throw Diagnostic(flag + " " + path, "cannot write to " + dir + ": " + std::strerror(errno));

@@ -197,7 +197,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   if (start >= steps) {
     throw Diagnostic("--steps", "the checkpoint is at step " + std::to_string(start) + " already: ask for more steps");
   }
-  const StepData data(g, DataSource{o.dataFile, o.tokens, o.tokenDtype}, seed, info, device.device());
+  const StepData data(g, DataSource{o.dataFile, o.tokens, o.tokenDtype, o.shuffle}, seed, info, device.device());
   std::optional<Evaluation> evaluation;
   if (!o.evalArtifact.empty()) {
     evaluation.emplace(EvalOptions{o.evalArtifact, o.evalStep, o.evalEvery, o.evalSteps,

@@ -31,6 +31,19 @@ std::vector<ConfigValue> readConfigFile(const std::string& path);
 // the place in the file.
 void applyConfig(CLI::App& app, const std::vector<ConfigValue>& values);
 
+// The needs and excludes between options (--checkpoint-every needs
+// --checkpoint), which CLI11 checks while it parses the command line: with a
+// file, one side may come from the file, so they are taken off the options
+// (deferRequirements, before parsing) and checked once the file is applied
+// (checkRequirements: Diagnostic naming both flags).
+struct Requirement {
+  CLI::Option* option;
+  CLI::Option* other;
+  bool needs;  // else excludes
+};
+std::vector<Requirement> deferRequirements(CLI::App& app);
+void checkRequirements(const std::vector<Requirement>& requirements);
+
 // Every option of each group in `groups` that holds a value (given, from the
 // file, or a default), as TOML: `[group]` then `key = value` lines, in the
 // order the options were added. Flags appear when set.

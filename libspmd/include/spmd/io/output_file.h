@@ -38,6 +38,11 @@ class OutputFile {
   bool committed_ = false;
 };
 
+// A temporary name beside `target` for this process (`tag` and the pid after
+// the target's own name), cut so that it fits NAME_MAX wherever the
+// target's name does: a legal 255-byte name gets a temporary too.
+std::string temporaryBeside(const std::string& target, const std::string& tag);
+
 // `content` to `path` through an OutputFile.
 void writeOutput(const std::string& path, const std::string& content);
 

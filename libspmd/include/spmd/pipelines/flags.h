@@ -94,6 +94,18 @@ void addInputSpecFlag(CLI::App& app, std::vector<std::string>& specs);
 // Their output goes to stderr.
 void addDebugFlags(CLI::App& app, DebugOptions& debug);
 
+// Every compiling stage's flags on one command line, in the stages' order:
+// spmd-expand's (optimizer, --grad-reduce, precision, training), spmd-split's,
+// spmd-unroll's and spmd-lower's; for spmd-compile, spmd-opt and spmd-train.
+struct StageFlags {
+  OptimizerFlags optimizer;
+  PrecisionFlags precision;
+  TrainingFlags training;
+};
+void addStageFlags(CLI::App& app, PipelineOptions& options, StageFlags& flags);
+// After parsing: finishOptimizerFlags, finishPrecisionFlags, finishTrainingFlags.
+void finishStageFlags(const StageFlags& flags, PipelineOptions& options, bool optimizerRequired);
+
 // --list-passes: prints the registry and exits 0 (before required flags
 // are checked).
 void addListPassesFlag(CLI::App& app);

@@ -18,6 +18,7 @@ struct RunOptions {
   std::string dataFile;    // --data: {input: [S, G, ...] or [N, ...]}: torch.save'd, .npz, or a folder of .npy
   std::string tokens;      // --tokens: a token stream (nanoGPT's train.bin) for the first two data inputs
   std::string tokenDtype = "uint16";  // --token-dtype: uint16 or uint32
+  bool shuffle = false;    // --shuffle: --data's rows in a seeded order, a new one each epoch
   std::string saveParams;  // --save-params: rank 0's parameters after the run
   std::string saveStateDict;  // --save-state-dict: parameters and buffers, as model.state_dict() holds them
   std::string device = "auto";
