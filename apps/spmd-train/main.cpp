@@ -130,6 +130,8 @@ int main(int argc, char** argv) {
     const bool compileEval = run.evalArtifact.empty() && (!run.evalData.empty() || !run.evalTokens.empty());
     if (compileEval) run.evalArtifact = dir + "/eval.spmd";
     spmd::finishRunFlags(runFlags, run);
+    run.config = spmd::resolvedConfig(app, {"model", "compile", "run"});
+    if (!run.resume.empty() && !run.resumeWeightsOnly) spmd::requireSameCompileConfig(run.resume, run.config);
     if (!artifactFile.empty()) {
       const auto load = [&] {
         auto loaded = spmd::loadGraph(artifactFile, {});
@@ -173,7 +175,7 @@ int main(int argc, char** argv) {
       for (const auto& [path, text] : stages) spmd::writeOutput(path, text);
       spmd::writeArtifact(artifact, artifactPath);
       if (evalArtifact) spmd::writeArtifact(*evalArtifact, run.evalArtifact);
-      spmd::writeOutput(dir + "/config.toml", spmd::resolvedConfig(app, {"model", "compile", "run"}));
+      spmd::writeOutput(dir + "/config.toml", run.config);
     }
     if (evalArtifact) run.evalStep = std::make_shared<const spmd::Artifact>(std::move(*evalArtifact));
     if (compileOnly) return 0;

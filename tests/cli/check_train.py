@@ -268,6 +268,13 @@ def checkpoints_resume():
     ok = all(p.returncode == 0 for p in (straight, first, resumed)) and same(params("straight.pt"), params("resumed.pt"))
     report("a run resumed from its checkpoint ends where the straight run does", ok,
            (first.stderr + resumed.stderr)[-400:])
+    kept = os.path.join(TMP, "ckpt", "step-00000004", "config.toml")
+    report("each checkpoint keeps the resolved configuration",
+           os.path.exists(kept) and tomllib.load(open(kept, "rb"))["compile"]["lr"] == 0.01)
+    other = train("train.toml", "--dir", "ck", "--steps", "8", "--resume", "ckpt", "--lr", "0.05")
+    report("a resume with another [compile] value is refused in one line naming it",
+           other.returncode == 1 and other.stderr.count("\n") == 1 and
+           "was compiled with lr = 0.01" in other.stderr and "this run has 0.05" in other.stderr, other.stderr[-400:])
 
 
 def refusals():

@@ -6,6 +6,8 @@
 #include <toml++/toml.hpp>
 
 #include <charconv>
+#include <fstream>
+#include <map>
 #include <sstream>
 
 namespace spmd {
@@ -105,6 +107,66 @@ void applyConfig(CLI::App& app, const std::vector<ConfigValue>& values) {
       option->run_callback();
     } catch (const CLI::Error& e) {
       throw Diagnostic(v.where, v.key + ": " + e.what());
+    }
+  }
+}
+
+namespace {
+
+// The checkpoint folder `path` names: itself, or the one its `latest` names.
+std::string checkpointFolder(const std::string& path) {
+  std::ifstream latest(path + "/latest");
+  std::string name;
+  if (latest && std::getline(latest, name) && !name.empty()) return path + "/" + name;
+  return path;
+}
+
+// The [compile] table's values as TOML text, by key.
+std::map<std::string, std::string> compileTable(const toml::table& root) {
+  std::map<std::string, std::string> out;
+  if (const toml::table* t = root["compile"].as_table()) {
+    for (auto&& [key, node] : *t) {
+      std::ostringstream text;
+      if (const toml::array* a = node.as_array()) {
+        text << *a;
+      } else if (auto s = node.as_string()) {
+        text << toml::value<std::string>(s->get());
+      } else {
+        text << scalarText(node, "");  // a number or a boolean, as a flag would take it
+      }
+      out[std::string(key.str())] = text.str();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void requireSameCompileConfig(const std::string& checkpoint, const std::string& resolved) {
+  const std::string file = checkpointFolder(checkpoint) + "/config.toml";
+  std::ifstream in(file);
+  if (!in) return;  // written by spmd-run, or before checkpoints kept it
+  std::map<std::string, std::string> theirs, mine;
+  try {
+    theirs = compileTable(toml::parse(in, file));
+    mine = compileTable(toml::parse(resolved));
+  } catch (const toml::parse_error& e) {
+    throw Diagnostic("--resume " + checkpoint, file + ": not TOML: " + std::string(e.description()));
+  }
+  for (const auto& [key, value] : theirs) {
+    auto it = mine.find(key);
+    const std::string here = it == mine.end() ? "(not set)" : it->second;
+    if (here != value) {
+      throw Diagnostic("--resume " + checkpoint, "the checkpoint's step was compiled with " + key + " = " + value +
+                                                     " ([compile] in " + file + "), this run has " + here +
+                                                     ": a resumed run continues the same step (give the same value, "
+                                                     "or --resume-weights-only to start another)");
+    }
+  }
+  for (const auto& [key, value] : mine) {
+    if (!theirs.count(key)) {
+      throw Diagnostic("--resume " + checkpoint, "this run sets " + key + " = " + value + ", which the checkpoint's step "
+                                                     "was compiled without ([compile] in " + file + ")");
     }
   }
 }

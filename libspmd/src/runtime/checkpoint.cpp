@@ -355,6 +355,7 @@ void CheckpointWriter::write(const Graph& g, const TensorMap& state, const Check
     writeMember("model.pt", saveTorchSave(inputsOfKind(g, state, {InputKind::Parameter, InputKind::Buffer})));
     writeMember("optimizer.pt", saveTorchSaveValue(optimizerStateDict(g, state, info.lr)));
     writeMember("extra.pt", saveTorchSave(extra));
+    if (!info.config.empty()) writeSynced(temp + "/config.toml", info.config);
     writeSynced(temp + "/manifest.json", manifestText(withDigests));
     syncFolder(temp);
   } catch (...) {

@@ -268,6 +268,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (checkpoints && segmentEnds) {
       CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt};
       if (g.training().shard != ShardMode::None) written.rank = info.rank;
+      written.config = o.config;
       checkpoints->write(g, state, written);
     }
   }

@@ -44,6 +44,13 @@ struct Requirement {
 std::vector<Requirement> deferRequirements(CLI::App& app);
 void checkRequirements(const std::vector<Requirement>& requirements);
 
+// --resume of a run spmd-train checkpointed: the [compile] table of the
+// checkpoint's config.toml (when it has one) against this run's resolved
+// configuration `resolved`; a key whose value differs changes the step, and
+// is refused in one line naming it and both values (Diagnostic naming
+// --resume). `checkpoint`: a step folder or a --checkpoint folder (its latest).
+void requireSameCompileConfig(const std::string& checkpoint, const std::string& resolved);
+
 // Every option of each group in `groups` that holds a value (given, from the
 // file, or a default), as TOML: `[group]` then `key = value` lines, in the
 // order the options were added. Flags appear when set.

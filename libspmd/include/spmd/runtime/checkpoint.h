@@ -53,6 +53,9 @@ struct CheckpointInfo {
   // checkpoints and in sharded ones written before it was recorded): a
   // resume and the merge tool refuse rank folders swapped or copied.
   std::optional<int> rank;
+  // The run's resolved configuration (spmd-train's config.toml), written
+  // beside the members as config.toml when not empty; not in the manifest.
+  std::string config;
 };
 
 // What a run's data is, as a resume compares it: "random inputs", or the
