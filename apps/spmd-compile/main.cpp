@@ -1,6 +1,7 @@
 // spmd-compile: spmd-expand | spmd-split | spmd-unroll | spmd-lower in one
 // process over one in-memory graph, with the stages' flags on one command
 // line; the artifact is the one the shell pipeline writes from the same flags.
+#include "spmd/io/folder.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/pipelines/compile.h"
@@ -8,22 +9,9 @@
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 namespace {
-
-// --stage-dir DIR, made when missing (its parent must exist).
-void makeStageDir(const std::string& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return;
-  if (::mkdir(dir.c_str(), 0777) != 0) {
-    throw spmd::Diagnostic("--stage-dir", "cannot make the folder " + dir + ": " + std::strerror(errno));
-  }
-}
 
 CLI::Validator isStage() {
   return CLI::Validator(
@@ -89,7 +77,7 @@ int main(int argc, char** argv) {
     };
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     spmd::Artifact artifact = spmd::compileGraph(loaded, options);
-    if (!stageDir.empty()) makeStageDir(stageDir);
+    if (!stageDir.empty()) spmd::makeFolder(stageDir, "--stage-dir");
     for (const auto& [path, content] : files) spmd::writeOutput(path, content);
     if (options.last == spmd::Stage::Lower) spmd::writeArtifact(artifact, out);
     return 0;

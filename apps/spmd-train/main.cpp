@@ -6,6 +6,7 @@
 #include "spmd/driver/python_export.h"
 #include "spmd/driver/run.h"
 #include "spmd/io/artifact.h"
+#include "spmd/io/folder.h"
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/pipelines/compile.h"
@@ -15,10 +16,6 @@
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
-#include <cstring>
 #include <iostream>
 #include <optional>
 
@@ -42,15 +39,6 @@ void addModelFlags(CLI::App& group, ModelFlags& m) {
   group.add_option("--python", m.python.python, "the Python that exports --module (its torch's torch.export)")
       ->capture_default_str();
   group.add_option("--input", m.inputs, "NAME:DTYPE[d0,d1,...] per-rank shape of a forward argument (TorchScript)");
-}
-
-// DIR, made when missing (its parent must exist).
-void makeDir(const std::string& dir, const std::string& flag) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return;
-  if (::mkdir(dir.c_str(), 0777) != 0) {
-    throw spmd::Diagnostic(flag, "cannot make the folder " + dir + ": " + std::strerror(errno));
-  }
 }
 
 // train.toml -> train.
@@ -145,7 +133,7 @@ int main(int argc, char** argv) {
     compile.pipeline.diagnostics = &diagnostics;
     spmd::finishStageFlags(stageFlags, compile.pipeline, /*optimizerRequired=*/true);
     compile.pipeline.lower.device = spmd::loweringDevice(run.device);
-    makeDir(dir, "--dir");
+    spmd::makeFolder(dir, "--dir");
     std::vector<std::pair<std::string, std::string>> stages;
     if (keepStages && writer) {
       compile.afterStage = [&](spmd::Stage stage, const spmd::Graph& graph) {
@@ -171,7 +159,7 @@ int main(int argc, char** argv) {
     if (!writer && file != model.file) std::remove(file.c_str());  // this rank's own export, not the user's file
     const std::string artifactPath = dir + "/step.spmd";
     if (writer) {
-      if (!stages.empty()) makeDir(dir + "/stages", "--dir");
+      if (!stages.empty()) spmd::makeFolder(dir + "/stages", "--dir");
       for (const auto& [path, text] : stages) spmd::writeOutput(path, text);
       spmd::writeArtifact(artifact, artifactPath);
       if (evalArtifact) spmd::writeArtifact(*evalArtifact, run.evalArtifact);

@@ -1,5 +1,6 @@
 #include "spmd/driver/config.h"
 
+#include "spmd/runtime/checkpoint.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/echo.h"
 
@@ -113,14 +114,6 @@ void applyConfig(CLI::App& app, const std::vector<ConfigValue>& values) {
 
 namespace {
 
-// The checkpoint folder `path` names: itself, or the one its `latest` names.
-std::string checkpointFolder(const std::string& path) {
-  std::ifstream latest(path + "/latest");
-  std::string name;
-  if (latest && std::getline(latest, name) && !name.empty()) return path + "/" + name;
-  return path;
-}
-
 // The [compile] table's values as TOML text, by key.
 std::map<std::string, std::string> compileTable(const toml::table& root) {
   std::map<std::string, std::string> out;
@@ -143,7 +136,15 @@ std::map<std::string, std::string> compileTable(const toml::table& root) {
 }  // namespace
 
 void requireSameCompileConfig(const std::string& checkpoint, const std::string& resolved) {
-  const std::string file = checkpointFolder(checkpoint) + "/config.toml";
+  // A sharded checkpoint's ranks each keep the same config.toml: rank 0's is read.
+  const std::string root = isShardedCheckpoint(checkpoint) ? rankCheckpointRoot(checkpoint, 0) : checkpoint;
+  std::string folder;
+  try {
+    folder = checkpointFolder(root);
+  } catch (const Diagnostic&) {
+    return;  // no checkpoint there: spmd-run's own reading says so
+  }
+  const std::string file = folder + "/config.toml";
   std::ifstream in(file);
   if (!in) return;  // written by spmd-run, or before checkpoints kept it
   std::map<std::string, std::string> theirs, mine;

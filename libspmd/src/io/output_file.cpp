@@ -1,4 +1,5 @@
 #include "spmd/io/output_file.h"
+#include "spmd/io/folder.h"
 
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/phase_times.h"
@@ -61,6 +62,14 @@ int openInPlace(const std::string& path, mode_t mode) {
 }
 
 }  // namespace
+
+void makeFolder(const std::string& dir, const std::string& flag) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return;
+  if (::mkdir(dir.c_str(), 0777) != 0) {
+    throw Diagnostic(flag, "cannot make the folder " + dir + ": " + std::strerror(errno));
+  }
+}
 
 std::string temporaryBeside(const std::string& target, const std::string& tag) {
   const size_t slash = target.find_last_of('/');

@@ -239,8 +239,8 @@ TensorMap optimizerTensors(const Graph& g, const std::string& path) {
   return out;
 }
 
-// Where a --resume path's checkpoint is: the path itself, or the folder
-// its `latest` names.
+}  // namespace
+
 std::string checkpointFolder(const std::string& path) {
   if (!isDirectory(path)) throw Diagnostic("--resume " + path, "no such checkpoint folder");
   if (::access((path + "/manifest.json").c_str(), F_OK) == 0) return path;
@@ -251,6 +251,8 @@ std::string checkpointFolder(const std::string& path) {
   }
   return path + "/" + name;
 }
+
+namespace {
 
 void requireSameType(const std::string& name, const at::Tensor& have, const Value& want, const std::string& file) {
   if (have.sizes().vec() != want.shape || have.scalar_type() != want.dtype) {

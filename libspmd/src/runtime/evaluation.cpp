@@ -1,6 +1,7 @@
 #include "evaluation.h"
 
 #include "spmd/io/load.h"
+#include "spmd/ir/builder.h"
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
@@ -96,9 +97,7 @@ double Evaluation::run(const TensorMap& state, Collectives* comm) const {
   if (comm) {
     Node reduce;
     reduce.op = "spmd::all_reduce";
-    reduce.args = {Arg::tensor(0), Arg{}};
-    reduce.args[1].kind = Arg::Kind::Str;
-    reduce.args[1].s = "mean";
+    reduce.args = {Arg::tensor(0), strArg("mean")};
     mean = comm->run(reduce, {mean.reshape({1})}).at(0);
   }
   return mean.to(at::kCPU).item<double>();

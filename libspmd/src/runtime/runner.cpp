@@ -266,9 +266,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (metrics) metrics->write(step + 1, report, device.peakBytes());
     const bool segmentEnds = iteration == Iteration::Last || iteration == Iteration::Only;
     if (checkpoints && segmentEnds) {
-      CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt};
+      CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt, o.config};
       if (g.training().shard != ShardMode::None) written.rank = info.rank;
-      written.config = o.config;
       checkpoints->write(g, state, written);
     }
   }

@@ -117,6 +117,10 @@ bool isShardedCheckpoint(const std::string& root);
 // of the newest step all ranks hold whole.
 std::string shardedCheckpointFolder(const std::string& root, int rank, int worldSize);
 
+// Where a --resume path's checkpoint is: the path itself (a step folder), or
+// the folder its `latest` names. Throws Diagnostic naming --resume.
+std::string checkpointFolder(const std::string& path);
+
 // Reads `path`: a checkpoint folder, or a --checkpoint root (its latest);
 // with `weightsOnly`, only the manifest and model.pt. Throws Diagnostic
 // naming the file for anything missing or damaged.
