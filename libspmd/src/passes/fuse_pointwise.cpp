@@ -10,7 +10,9 @@
 // Grouping is greedy, in program order: an op joins the group of one of its
 // producers when it has the group's output shape, role and iteration, and no
 // node outside the group reads the group's values before it (the fused node
-// takes the place of its last member). Single ops stay as they are, but for
+// takes the place of its last member). An op that reads the values of two
+// or more such groups merges them, where the merged group may still end at
+// it (a * b - c * d is one kernel). Single ops stay as they are, but for
 // dropout-mask-in-kernel's spmd::dropout_mul (whose mask only a generated kernel
 // draws) and a cast from bf16 or f16 up to f32 of at least kLoneCastElements
 // elements over a densely laid-out input (autocast's weight gradients, cast
@@ -26,6 +28,7 @@
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -108,6 +111,7 @@ class PointwiseFuser {
     for (const Node* n : snapshot(g_.nodes())) consider(*n);
     int fused = 0;
     for (Group& group : groups_) {
+      if (group.members.empty()) continue;  // merged into another
       const Candidate& first = group.members.front();
       if (group.members.size() < 2 && !isWorthyLoneCast(g_, first) && !drawsMask(first.steps)) continue;
       replaceWithFusedNode(g_, group.members, group.nodes);
@@ -129,11 +133,13 @@ class PointwiseFuser {
     forEachTensorArg(n, [&](ValueId v) {
       const Node* p = g_.producer(v);
       auto it = p ? groupOf_.find(p) : groupOf_.end();
-      if (chosen >= 0 || it == groupOf_.end()) return;
+      if (it == groupOf_.end() || it->second == chosen) return;
       const Group& group = groups_[it->second];
-      if (group.shape == shape && sameSchedule(*group.members.front().node, n) &&
-          canEndGroupAt(g_, group.members, group.nodes, n)) {
-        chosen = it->second;
+      if (group.shape != shape || !sameSchedule(*group.members.front().node, n)) return;
+      if (chosen < 0) {
+        if (canEndGroupAt(g_, group.members, group.nodes, n)) chosen = it->second;
+      } else {
+        mergeIfItCanEndAt(chosen, it->second, n);
       }
     });
     if (chosen < 0) {
@@ -143,6 +149,26 @@ class PointwiseFuser {
     groups_[chosen].members.push_back({&n, std::move(*steps)});
     groups_[chosen].nodes.insert(&n);
     groupOf_[&n] = chosen;
+  }
+
+  // An op that reads two groups' values joins both: `other` is merged into
+  // `into` where the merged group may still end at `n` (no node outside it
+  // reads its values before `n`). That takes the products of a rotary
+  // embedding, x0 * cos - x1 * sin, into one kernel with their difference,
+  // where only one of them would join it otherwise.
+  void mergeIfItCanEndAt(int into, int other, const Node& n) {
+    Group merged = groups_[into];
+    const Group& from = groups_[other];
+    merged.members.insert(merged.members.end(), from.members.begin(), from.members.end());
+    merged.nodes.insert(from.nodes.begin(), from.nodes.end());
+    if (!canEndGroupAt(g_, merged.members, merged.nodes, n)) return;
+    // Members stay in program order: a statement reads only earlier ones.
+    std::sort(merged.members.begin(), merged.members.end(), [&](const Candidate& a, const Candidate& b) {
+      return g_.indexOf(*a.node) < g_.indexOf(*b.node);
+    });
+    for (const Node* m : from.nodes) groupOf_[m] = into;
+    groups_[into] = std::move(merged);
+    groups_[other] = Group{};
   }
 
   Graph& g_;
