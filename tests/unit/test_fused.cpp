@@ -115,6 +115,33 @@ const FusionCase kCases[] = {
   %v: {D}[30,16] = aten::view(%q, [30, 16])
   return (%y, %v)
 )", 1},
+    // llama's apply_rope: the products and their sums read select views of
+    // a reshape (every other element), which the kernels read in place.
+    {"rotary embedding over select views (strided inputs)", R"(graph
+  input %x: {D}[2,8,3,16] data
+  input %rope: f32[8,8,2] data
+  %pairs: {D}[2,8,3,8,2] = aten::view(%x, [2, 8, 3, 8, 2])
+  %r: f32[1,8,1,8,2] = aten::view(%rope, [1, 8, 1, 8, 2])
+  %x0: {D}[2,8,3,8] = aten::select.int(%pairs, 4, 0)
+  %x1: {D}[2,8,3,8] = aten::select.int(%pairs, 4, 1)
+  %c: f32[1,8,1,8] = aten::select.int(%r, 4, 0)
+  %s: f32[1,8,1,8] = aten::select.int(%r, 4, 1)
+  %a: f32[2,8,3,8] = aten::mul.Tensor(%x0, %c)
+  %b: f32[2,8,3,8] = aten::mul.Tensor(%x1, %s)
+  %o0: f32[2,8,3,8] = aten::sub.Tensor(%a, %b, 1)
+  %d: f32[2,8,3,8] = aten::mul.Tensor(%x1, %c)
+  %e: f32[2,8,3,8] = aten::mul.Tensor(%x0, %s)
+  %o1: f32[2,8,3,8] = aten::add.Tensor(%d, %e, 1)
+  return (%o0, %o1)
+)", 2},
+    {"a transposed input beside a contiguous one", R"(graph
+  input %x: {D}[4,6,10] data
+  input %y: {D}[6,4,10] data
+  %t: {D}[6,4,10] = aten::transpose.int(%x, 0, 1)
+  %m: {D}[6,4,10] = aten::mul.Tensor(%y, %t)
+  %z: {D}[6,4,10] = aten::add.Tensor(%m, %y, 1)
+  return (%z)
+)", 1},
 };
 
 // Row programs (fuse-rows): reductions over the last dimension with the
@@ -287,6 +314,25 @@ TEST_CASE("the generated source broadcasts by static index arithmetic", "[fused]
   CHECK(src.find("in1[(i / 48u) * 8u + (i % 8u)]") != std::string::npos);
   CHECK_THROWS_AS(pointwiseKernelSource(p, {{at::kFloat, {4, 6}}, {at::kFloat, {5}}}), std::invalid_argument);
   CHECK_THROWS_AS(pointwiseKernelSource(p, {{at::kFloat, {4}}}), std::invalid_argument);
+}
+
+TEST_CASE("a strided input is read in place through its strides", "[fused]") {
+  const PointwiseProgram p = parsePointwiseProgram("t0:f32 = mul(in0, in1); return t0");
+  // A transpose of a [6, 4] tensor, and a select of every other element broadcast over rows.
+  const std::vector<KernelTensor> in = {{at::kFloat, {4, 6}}, {at::kFloat, {4, 6}, {1, 4}}};
+  const std::string src = pointwiseKernelSource(p, in);
+  CHECK(src.find("in1[(i / 6u) + (i % 6u) * 4u]") != std::string::npos);
+  CHECK(src.find("f32[4,6] strides [1,4]") != std::string::npos);
+  // Read an element at a time, also in the vector kernel.
+  CHECK(src.find("reinterpret_cast<const spmd_f32x4*>(in1)") == std::string::npos);
+  const std::string select = pointwiseKernelSource(p, {{at::kFloat, {4, 6}}, {at::kFloat, {1, 6}, {0, 2}}});
+  CHECK(select.find("in1[(i % 6u) * 2u]") != std::string::npos);
+  // Nested strides act as one dimension: [2, 3, 4] sliced from [2, 3, 8].
+  const std::string nested = pointwiseKernelSource(p, {{at::kFloat, {2, 3, 4}}, {at::kFloat, {2, 3, 4}, {24, 8, 1}}});
+  CHECK(nested.find("in1[(i / 4u) * 8u + (i % 4u)]") != std::string::npos);
+  CHECK(PointwiseKernelSpec("t0:f32 = mul(in0, in1); return t0", in).key() ==
+        "pointwise t0:f32 = mul(in0, in1); return t0 in=f32[4,6],f32[4,6]:[1,4]");
+  CHECK_THROWS_AS(pointwiseKernelSource(p, {{at::kFloat, {4, 6}}, {at::kFloat, {4, 6}, {1}}}), std::invalid_argument);
 }
 
 TEST_CASE("a bias is read a vector at a time where its rows are whole vectors", "[fused]") {

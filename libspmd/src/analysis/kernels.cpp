@@ -4,12 +4,15 @@
 #include "spmd/ops/column_sum_codegen.h"
 #include "spmd/ops/cross_entropy_codegen.h"
 #include "spmd/ops/cuda_codegen.h"
+#include "spmd/ir/verify.h"
 #include "spmd/ops/dtype.h"
+#include "spmd/ops/fused_kernels.h"
 #include "spmd/ops/kernel_spec.h"
 #include "spmd/ops/layer_norm_codegen.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/support/diagnostic.h"
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
 #include <map>
@@ -64,7 +67,24 @@ std::string opsOf(const PointwiseProgram& p) {
   return s;
 }
 
-FusedKernel pointwiseKernel(const Graph& g, size_t i) {
+// The kernel signature spmd::fused's CUDA kernel will see for these inputs
+// (fusedKernelLayout), from the verifier's meta tensors with their strides;
+// contiguous inputs where a meta tensor is missing.
+std::vector<KernelTensor> launchSignature(const Graph& g, const PointwiseProgram& program,
+                                          const std::vector<ValueId>& inputs, const std::vector<at::Tensor>& metas) {
+  std::vector<at::Tensor> given;
+  for (ValueId v : inputs) {
+    if (static_cast<size_t>(v) >= metas.size() || !metas[v].defined()) {
+      std::vector<KernelTensor> sig;
+      for (ValueId u : inputs) sig.push_back({g.value(u).dtype, g.value(u).shape});
+      return sig;
+    }
+    given.push_back(metas[v]);
+  }
+  return fusedKernelLayout(program, given).signature;
+}
+
+FusedKernel pointwiseKernel(const Graph& g, size_t i, const std::vector<at::Tensor>& metas) {
   const Node& n = g.nodes()[i];
   const std::string where = "/nodes/" + std::to_string(i);
   if (n.args.size() != 2 || n.args[0].kind != Arg::Kind::Values || n.args[1].kind != Arg::Kind::Str) {
@@ -75,19 +95,17 @@ FusedKernel pointwiseKernel(const Graph& g, size_t i) {
   k.program = n.args[1].s;
   k.inputs = n.args[0].values;
   k.outputs = n.outputs;
-  std::vector<KernelTensor> sig;
-  for (ValueId v : k.inputs) {
-    sig.push_back({g.value(v).dtype, g.value(v).shape});
-    k.bytesRead += bytes(g.value(v));
-  }
+  for (ValueId v : k.inputs) k.bytesRead += bytes(g.value(v));
   for (ValueId v : k.outputs) k.bytesWritten += bytes(g.value(v));
   try {
-    const PointwiseKernelSpec spec(k.program, sig);
+    const PointwiseKernelSpec spec(k.program, launchSignature(g, parsePointwiseProgram(k.program), k.inputs, metas));
     k.ops = opsOf(spec.program());
     k.key = spec.key();
     k.source = spec.source();
   } catch (const std::invalid_argument& e) {
     throw Diagnostic(where, std::string("spmd::fused: ") + e.what());
+  } catch (const c10::Error& e) {
+    throw Diagnostic(where, std::string("spmd::fused: ") + e.what_without_backtrace());
   }
   return k;
 }
@@ -233,9 +251,11 @@ std::optional<FusedKernel> columnSumKernel(const Graph& g, size_t i) {
 
 std::vector<FusedKernel> fusedKernels(const Graph& g) {
   std::vector<FusedKernel> kernels;
+  std::optional<std::vector<at::Tensor>> metas;  // the values' layouts, found at the first spmd::fused
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (g.nodes()[i].is(ops().fused)) {
-      kernels.push_back(pointwiseKernel(g, i));
+      if (!metas) metas = metaValues(g);
+      kernels.push_back(pointwiseKernel(g, i, *metas));
     } else if (auto k = attentionSoftmaxKernel(g, i)) {
       kernels.push_back(std::move(*k));
     } else if (auto ce = crossEntropyKernel(g, i)) {

@@ -15,7 +15,6 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -29,39 +28,6 @@
 namespace spmd {
 namespace {
 
-// Whether two strides of `sizes` lay it out alike (size-1 dimensions' strides
-// do not matter).
-bool sameLayout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] != 1 && a[d] != b[d]) return false;
-  }
-  return true;
-}
-
-// The dimensions of `shape` from the outermost to the innermost in memory
-// for a dense tensor of these strides: as they stand where the layout is the
-// contiguous one (the kernel spec lowering predicted from the shapes), else
-// size-1 dimensions (whose place does not matter) first, then the others by
-// falling stride.
-std::vector<int64_t> memoryOrder(const std::vector<int64_t>& strides, const std::vector<int64_t>& shape) {
-  std::vector<int64_t> order;
-  for (size_t d = 0; d < shape.size(); ++d) order.push_back(static_cast<int64_t>(d));
-  const c10::DimVector contiguous = c10::contiguous_strides(shape);
-  if (sameLayout(shape, strides, std::vector<int64_t>(contiguous.begin(), contiguous.end()))) return order;
-  auto key = [&](int64_t d) { return std::make_pair(shape[d] == 1 ? 0 : 1, -strides[d]); };
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
-  return order;
-}
-
-// `t` with the iteration's rank (leading size-1 dimensions, a view) and its
-// dimensions in `order`, dense: a view where `t` is laid out so already.
-at::Tensor inIterationOrder(const at::Tensor& t, const std::vector<int64_t>& order) {
-  if (t.dim() == 0) return t;
-  std::vector<int64_t> sizes(order.size() - t.dim(), 1);
-  sizes.insert(sizes.end(), t.sizes().begin(), t.sizes().end());
-  return t.view(sizes).permute(order).contiguous();
-}
-
 std::vector<int64_t> permuted(const std::vector<int64_t>& v, const std::vector<int64_t>& order) {
   std::vector<int64_t> out;
   for (int64_t d : order) out.push_back(v[d]);
@@ -74,10 +40,9 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& order) {
   return out;
 }
 
-// The kernel runs over the iteration space in the memory order of the first
-// result's layout (fusedResultStrides: ATen's), so that it writes that
-// layout densely and reads operands laid out alike without a copy; a result
-// of another layout is copied into it.
+// The kernel runs over the iteration space as fusedKernelLayout says (the
+// memory order of the first result's layout, ATen's), so that it writes that
+// layout densely; a result of another layout is copied into it.
 std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) {
   TORCH_CHECK(!inputs.empty(), "spmd::fused: no inputs");
   // A 0-dim CPU tensor may stand beside CUDA ones, as in ATen's own ops; it
@@ -98,19 +63,17 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   } catch (const std::invalid_argument& e) {
     TORCH_CHECK(false, "spmd::fused: bad program: ", e.what());
   }
-  std::vector<KernelTensor> given;
-  for (const at::Tensor& t : inputs) given.push_back({t.scalar_type(), t.sizes().vec()});
-  const std::vector<int64_t> shape = broadcastShapes(given);
-  const std::vector<std::vector<int64_t>> strides = fusedResultStrides(parsed, inputs);
-  const std::vector<int64_t> order = memoryOrder(strides.at(0), shape);
-
-  std::vector<at::Tensor> dense;
-  std::vector<KernelTensor> sig;
+  const FusedKernelLayout layout = fusedKernelLayout(parsed, inputs);
+  const std::vector<int64_t>& shape = layout.shape;
+  const std::vector<std::vector<int64_t>>& strides = layout.resultStrides;
+  const std::vector<int64_t>& order = layout.order;
+  const std::vector<KernelTensor>& sig = layout.signature;
+  // A 0-dim CPU input is copied to the device; the others are read in place.
+  std::vector<at::Tensor> views;
   std::vector<void*> pointers;
-  for (const at::Tensor& t : inputs) {
-    dense.push_back(t.is_cuda() ? inIterationOrder(t, order) : t.to(onDevice->device()));
-    sig.push_back({dense.back().scalar_type(), dense.back().sizes().vec()});
-    pointers.push_back(dense.back().data_ptr());
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    views.push_back(inputs[k].is_cuda() ? layout.views[k] : inputs[k].to(onDevice->device()));
+    pointers.push_back(views.back().data_ptr());
   }
   std::optional<PointwiseKernelSpec> spec;
   try {
@@ -133,9 +96,13 @@ std::vector<at::Tensor> fusedCuda(at::TensorList inputs, c10::string_view text) 
   // fuse-rows takes no rows of length 0 (whose sums and maxima would need filling in).
   TORCH_CHECK(!hasRowReductions(program) || shape.back() > 0, "spmd::fused: a row program over rows of length 0");
   if (numel > 0) {
-    // The vector form where every operand allows 16-byte access.
+    // The vector form where every operand it reads or writes whole allows
+    // 16-byte access (a strided input is read an element at a time).
     bool aligned = true;
-    for (void* p : pointers) aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+    for (size_t k = 0; k < pointers.size(); ++k) {
+      const bool elementwise = k < sig.size() && !sig[k].strides.empty();
+      aligned = aligned && (elementwise || reinterpret_cast<uintptr_t>(pointers[k]) % 16 == 0);
+    }
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     launchGenerated("spmd::fused", *spec, spec->launch(sms, aligned), onDevice->device(), std::move(pointers));
   }

@@ -76,6 +76,9 @@ class Verifier {
   explicit Verifier(const Graph& graph) : graph_(graph), defined_(graph.numValues(), false),
                                           meta_(graph.numValues()) {}
 
+  // The meta tensors the run left for each value (after run()).
+  std::vector<at::Tensor> takeMetaValues() { return std::move(meta_); }
+
   std::vector<Problem> run() {
     for (size_t i = 0; i < graph_.inputs().size(); ++i) defineInput(i);
     for (size_t i = 0; i < graph_.nodes().size(); ++i) checkNode(i);
@@ -328,6 +331,13 @@ class Verifier {
 std::vector<Problem> verifyGraph(const Graph& graph) {
   const MetaFallbackScope metaFallback;  // once for all nodes, not per node
   return Verifier(graph).run();
+}
+
+std::vector<at::Tensor> metaValues(const Graph& graph) {
+  const MetaFallbackScope metaFallback;
+  Verifier verifier(graph);
+  verifier.run();
+  return verifier.takeMetaValues();
 }
 
 void verifyGraphOrThrow(const Graph& graph) {

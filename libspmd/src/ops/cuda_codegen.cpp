@@ -57,6 +57,39 @@ std::string indexExpr(std::vector<int64_t> in, const std::vector<int64_t>& out, 
   return expr;
 }
 
+// The offset of element `element` of the iteration space `out` in an input
+// of shape `in` laid out with `strides` (in elements): each run of dimensions
+// that the input has in full and whose strides nest as a contiguous run's
+// acts as one dimension; broadcast dimensions (size 1, or stride 0)
+// contribute nothing.
+std::string stridedIndexExpr(std::vector<int64_t> in, std::vector<int64_t> strides, const std::vector<int64_t>& out,
+                             const std::string& suffix, const std::string& element) {
+  in.insert(in.begin(), out.size() - in.size(), 1);
+  strides.insert(strides.begin(), out.size() - strides.size(), 0);
+  auto varies = [&](size_t d) { return in[d] == out[d] && out[d] != 1 && strides[d] != 0; };
+  std::vector<std::string> terms;
+  size_t d = 0;
+  while (d < out.size()) {
+    if (!varies(d)) {
+      ++d;
+      continue;
+    }
+    size_t e = d;
+    while (e + 1 < out.size() && varies(e + 1) && strides[e] == strides[e + 1] * out[e + 1]) ++e;
+    const int64_t run = product(out, d, e + 1), inner = product(out, e + 1, out.size());
+    std::string t = element;
+    if (inner != 1) t = "(" + t + " / " + std::to_string(inner) + suffix + ")";
+    if (product(out, 0, d) != 1) t = "(" + t + " % " + std::to_string(run) + suffix + ")";
+    if (strides[e] != 1) t += " * " + std::to_string(strides[e]) + suffix;
+    terms.push_back(t);
+    d = e + 1;
+  }
+  if (terms.empty()) return "0";
+  std::string expr;
+  for (size_t k = 0; k < terms.size(); ++k) expr += (k ? " + " : "") + terms[k];
+  return expr;
+}
+
 // `expr` in parentheses, unless it is one parenthesized group already.
 std::string enclosed(const std::string& expr) {
   int depth = 0;
@@ -81,7 +114,13 @@ struct KernelText {
   const std::vector<int64_t>& shape;
   std::string suffix;
 
-  bool full(size_t k) const { return !isSeed(k) && indexExpr(inputs[k].shape, shape, suffix) == "i"; }
+  // Input k's offset for element `element` of the iteration space.
+  std::string indexOf(size_t k, const std::string& element = "i") const {
+    if (inputs[k].strides.empty()) return indexExpr(inputs[k].shape, shape, suffix, element);
+    return stridedIndexExpr(inputs[k].shape, inputs[k].strides, shape, suffix, element);
+  }
+  bool strided(size_t k) const { return !inputs[k].strides.empty(); }
+  bool full(size_t k) const { return !isSeed(k) && !strided(k) && indexOf(k) == "i"; }
   bool isSeed(size_t k) const { return inputs[k].dtype == c10::ScalarType::Long; }
 
   // A broadcast input whose last dimension is the iteration space's, a
@@ -90,7 +129,7 @@ struct KernelText {
   // type must be one of width `w`'s.
   bool runs(size_t k, int w) const {
     const std::vector<int64_t>& in = inputs[k].shape;
-    if (full(k) || in.empty() || in.back() != shape.back() || shape.back() % w != 0) return false;
+    if (full(k) || strided(k) || in.empty() || in.back() != shape.back() || shape.back() % w != 0) return false;
     return w == 4 || inputs[k].dtype != c10::ScalarType::Float;
   }
   c10::ScalarType resultType(size_t r) const { return program.statements[program.results[r]].dtype; }
@@ -102,7 +141,8 @@ struct KernelText {
     std::string s = "extern \"C\" __global__ void __launch_bounds__(" + std::to_string(kFusedBlockSize) + ") " + name + "(";
     for (size_t k = 0; k < inputs.size(); ++k) {
       s += std::string(k ? ",\n    " : "\n    ") + "const " + storageTypeName(inputs[k].dtype) + "* __restrict__ in" +
-           std::to_string(k) + "  /* " + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape) + " */";
+           std::to_string(k) + "  /* " + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape) +
+           (strided(k) ? " strides " + shapeText(inputs[k].strides) : "") + " */";
     }
     for (size_t r = 0; r < program.results.size(); ++r) {
       s += std::string(",\n    ") + storageTypeName(resultType(r)) + "* __restrict__ out" + std::to_string(r) + "  /* " +
@@ -152,7 +192,7 @@ struct KernelText {
   }
 
   std::string elementAt(size_t k) const {
-    return toFloatExpr(inputs[k].dtype, "in" + std::to_string(k) + "[" + indexExpr(inputs[k].shape, shape, suffix) + "]");
+    return toFloatExpr(inputs[k].dtype, "in" + std::to_string(k) + "[" + indexOf(k) + "]");
   }
 
   std::string scalarKernel(const std::string& index, int64_t numel) const {
@@ -191,7 +231,7 @@ struct KernelText {
     for (size_t k = 0; k < inputs.size(); ++k) {
       if (!full(k) && !runs(k, w)) continue;
       const std::string t = vectorType(inputs[k].dtype, w);
-      const std::string at = full(k) ? "n" : enclosed(indexExpr(inputs[k].shape, shape, suffix, first)) + " / " + width + suffix;
+      const std::string at = full(k) ? "n" : enclosed(indexOf(k, first)) + " / " + width + suffix;
       s += "    const " + t + " l" + std::to_string(k) + " = reinterpret_cast<const " + t + "*>(in" +
            std::to_string(k) + ")[" + at + "];\n";
     }
@@ -373,7 +413,7 @@ struct RowKernelText {
     std::string s;
     bool indexed = false;  // a 0-dim input is read at 0, without the row's index
     for (int k : read) {
-      indexed = indexed || indexExpr(base.inputs[k].shape, base.shape, base.suffix) != "0";
+      indexed = indexed || base.indexOf(k) != "0";
       s += "  const float a" + std::to_string(k) + " = " + base.elementAt(k) + ";\n";
     }
     if (!indexed) return s;
@@ -459,8 +499,19 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
   }
   const std::vector<int64_t> shape = broadcastShapes(inputs);
   const int64_t numel = product(shape, 0, shape.size());
-  // 32-bit indices where the grid-stride loop cannot overflow them.
-  const bool wide = numel > (int64_t{1} << 30);
+  // 32-bit indices where neither the grid-stride loop nor a strided input's
+  // offsets can overflow them.
+  bool wide = numel > (int64_t{1} << 30);
+  for (const KernelTensor& in : inputs) {
+    if (in.strides.empty()) continue;
+    if (in.strides.size() != in.shape.size()) throw std::invalid_argument("an input's strides do not match its shape");
+    int64_t last = 0;
+    for (size_t d = 0; d < in.shape.size(); ++d) {
+      if (in.strides[d] < 0) throw std::invalid_argument("an input has a negative stride");
+      last += (in.shape[d] - 1) * in.strides[d];
+    }
+    wide = wide || last > (int64_t{1} << 30);
+  }
   const std::string index = wide ? "long long" : "unsigned int", suffix = wide ? "ll" : "u";
 
   std::set<c10::ScalarType> dtypes;
@@ -497,6 +548,7 @@ std::string pointwiseKey(const PointwiseProgram& program, const std::vector<Kern
   std::string key = "pointwise " + printPointwiseProgram(program) + " in=";
   for (size_t k = 0; k < inputs.size(); ++k) {
     key += (k ? "," : "") + dtypeShortName(inputs[k].dtype) + shapeText(inputs[k].shape);
+    if (!inputs[k].strides.empty()) key += ":" + shapeText(inputs[k].strides);
   }
   return key;
 }

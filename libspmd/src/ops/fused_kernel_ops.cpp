@@ -205,6 +205,58 @@ std::vector<std::vector<int64_t>> fusedResultStrides(const PointwiseProgram& pro
   return strides;
 }
 
+// Whether two strides of `sizes` lay it out alike (size-1 dimensions' strides
+// do not matter).
+bool sameLayout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != 1 && a[d] != b[d]) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// The dimensions of `shape` from the outermost to the innermost in memory
+// for a dense tensor of these strides: as they stand where the layout is the
+// contiguous one, else size-1 dimensions (whose place does not matter)
+// first, then the others by falling stride.
+std::vector<int64_t> memoryOrder(const std::vector<int64_t>& strides, const std::vector<int64_t>& shape) {
+  std::vector<int64_t> order;
+  for (size_t d = 0; d < shape.size(); ++d) order.push_back(static_cast<int64_t>(d));
+  if (sameLayout(shape, strides, contiguousStrides(shape))) return order;
+  auto key = [&](int64_t d) { return std::make_pair(shape[d] == 1 ? 0 : 1, -strides[d]); };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
+  return order;
+}
+
+// `t` as a view of the iteration's rank (leading size-1 dimensions) with
+// its dimensions in `order`.
+at::Tensor inIterationOrder(const at::Tensor& t, const std::vector<int64_t>& order) {
+  if (t.dim() == 0) return t;
+  std::vector<int64_t> sizes(order.size() - t.dim(), 1);
+  sizes.insert(sizes.end(), t.sizes().begin(), t.sizes().end());
+  return t.view(sizes).permute(order);
+}
+
+}  // namespace
+
+// The CUDA kernel walks the iteration space in the memory order of the first
+// result's layout, so that it writes that layout densely; an input laid out
+// alike is read as it stands, one laid out otherwise through its strides.
+FusedKernelLayout fusedKernelLayout(const PointwiseProgram& program, at::TensorList inputs) {
+  FusedKernelLayout layout;
+  layout.shape = iterationShape(program, inputs);
+  layout.resultStrides = fusedResultStrides(program, inputs);
+  layout.order = memoryOrder(layout.resultStrides.at(0), layout.shape);
+  for (const at::Tensor& t : inputs) {
+    layout.views.push_back(inIterationOrder(t, layout.order));
+    const at::Tensor& in = layout.views.back();
+    layout.signature.push_back(
+        {in.scalar_type(), in.sizes().vec(), in.is_contiguous() ? std::vector<int64_t>{} : in.strides().vec()});
+  }
+  return layout;
+}
+
 void ensureFusedKernelOpsRegistered() {}
 
 }  // namespace spmd

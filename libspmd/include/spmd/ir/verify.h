@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+namespace at {
+class Tensor;
+}
+
 namespace spmd {
 
 struct Problem {
@@ -22,6 +26,10 @@ struct Problem {
 };
 
 std::vector<Problem> verifyGraph(const Graph& graph);
+
+// Each value's meta tensor as the verifier computes it, with the strides
+// the ops give it (indexed by ValueId; undefined where a node was rejected).
+std::vector<at::Tensor> metaValues(const Graph& graph);
 
 // Throws a Diagnostic for the first problem, if any.
 void verifyGraphOrThrow(const Graph& graph);

@@ -1,7 +1,8 @@
 // CUDA C for a pointwise program (ops/pointwise_program.h) on static shapes:
 // `spmd_fused` (and `spmd_fused_vec`, see below), whose arguments are the
-// inputs' and outputs' data pointers in order (contiguous tensors); shapes,
-// broadcasting and the element count are constants in the source. The text is deterministic
+// inputs' and outputs' data pointers in order (contiguous tensors, or inputs
+// of given strides); shapes, strides, broadcasting and the element count are
+// constants in the source. The text is deterministic
 // (golden tests read it) and needs no headers, so NVRTC compiles it as is.
 #pragma once
 
@@ -28,6 +29,10 @@ constexpr int kFusedRowsPerBlock = kFusedBlockSize / 32;
 struct KernelTensor {
   c10::ScalarType dtype = c10::ScalarType::Float;
   std::vector<int64_t> shape;
+  // An input read in place through a view (a transpose, a select): its
+  // strides, in elements. Empty: contiguous. The kernel reads a strided
+  // input an element at a time, never as vectors.
+  std::vector<int64_t> strides = {};
 };
 
 // The shape every input broadcasts to (numpy's rules); throws
@@ -54,7 +59,8 @@ int64_t fusedGridSize(int64_t numel, int multiprocessors);
 // The kernel of one spmd::fused(Tensor[] inputs, str program) call, a
 // pointwise or a row program (fuse-pointwise's and fuse-rows' nodes are the
 // same op): the program and its inputs' dtypes and shapes. Its key is
-// "pointwise <the program as printed> in=<dtype[shape]>,...".
+// "pointwise <the program as printed> in=<dtype[shape]>,..." (a strided
+// input's entry followed by its strides: "bf16[8,4]:[1,8]").
 class PointwiseKernelSpec final : public KernelSpec {
  public:
   // Throws std::invalid_argument for a program that does not parse; inputs

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "spmd/ops/cuda_codegen.h"
+
 #include <c10/util/ArrayRef.h>
 
 namespace at {
@@ -30,6 +32,28 @@ struct PointwiseProgram;
 // for a row program. The CPU, CUDA and meta kernels all write these.
 std::vector<std::vector<int64_t>> fusedResultStrides(const PointwiseProgram& program,
                                                      c10::ArrayRef<at::Tensor> inputs);
+
+// How spmd::fused's CUDA kernel sees a call's inputs: the iteration space
+// `shape`, walked in the memory `order` of the first result's layout
+// (outermost dimension first), each result's strides, each input as a view
+// in that order (leading size-1 dimensions added) and the kernel signature
+// those views give: an input laid out as the iteration is read as it
+// stands, any other (a transpose, a select, a broadcast by expand) in place
+// through its strides. spmd-lower computes it on the verifier's meta
+// tensors and the CUDA backend on the real ones, so that the kernels lowering
+// compiles are the ones the step launches.
+struct FusedKernelLayout {
+  std::vector<int64_t> shape;
+  std::vector<std::vector<int64_t>> resultStrides;
+  std::vector<int64_t> order;
+  std::vector<at::Tensor> views;
+  std::vector<KernelTensor> signature;
+};
+FusedKernelLayout fusedKernelLayout(const PointwiseProgram& program, c10::ArrayRef<at::Tensor> inputs);
+
+// Whether strides `a` and `b` lay out `sizes` alike (size-1 dimensions'
+// strides do not matter).
+bool sameLayout(const std::vector<int64_t>& sizes, const std::vector<int64_t>& a, const std::vector<int64_t>& b);
 
 #ifdef SPMD_WITH_CUDA
 // spmd::fused_attention's "gemm" kernel (ops/attention_ops.cpp) runs its
