@@ -5,6 +5,7 @@
 # transformers (MODELS, default hf_gpt2 hf_mistral) beside torch.compile's default mode
 # and its CUDA graphs (SYSTEMS, default spmd compile reduce-overhead), one GPU, traces on.
 #   OUT=/some/dir [MODELS=...] [SYSTEMS=...] [PRECISIONS=bf16] [BUDGET=420] [UNIT=0: no unit tests]
+#     [UNIT_TAGS="[cuda]": which unit tests, default the attention ones]
 #     bash bench/gpu_bf16_transformers.sh
 # Writes OUT/{cmake,build,unit}.log and OUT/bench/ (bench.sh's results.jsonl,
 # RESULTS-section.md, bench.log, logs.tar.gz).
@@ -22,8 +23,8 @@ if ! ninja -C $B spmd-expand spmd-split spmd-unroll spmd-lower spmd-run spmd-ins
   exit 1
 fi
 if [ "${UNIT:-1}" = 1 ]; then
-  $B/tests/spmd-unit-tests "[attention][cuda]" > "$OUT/unit.log" 2>&1
-  echo "CUDA attention tests: exit $? ($(grep -c attention-numerics "$OUT/unit.log") comparisons)"
+  $B/tests/spmd-unit-tests "${UNIT_TAGS:-[attention][cuda]}" > "$OUT/unit.log" 2>&1
+  echo "unit tests ${UNIT_TAGS:-[attention][cuda]}: exit $? ($(grep -c attention-numerics "$OUT/unit.log") attention comparisons)"
   grep -E "cudnn .*(mask|window)" "$OUT/unit.log" | head -24
   tail -n 4 "$OUT/unit.log"
 fi

@@ -144,6 +144,36 @@ const FusionCase kCases[] = {
 )", 1},
 };
 
+// Stacks of generated kernels' results (fuse-pointwise, then
+// stack-to-kernel): llama's apply_rope, q.float() to the cast back,
+// as one kernel writing the pairs.
+const std::vector<std::string> kStackPasses = {"fuse-pointwise", "stack-to-kernel", "cse", "dce"};
+const FusionCase kStackCases[] = {
+    {"rotary embedding as one kernel writing the pairs, cast included", R"(graph
+  input %x: {D}[2,8,3,16] data
+  input %rope: f32[8,8,2] data
+  %f: f32[2,8,3,16] = aten::_to_copy(%x, torch.float32, None, None, None, False, None)
+  %pairs: f32[2,8,3,8,2] = aten::reshape(%f, [2, 8, 3, -1, 2])
+  %r: f32[1,8,1,8,2] = aten::view(%rope, [1, 8, 1, 8, 2])
+  %x0: f32[2,8,3,8] = aten::select.int(%pairs, 4, 0)
+  %x1: f32[2,8,3,8] = aten::select.int(%pairs, 4, 1)
+  %c: f32[1,8,1,8] = aten::select.int(%r, 4, 0)
+  %s: f32[1,8,1,8] = aten::select.int(%r, 4, 1)
+  %a: f32[2,8,3,8] = aten::mul.Tensor(%x0, %c)
+  %b: f32[2,8,3,8] = aten::mul.Tensor(%x1, %s)
+  %o0: f32[2,8,3,8] = aten::sub.Tensor(%a, %b, 1)
+  %d: f32[2,8,3,8] = aten::mul.Tensor(%x1, %c)
+  %e: f32[2,8,3,8] = aten::mul.Tensor(%x0, %s)
+  %o1: f32[2,8,3,8] = aten::add.Tensor(%d, %e, 1)
+  %st: f32[2,8,3,8,2] = aten::stack([%o0, %o1], -1)
+  %fl: f32[2,8,3,16] = aten::flatten.using_ints(%st, 3, -1)
+  %ta: f32[2,8,3,16] = aten::type_as(%fl, %f)
+  %tr: f32[2,3,8,16] = aten::transpose.int(%ta, 1, 2)
+  %q: {D}[2,3,8,16] = aten::_to_copy(%tr, torch.{T}, None, None, None, False, None)
+  return (%q)
+)", 1},
+};
+
 // Row programs (fuse-rows): reductions over the last dimension with the
 // element-wise ops around them, in the forms the importer and autograd
 // record (tests/zoo's llama_hf_style: RMSNorm in fp32 inside, attention's
@@ -261,10 +291,10 @@ bool sameLayout(const at::Tensor& ours, const at::Tensor& ref) {
 }
 
 Ran runBoth(const FusionCase& c, c10::ScalarType dtype, const at::Device& device,
-            const std::string& pass = "fuse-pointwise") {
+            const std::vector<std::string>& passes = {"fuse-pointwise"}) {
   Graph plain = caseGraph(c, dtype);
   Graph fused = plain;
-  runPasses(fused, {pass}, PipelineOptions{}, DebugOptions{});
+  runPasses(fused, passes, PipelineOptions{}, DebugOptions{});
   REQUIRE(fusedNodes(fused) == c.groups);
   const auto inputs = randomInputs(plain, device);
   return {Interpreter(plain).run(inputs).outputs, Interpreter(fused).run(inputs).outputs};
@@ -385,6 +415,21 @@ TEST_CASE("fused groups equal their ATen ops on the CPU", "[fused]") {
   }
 }
 
+TEST_CASE("a stack of generated kernels' results equals its ATen ops on the CPU", "[fused]") {
+  for (const FusionCase& c : kStackCases) {
+    for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      INFO(c.name << " in " << c10::toString(dtype));
+      const Ran ran = runBoth(c, dtype, at::kCPU, kStackPasses);
+      REQUIRE(ran.fused.size() == ran.unfused.size());
+      for (size_t k = 0; k < ran.fused.size(); ++k) {
+        REQUIRE(ran.fused[k].scalar_type() == ran.unfused[k].scalar_type());
+        CHECK(sameLayout(ran.fused[k], ran.unfused[k]));
+        CHECK(at::equal(ran.fused[k], ran.unfused[k]));
+      }
+    }
+  }
+}
+
 namespace {
 
 // The reductions add in another order than ATen's (a warp's lanes, then a
@@ -412,7 +457,7 @@ TEST_CASE("fused row programs equal their ATen ops on the CPU", "[fused]") {
   for (const FusionCase& c : kRowCases) {
     for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
       INFO(c.name << " in " << c10::toString(dtype));
-      requireRowsClose(runBoth(c, dtype, at::kCPU, "fuse-rows"), c, dtype);
+      requireRowsClose(runBoth(c, dtype, at::kCPU, {"fuse-rows"}), c, dtype);
     }
   }
 }
@@ -580,12 +625,29 @@ TEST_CASE("generated kernels match ATen's CUDA kernels", "[fused][cuda]") {
   }
 }
 
+TEST_CASE("generated pair kernels match ATen's CUDA kernels", "[fused][cuda]") {
+  if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  for (const FusionCase& c : kStackCases) {
+    for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+      INFO(c.name << " in " << c10::toString(dtype));
+      const Ran ran = runBoth(c, dtype, at::Device(at::kCUDA, 0), kStackPasses);
+      for (size_t k = 0; k < ran.fused.size(); ++k) {
+        CHECK(sameLayout(ran.fused[k], ran.unfused[k]));
+        const double worst = (ran.fused[k].cpu().to(at::kDouble) - ran.unfused[k].cpu().to(at::kDouble)).abs().max().item<double>();
+        std::printf("[fused-numerics] %-56s %-9s output %zu: max abs diff %.3g\n", c.name, c10::toString(dtype), k, worst);
+        testing::requireClose(ran.fused[k].cpu(), ran.unfused[k].cpu(), c.name, dtype == at::kFloat ? 1e-5 : ulp(dtype),
+                              dtype == at::kFloat ? 1e-6 : 1e-3);
+      }
+    }
+  }
+}
+
 TEST_CASE("generated row kernels match ATen's CUDA kernels", "[fused][cuda]") {
   if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
   for (const FusionCase& c : kRowCases) {
     for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
       INFO(c.name << " in " << c10::toString(dtype));
-      requireRowsClose(runBoth(c, dtype, at::Device(at::kCUDA, 0), "fuse-rows"), c, dtype);
+      requireRowsClose(runBoth(c, dtype, at::Device(at::kCUDA, 0), {"fuse-rows"}), c, dtype);
     }
   }
 }

@@ -498,6 +498,7 @@ std::string pointwiseKernelSource(const PointwiseProgram& program, const std::ve
                                 std::to_string(inputs.size()));
   }
   const std::vector<int64_t> shape = broadcastShapes(inputs);
+  checkPairs(program, shape);
   const int64_t numel = product(shape, 0, shape.size());
   // 32-bit indices where neither the grid-stride loop nor a strided input's
   // offsets can overflow them.

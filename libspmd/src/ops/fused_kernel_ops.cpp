@@ -38,6 +38,7 @@ std::vector<int64_t> iterationShape(const PointwiseProgram& program, at::TensorL
   TORCH_CHECK(!hasRowReductions(program) || !inputs.empty(), "spmd::fused: a row program without inputs");
   try {
     std::vector<int64_t> shape = broadcastShapes(signatureOf(inputs));
+    checkPairs(program, shape);
     if (hasRowReductions(program)) {
       TORCH_CHECK(!shape.empty(), "spmd::fused: a row program over a 0-dim tensor");
       std::vector<std::vector<int64_t>> shapes;
@@ -102,6 +103,7 @@ at::Tensor evaluate(const PointwiseStatement& s, const std::vector<at::Tensor>& 
     case P::Rsqrt: return at::rsqrt(a[0]);
     case P::Pow: return s.operands[1].kind == PointwiseOperand::Kind::Constant ? at::pow(a[0], scalar(1)) : at::pow(a[0], a[1]);
     case P::Cast: return a[0];
+    case P::Pair: return at::stack({a[0].expand(shape).select(-1, 0), a[1].expand(shape).select(-1, 1)}, -1);
     case P::RowSum: return at::sum(a[0].expand(shape), {-1}, /*keepdim=*/true);
     case P::RowMax: return at::amax(a[0].expand(shape), {-1}, /*keepdim=*/true);
     case P::Bernoulli:
@@ -182,13 +184,15 @@ std::vector<at::Tensor> fusedCpu(at::TensorList inputs, c10::string_view text) {
 // views after them may rely on it (ConvNeXt's permute -> mul -> permute ->
 // view): so the fused result takes the layout the ops it replaces would
 // have given it, found by running them on meta tensors of the inputs'
-// strides. A row program's results are contiguous: its kernels write rows.
+// strides. A row program's results are contiguous: its kernels write rows;
+// so are a program's with pairs, whose kernel finds the pair's index in the
+// element's place in that order.
 // Contiguous operands need no meta run (TensorIterator keeps their order).
 std::vector<std::vector<int64_t>> fusedResultStrides(const PointwiseProgram& program, at::TensorList inputs) {
   const std::vector<int64_t> shape = iterationShape(program, inputs);
   std::vector<std::vector<int64_t>> strides;
   const bool contiguous = std::all_of(inputs.begin(), inputs.end(), [](const at::Tensor& t) { return t.is_contiguous(); });
-  if (hasRowReductions(program) || contiguous) {
+  if (hasRowReductions(program) || hasPairs(program) || contiguous) {
     for (size_t r = 0; r < program.results.size(); ++r) {
       strides.push_back(contiguousStrides(resultShape(program, r, shape)));
     }

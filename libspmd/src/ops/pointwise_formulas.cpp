@@ -81,6 +81,9 @@ std::string opExpr(const PointwiseStatement& s) {
     case P::Rsqrt: return "rsqrtf(" + a[0] + ")";
     case P::Pow: break;
     case P::Cast: return a[0];
+    // The element's index along the last dimension (of size 2) of the
+    // iteration space, walked in its own order: i's lowest bit.
+    case P::Pair: return "(i & 1) == 0 ? " + a[0] + " : " + a[1];
     case P::Bernoulli: return bernoulliExpr(s);
     case P::RowSum:
     case P::RowMax: throw std::logic_error("a row reduction outside a row kernel");

@@ -29,7 +29,7 @@ const std::vector<PointwiseOpInfo>& pointwiseOps() {
       {P::Exp, "exp", 1},          {P::Log, "log", 1},
       {P::Sqrt, "sqrt", 1},        {P::Rsqrt, "rsqrt", 1},
       {P::Pow, "pow", 2},          {P::Cast, "cast", 1},
-      {P::Lerp, "lerp", 3},
+      {P::Lerp, "lerp", 3},         {P::Pair, "pair", 2},
       {P::RowSum, "row_sum", 1},   {P::RowMax, "row_max", 1},
       {P::Bernoulli, "bernoulli", 3},
   };
@@ -77,6 +77,19 @@ bool hasRowReductions(const PointwiseProgram& program) {
     if (isRowReduction(s.op)) return true;
   }
   return false;
+}
+
+bool hasPairs(const PointwiseProgram& program) {
+  for (const PointwiseStatement& s : program.statements) {
+    if (s.op == PointwiseOp::Pair) return true;
+  }
+  return false;
+}
+
+void checkPairs(const PointwiseProgram& program, const std::vector<int64_t>& shape) {
+  if (!hasPairs(program)) return;
+  if (hasRowReductions(program)) throw std::invalid_argument("a row program takes no pair");
+  if (shape.empty() || shape.back() != 2) throw std::invalid_argument("a pair needs a last dimension of size 2");
 }
 
 bool constantAlongRows(const std::vector<int64_t>& input, const std::vector<int64_t>& shape) {

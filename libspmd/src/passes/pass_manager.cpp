@@ -62,6 +62,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createFuseRowsPass},
       {"fuse-pointwise", "chains of element-wise ops as one spmd::fused node each (a generated kernel); spmd-lower runs it for --device cuda",
        createFusePointwisePass},
+      {"stack-to-kernel", "a stack of two generated kernels' results along a new last dimension (rotary embeddings) as one generated kernel writing the pairs, with a 16-bit cast after it; spmd-lower runs it for --device cuda",
+       createStackToKernelPass},
       {"check-capture", "notes what keeps the step out of a CUDA graph; spmd-lower runs it for --cudagraphs on CUDA", createCheckCapturePass},
       {"unroll", "setup/main/cleanup iterations; the last bucket's all-reduce and update move to the next iteration",
        createUnrollPass},

@@ -86,6 +86,7 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   if (cuda && o.fuse && o.generateKernels) names.push_back("dropout-mask-in-kernel");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-rows");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-pointwise");
+  if (cuda && o.fuse && o.generateKernels) names.push_back("stack-to-kernel");
   for (const char* name : {"cse", "dce"}) names.push_back(name);
   if (cuda && o.cudagraphs) names.push_back("check-capture");
   return names;

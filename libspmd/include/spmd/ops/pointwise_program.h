@@ -35,6 +35,12 @@
 // them, and keeps where keepsElement(word, p). The same seed gives the same
 // mask in every program over the same iteration space. Row programs take no
 // bernoulli.
+//
+// `pair(a, b)` stacks two values along the iteration space's last
+// dimension, which must have size 2: a at index 0, b at index 1 (a
+// torch.stack([a, b], -1) whose operands the program computes, as a rotary
+// embedding's pairs). The program's inputs broadcast along that dimension.
+// Its results are laid out contiguously, and row programs take no pair.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -52,6 +58,7 @@ enum class PointwiseOp {
   Add, Sub, Mul, Div, Neg, Relu, ThresholdGrad, Gelu, GeluGrad, GeluTanh, GeluTanhGrad,
   Tanh, TanhGrad, Sigmoid, SigmoidGrad, Silu, SiluGrad, Exp, Log, Sqrt, Rsqrt, Pow, Cast,
   Lerp,            // lerp(start, end, weight), ATen's two-sided formula (Adam's first moment)
+  Pair,            // pair(a, b): a stack of two along the last dimension (see above)
   RowSum, RowMax,  // over the last dimension (see above)
   Bernoulli,       // dropout's mask from a seed input (see above)
 };
@@ -103,6 +110,10 @@ double dropoutScale(c10::ScalarType mask, double divisor);
 std::vector<int> seedInputs(const PointwiseProgram& program);
 
 bool isRowReduction(PointwiseOp op);
+bool hasPairs(const PointwiseProgram& program);
+// Throws std::invalid_argument where a program with pairs runs over an
+// iteration space whose last dimension is not 2, or reduces rows.
+void checkPairs(const PointwiseProgram& program, const std::vector<int64_t>& shape);
 bool hasRowReductions(const PointwiseProgram& program);
 // Whether an input of shape `input` is the same along each row of the
 // iteration space `shape` (it broadcasts along the last dimension).
