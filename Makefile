@@ -22,7 +22,7 @@ INSPECT := $(BUILD)/spmd-inspect
 EXPAND  := $(BUILD)/spmd-expand
 PLATFORM := $(shell tools/platform.sh mode)
 
-.PHONY: all deps configure build test demo golden samples clean
+.PHONY: all deps configure build test test-long test-all demo golden samples clean
 
 # Idempotent: installs only the Debian packages that are missing (natively,
 # or into the trixie root, which it makes first when there is none).
@@ -31,7 +31,7 @@ deps:
 
 ifeq ($(PLATFORM),root)
 # Every target but deps runs inside the trixie root (after deps).
-all build configure test demo golden samples: deps
+all build configure test test-long test-all demo golden samples: deps
 	@$(SUDO) env SPMD_ROOTFS='$(SPMD_ROOTFS)' tools/platform.sh run $(MAKE) --no-print-directory $@ BUILD='$(BUILD)' PYTHON='$(PYTHON)' \
 	  JOBS='$(JOBS)' CMAKE_FLAGS='$(CMAKE_FLAGS)' TESTS='$(TESTS)'
 else
@@ -51,9 +51,21 @@ configure:
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# TESTS: a CTest regular expression to run only some tests.
+# TESTS: a CTest regular expression to run only some tests. `make test` runs
+# every capability (the tests without the label "long"); `make test-long` the
+# long tier (the rest of the model zoo and parity cases, the model sweep);
+# `make test-all` both at once. Each prints its time at the end.
+# $(call ctest,LABEL FLAGS): ctest with the time it took, printed also when a test fails.
+ctest = cd $(BUILD) && start=$$(date +%s); ctest --output-on-failure -j $(JOBS) $(if $(TESTS),-R '$(TESTS)') $(1); \
+	rc=$$?; echo "make $@: $$(( $$(date +%s) - start )) s of tests"; exit $$rc
 test: deps build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(if $(TESTS),-R '$(TESTS)')
+	$(call ctest,-LE long)
+
+test-long: deps build
+	$(call ctest,-L long)
+
+test-all: deps build
+	$(call ctest,)
 
 demo: deps build
 	@echo "== spmd-inspect: the seeds' MLP, a torch.export program (shapes and source lines come with it)"

@@ -237,6 +237,22 @@ ZOO_CASES = [Case("zoo_" + name, name, ZOO_OPTIMIZERS.get(ZOO_OPTIMIZER_OF.get(n
     "t5_hf_style"]]
 TOOLS = ["spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-run"]
 
+# `make test`'s tier (--tier core): each capability once (every optimizer,
+# buckets, ignored parameters, 3 and 4 ranks, exported steps, autocast and a
+# reduced dtype, schedules with clipping and micro-batches unrolled and not,
+# .pt2 and core ATen, each sharding mode, the zoo's kinds of model); the
+# long tier (--tier long, `make test-long`) is every other case.
+CORE_CASES = {
+    "mlp_adam", "lm_adamw", "cnn_sgd_momentum", "mlp_adam_buckets", "cnn_sgd_ignore_two_n3",
+    "mlp_sgd_nesterov_wd_n4", "mlp_adam_amsgrad_wd", "export_lm_adamw", "lm_adamw_autocast_bf16_reduce_f16",
+    "lm_adamw_all_three", "cnn_sgd_all_three_not_unrolled", "mlp_adam_all_three_autocast_bf16",
+    "pt2_lm_adamw_buckets", "pt2_core_cnn_sgd_clip_micro_batches", "strict_lm_adamw_eps1e-8",
+    "lm_adamw_shard_optimizer", "mlp_adam_shard_gradients_n4_amsgrad_wd", "lm_adamw_shard_parameters_all_three_n4",
+    "cnn_sgd_shard_parameters_autocast_bf16_not_unrolled",
+    "zoo_resnet18", "zoo_convnext_tiny", "zoo_swin", "zoo_lstm", "zoo_gpt2_hf_style", "zoo_nanogpt", "zoo_llama",
+    "zoo_t5_hf_style",
+}
+
 
 def default_python():
     for py in (os.environ.get("SPMD_TORCH_PYTHON"), "/usr/bin/python3"):
@@ -387,6 +403,8 @@ def main():
     p.add_argument("--sharded", action="store_true",
                    help="run the sharded cases (spmd-split --shard) instead of the others")
     p.add_argument("--zoo", metavar="DIR", help="run the zoo's cases, on tests/zoo/gen_zoo.py's files in DIR")
+    p.add_argument("--tier", choices=["core", "long"],
+                   help="only make test's cases (core) or only the others (long); default every case")
     p.add_argument("--format", action="append", choices=["pt", "pt2", "core.pt2"],
                    help="with --zoo: spmd reads NAME.pt (TorchScript, the default), NAME.pt2 or NAME.core.pt2 "
                         "(torch.export); repeat it to train each against one DDP reference")
@@ -407,6 +425,8 @@ def main():
         p.error(f"unknown case {', '.join(unknown)} (have: {', '.join(by_name)})")
     cases = [by_name[n] for n in a.case] if a.case else [c for c in all_cases if (a.strict or not c.strict) and
                                                          bool(c.shard) == a.sharded]
+    if a.tier:
+        cases = [c for c in cases if (c.name in CORE_CASES) == (a.tier == "core")]
     if a.shard:
         cases = [c._replace(shard=a.shard) for c in cases]
     if a.zoo and a.format == ["core.pt2"]:
