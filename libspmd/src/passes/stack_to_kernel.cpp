@@ -26,6 +26,7 @@
 // Not done here: stacks of more than two, along other dimensions, of row
 // programs or of programs drawing dropout masks (whose mask depends on the
 // iteration space), or whose kernels' results anything else reads.
+#include "cast_views.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ir/rewrite.h"
 #include "spmd/ops/pointwise_program.h"
@@ -43,71 +44,8 @@ namespace {
 // The ops this file matches (ir/op_name.h).
 struct Ops {
   OpName fused = OpName::known("spmd::fused");
-  OpName stack = OpName::known("aten::stack");
-  OpName _to_copy = OpName::known("aten::_to_copy");
-  OpName type_as = OpName::known("aten::type_as");
-  std::vector<OpName> views = {OpName::known("aten::view"),        OpName::known("aten::reshape"),
-                               OpName::known("aten::_unsafe_view"), OpName::known("aten::flatten.using_ints"),
-                               OpName::known("aten::transpose.int"), OpName::known("aten::permute"),
-                               OpName::known("aten::t"),            OpName::known("aten::unsqueeze")};
-  OpName select = OpName::known("aten::select.int");
 };
 const Ops& ops() { return opTable<Ops>(); }
-
-bool isView(const Node& n) {
-  return std::any_of(ops().views.begin(), ops().views.end(), [&](const OpName& v) { return n.is(v); });
-}
-
-bool isHalfWidthFloat(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
-
-// Whether `n` is _to_copy(self, dtype, layout, device, pin_memory,
-// non_blocking, memory_format) as tensor.to(dtype) records it: a plain cast
-// (the device the trace recorded is the step's: spmd-lower moves every
-// device argument to its --device).
-bool isPlainCast(const Node& n) {
-  return n.is(ops()._to_copy) && n.args.size() == 7 && n.args[0].kind == Arg::Kind::Value &&
-         (n.args[3].kind == Arg::Kind::None || n.args[3].kind == Arg::Kind::Device) &&
-         n.args[4].kind == Arg::Kind::None && n.args[6].kind == Arg::Kind::None &&
-         (n.args[5].kind != Arg::Kind::Bool || !n.args[5].b);
-}
-
-// Whether `n` casts a 16-bit float up to f32 and does nothing else (a plain
-// cast, or fuse-pointwise's lone cast kernel): exact, so a kernel reading
-// its input as a float reads the same value.
-bool isExactUpcast(const Graph& g, const Node& n) {
-  if (isPlainCast(n)) {
-    return g.value(n.outputs[0]).dtype == c10::ScalarType::Float && isHalfWidthFloat(g.value(n.args[0].value).dtype);
-  }
-  if (!n.is(ops().fused) || n.args.size() != 2 || n.args[0].kind != Arg::Kind::Values ||
-      n.args[0].values.size() != 1 || n.outputs.size() != 1 || n.args[1].kind != Arg::Kind::Str) {
-    return false;
-  }
-  return n.args[1].s == "t0:f32 = cast(in0); return t0" && isHalfWidthFloat(g.value(n.args[0].values[0]).dtype);
-}
-
-// `v`, or, where `v` is views (selects, reshapes, transposes) of an exact
-// upcast, the same views of the 16-bit value it casts, made before the
-// builder's insertion point: the kernel converts each element as it reads
-// it, and the upcast's kernel dies where nothing else reads it.
-ValueId readThroughUpcast(GraphBuilder& builder, ValueId v) {
-  const Graph& g = builder.graph();
-  std::vector<const Node*> views;
-  const Node* p = g.producer(v);
-  while (p && p->outputs.size() == 1 && !p->args.empty() && p->args[0].kind == Arg::Kind::Value &&
-         (isView(*p) || p->is(ops().select))) {
-    views.push_back(p);
-    p = g.producer(p->args[0].value);
-  }
-  if (!p || !isExactUpcast(g, *p)) return v;
-  ValueId w = p->args[0].kind == Arg::Kind::Value ? p->args[0].value : p->args[0].values[0];
-  for (auto it = views.rbegin(); it != views.rend(); ++it) {
-    std::vector<Arg> args = (*it)->args;
-    args[0] = Arg::tensor(w);
-    const std::string name = g.value((*it)->outputs[0]).name;  // a copy, as the call adds values
-    w = builder.call((*it)->qualifiedName(), args, name);
-  }
-  return w;
-}
 
 bool sameSchedule(const Node& a, const Node& b) {
   return a.meta.role == b.meta.role && a.meta.iteration == b.meta.iteration;
@@ -135,31 +73,6 @@ std::optional<PointwiseProgram> takenProgram(const Graph& g, const Node* f, cons
     if (g.isGraphOutput(out)) return std::nullopt;
   }
   return p;
-}
-
-// The views over `v` that end in a cast to a 16-bit float, each the only
-// reader of the one before (type_as of the same dtype counts as a view),
-// and that cast; nullopt where there is none.
-struct CastAfterViews {
-  std::vector<const Node*> views;
-  const Node* cast = nullptr;
-};
-std::optional<CastAfterViews> castAfterViews(const Graph& g, ValueId v) {
-  CastAfterViews chain;
-  for (const Node* n = g.soleReader(v); n; n = g.soleReader(n->outputs[0])) {
-    if (g.isGraphOutput(v) || n->outputs.size() != 1) return std::nullopt;
-    const c10::ScalarType from = g.value(v).dtype, to = g.value(n->outputs[0]).dtype;
-    if (n->is(ops()._to_copy)) {
-      if (!isPlainCast(*n) || !isHalfWidthFloat(to)) return std::nullopt;
-      chain.cast = n;
-      return chain;
-    }
-    const bool alias = n->is(ops().type_as) && from == to;
-    if (!alias && !(isView(*n) && from == to)) return std::nullopt;
-    chain.views.push_back(n);
-    v = n->outputs[0];
-  }
-  return std::nullopt;
 }
 
 // Appends `p`'s statements to `merged`, its inputs mapped by `inputOf`;
@@ -246,31 +159,12 @@ class StackOfKernels final : public RewritePattern {
       builder.replace(stack, "spmd::fused", args);
       return MatchResult::success();
     }
-    // The views again over the cast pairs; the last one defines the cast's value.
-    std::vector<const Node*> views;
-    for (const Node* v : cast->views) {
-      if (!v->is(ops().type_as)) views.push_back(v);
-    }
-    const std::string stackName = g.value(stack.outputs[0]).name;  // copies, as calls add values
-    ValueId last = views.empty() ? kNoValue : builder.call("spmd::fused", args, stackName);
-    for (size_t k = 0; k < views.size(); ++k) {
-      std::vector<Arg> viewArgs = views[k]->args;
-      viewArgs[0] = Arg::tensor(last);
-      if (k + 1 == views.size()) break;
-      const std::string name = g.value(views[k]->outputs[0]).name;
-      last = builder.call(views[k]->qualifiedName(), viewArgs, name);
-    }
-    if (views.empty()) {
-      builder.replace(*cast->cast, "spmd::fused", args);
-    } else {
-      std::vector<Arg> lastArgs = views.back()->args;
-      lastArgs[0] = Arg::tensor(last);
-      builder.replace(*cast->cast, views.back()->qualifiedName(), lastArgs);
-    }
-    // The old views and the stack read nothing now; gone, so that no later
-    // sweep offers the stack again.
-    for (auto it = cast->views.rbegin(); it != cast->views.rend(); ++it) g.erase(**it);
-    g.erase(stack);
+    // The kernel writes the cast pairs; the views stand over them.
+    const std::string stackName = g.value(stack.outputs[0]).name;  // a copy, as calls add values
+    const ValueId pairs = builder.call("spmd::fused", args, stackName);
+    const Node& oldStack = stack;
+    castAfterViewsOf(builder, *cast, pairs);
+    g.erase(oldStack);
     return MatchResult::success();
   }
 };
