@@ -29,6 +29,7 @@ struct Ops {
   OpName cross_entropy = OpName::known("spmd::cross_entropy");
   OpName cross_entropy_backward = OpName::known("spmd::cross_entropy_backward");
   OpName cross_entropy_with_grad = OpName::known("spmd::cross_entropy_with_grad");
+  OpName cross_entropy_with_grad_upcast = OpName::known("spmd::cross_entropy_with_grad.upcast");
   OpName fused = OpName::known("spmd::fused");
   OpName fused_attention = OpName::known("spmd::fused_attention");
   OpName fused_attention_backward = OpName::known("spmd::fused_attention_backward");
@@ -149,9 +150,10 @@ FusedKernel crossEntropyWithGradKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
   FusedKernel k;
   k.node = i;
-  k.ops = "cross-entropy-with-grad";
+  const bool upcast = n.is(ops().cross_entropy_with_grad_upcast);
+  k.ops = upcast ? "cross-entropy-with-grad-upcast" : "cross-entropy-with-grad";
   try {
-    const CrossEntropyWithGradKernelSpec spec = CrossEntropyWithGradKernelSpec::forCall(NodeCallArgs(g, n));
+    const CrossEntropyWithGradKernelSpec spec = CrossEntropyWithGradKernelSpec::forCall(NodeCallArgs(g, n), upcast);
     k.inputs.push_back(n.args[0].value);
     k.outputs.push_back(n.outputs.at(2));
     k.bytesRead = k.bytesWritten = bytes(g.value(n.args[0].value));
@@ -168,7 +170,9 @@ FusedKernel crossEntropyWithGradKernel(const Graph& g, size_t i) {
 std::optional<FusedKernel> crossEntropyKernel(const Graph& g, size_t i) {
   const Node& n = g.nodes()[i];
   const bool forward = n.is(ops().cross_entropy);
-  if (n.is(ops().cross_entropy_with_grad)) return crossEntropyWithGradKernel(g, i);
+  if (n.is(ops().cross_entropy_with_grad) || n.is(ops().cross_entropy_with_grad_upcast)) {
+    return crossEntropyWithGradKernel(g, i);
+  }
   if (!forward && !n.is(ops().cross_entropy_backward)) return std::nullopt;
   const size_t logitsArg = forward ? 0 : 1;
   FusedKernel k;

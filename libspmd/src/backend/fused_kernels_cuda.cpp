@@ -197,14 +197,16 @@ at::Tensor crossEntropyBackwardCuda(const at::Tensor& grad, const at::Tensor& lo
 
 // Both at once: one kernel holding each row in shared memory where the
 // GPU's blocks can have that much, else the forward and the backward kernel
-// of the same source (the same values).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at::Tensor& logits,
-                                                                        const at::Tensor& target, int64_t reduction,
-                                                                        int64_t ignoreIndex, double gradScale) {
-  constexpr const char* op = "spmd::cross_entropy_with_grad";
+// of the same source (the same values). `upcast`: the .upcast overload.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradOnGpu(const at::Tensor& logits,
+                                                                         const at::Tensor& target, int64_t reduction,
+                                                                         int64_t ignoreIndex, double gradScale,
+                                                                         bool upcast) {
+  const char* op = upcast ? "spmd::cross_entropy_with_grad.upcast" : "spmd::cross_entropy_with_grad";
   checkCrossEntropyArgs(op, logits, target);
   const CrossEntropyWithGradKernelSpec spec = generatedSpec(op, [&] {
-    return CrossEntropyWithGradKernelSpec::forCall(IValueCallArgs({logits, target, reduction, ignoreIndex, gradScale}));
+    return CrossEntropyWithGradKernelSpec::forCall(IValueCallArgs({logits, target, reduction, ignoreIndex, gradScale}),
+                                                   upcast);
   });
   const at::Tensor x = alignedForCrossEntropy(logits), t = target.contiguous();
   const int64_t rows = x.size(0);
@@ -225,6 +227,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at
   at::Tensor loss = rowLoss.sum();
   if (reduction == 1) loss = loss / totalWeight;
   return {loss, totalWeight, gx};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCuda(const at::Tensor& logits,
+                                                                        const at::Tensor& target, int64_t reduction,
+                                                                        int64_t ignoreIndex, double gradScale) {
+  return crossEntropyWithGradOnGpu(logits, target, reduction, ignoreIndex, gradScale, /*upcast=*/false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradUpcastCuda(const at::Tensor& logits,
+                                                                              const at::Tensor& target,
+                                                                              int64_t reduction, int64_t ignoreIndex,
+                                                                              double gradScale) {
+  return crossEntropyWithGradOnGpu(logits, target, reduction, ignoreIndex, gradScale, /*upcast=*/true);
 }
 
 }  // namespace
@@ -255,4 +270,5 @@ TORCH_LIBRARY_IMPL(spmd, CUDA, m) {
   m.impl("cross_entropy", &spmd::crossEntropyCuda);
   m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardCuda);
   m.impl("cross_entropy_with_grad", &spmd::crossEntropyWithGradCuda);
+  m.impl("cross_entropy_with_grad.upcast", &spmd::crossEntropyWithGradUpcastCuda);
 }

@@ -33,7 +33,7 @@ __device__ __forceinline__ spmd_logits spmd_grad_vec(const spmd_logits& q, float
   spmd_unpack(q, v);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) v[e] -= lse;
-  spmd_unpack(spmd_pack(v), v);  // log_softmax's result in the logits' type
+  if (kRoundLogProbs) spmd_unpack(spmd_pack(v), v);  // log_softmax's result in the logits' type
 #pragma unroll
   for (int e = 0; e < kVec; ++e) v[e] = (e == target ? a : 0.0f) - spmd_exp(v[e]) * a;
   return spmd_pack(v);
@@ -243,18 +243,21 @@ int64_t crossEntropyRowBytes(int64_t classes, c10::ScalarType logits) {
 namespace {
 
 // The logits' type: how a kernel loads one, stores a gradient, and rounds a
-// float to it and back (what the unfused graph's casts do).
-std::string logitType(c10::ScalarType logits) {
+// float to it and back (what the unfused graph's casts do); for `upcast`
+// 16-bit logits the log-probabilities stay fp32, as for fp32 logits.
+std::string logitType(c10::ScalarType logits, bool upcast) {
   std::string helpers, comment;
   switch (logits) {
     case c10::ScalarType::Float: comment = "// fp32 logits and gradient\n"; break;
     case c10::ScalarType::BFloat16:
       helpers = bfloat16Helpers();
-      comment = "// bf16 logits and gradient; the arithmetic in fp32\n";
+      comment = upcast ? "// bf16 logits and gradient, everything else as for their fp32 values\n"
+                       : "// bf16 logits and gradient; the arithmetic in fp32\n";
       break;
     case c10::ScalarType::Half:
       helpers = float16Helpers();
-      comment = "// f16 logits and gradient; the arithmetic in fp32\n";
+      comment = upcast ? "// f16 logits and gradient, everything else as for their fp32 values\n"
+                       : "// f16 logits and gradient; the arithmetic in fp32\n";
       break;
     default:
       throw std::invalid_argument(std::string("cross entropy: ") + c10::toString(logits) + " logits");
@@ -262,12 +265,15 @@ std::string logitType(c10::ScalarType logits) {
   return helpers + comment + storageTypedef("spmd_logit", logits) +
          "__device__ __forceinline__ float spmd_load(spmd_logit v) { return " + toFloatExpr(logits, "v") + "; }\n" +
          "__device__ __forceinline__ spmd_logit spmd_store(float v) { return " + fromFloatExpr(logits, "v") + "; }\n" +
-         "__device__ __forceinline__ float spmd_as_logit(float v) { return spmd_load(spmd_store(v)); }\n";
+         (upcast ? "__device__ __forceinline__ float spmd_as_logit(float v) { return v; }\n"
+                 : "__device__ __forceinline__ float spmd_as_logit(float v) { return spmd_load(spmd_store(v)); }\n") +
+         std::string("constexpr bool kRoundLogProbs = ") + (upcast ? "false" : "true") + ";\n";
 }
 
 // 16 bytes of logits (kVec of them), how the kernels unpack them to floats
-// and round floats back into them, and the exp they use.
-std::string vectorType(c10::ScalarType logits) {
+// and round floats back into them, and the exp they use (expf's accuracy
+// for `upcast` logits, as for fp32 ones).
+std::string vectorType(c10::ScalarType logits, bool upcast) {
   const std::string loops =
       "__device__ __forceinline__ void spmd_unpack(const spmd_logits& q, float* v) {\n#pragma unroll\n"
       "  for (int k = 0; k < kVec / 2; ++k) {\n";
@@ -277,7 +283,7 @@ std::string vectorType(c10::ScalarType logits) {
   // The approximate exp's error (a few fp32 ulps; the argument is scaled
   // after the kernels subtract, so it is not much amplified) is far below
   // half an ulp of a 16-bit result, which rounds as with expf but at ties.
-  const std::string approxExp =
+  const std::string approxExp = upcast ? "__device__ __forceinline__ float spmd_exp(float x) { return expf(x); }\n" :
       "__device__ __forceinline__ float spmd_exp(float x) {\n"
       "  float r;\n  asm(\"ex2.approx.f32 %0, %1;\" : \"=f\"(r) : \"f\"(x * 1.44269504088896341f));\n  return r;\n}\n";
   switch (logits) {
@@ -317,9 +323,10 @@ std::string vectorType(c10::ScalarType logits) {
 }
 
 // The constants every kernel of the source reads.
-std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits) {
+std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex, c10::ScalarType logits, bool upcast) {
   std::string src = generatedBanner();
-  src += std::string("// cross entropy over ") + c10::toString(logits) + " logits of " + std::to_string(classes) +
+  src += std::string("// cross entropy over ") + c10::toString(logits) + (upcast ? " (as fp32)" : "") + " logits of " +
+         std::to_string(classes) +
          " classes, reduction " +
          (reduction == 1 ? "mean" : "sum") + ", ignore_index " + std::to_string(ignoreIndex) + "\n";
   src += "constexpr int kClasses = " + std::to_string(classes) + ";\n";
@@ -330,9 +337,9 @@ std::string constants(int64_t classes, int64_t reduction, int64_t ignoreIndex, c
   src += "// Rows of a multiple of kVec classes are read 16 bytes at a time (the logits' start is 16-byte aligned):\n";
   src += "// a thread's one load in flight moves that much, half as much memory in flight at 8 bytes.\n";
   src += std::string("constexpr bool kVector = ") + (crossEntropyVectorized(classes, logits) ? "true" : "false") + ";\n";
-  src += logitType(logits);
+  src += logitType(logits, upcast);
   src += "constexpr int kVec = " + std::to_string(vec) + ";\n";
-  return src + vectorType(logits);
+  return src + vectorType(logits, upcast);
 }
 
 }  // namespace
@@ -358,12 +365,14 @@ std::string crossEntropyKey(const char* kernel, int64_t classes, int64_t reducti
 }
 
 std::string withGradKey(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale,
-                        c10::ScalarType logits) {
+                        c10::ScalarType logits, bool upcast) {
   if (!std::isfinite(static_cast<float>(gradScale))) {
     throw std::invalid_argument("cross entropy: a gradient scale that is not finite");
   }
+  if (upcast && logits == c10::ScalarType::Float) throw std::invalid_argument("cross entropy: fp32 logits as fp32");
   return crossEntropyKey("cross_entropy_with_grad", classes, reduction, ignoreIndex,
-                         " scale=" + constantText(gradScale), logits);
+                         " scale=" + constantText(gradScale), logits) +
+         (upcast ? " as=Float" : "");
 }
 
 // The classes of a call's logits [rows, classes].
@@ -384,6 +393,12 @@ CrossEntropyKernelSpec::CrossEntropyKernelSpec(std::string key, int64_t classes,
                                                int64_t ignoreIndex, c10::ScalarType logits)
     : KernelSpec(std::move(key)), classes_(classes), reduction_(reduction), ignoreIndex_(ignoreIndex), logits_(logits) {}
 
+CrossEntropyKernelSpec::CrossEntropyKernelSpec(std::string key, int64_t classes, int64_t reduction,
+                                               int64_t ignoreIndex, c10::ScalarType logits, bool upcast)
+    : CrossEntropyKernelSpec(std::move(key), classes, reduction, ignoreIndex, logits) {
+  upcast_ = upcast;
+}
+
 CrossEntropyKernelSpec CrossEntropyKernelSpec::forCall(const KernelCallArgs& call) {
   return CrossEntropyKernelSpec(classesOf(call, 0), call.integer(2), call.integer(3), call.dtype(0));
 }
@@ -401,19 +416,19 @@ KernelLaunch CrossEntropyKernelSpec::backwardLaunch(int64_t rows) const {
 }
 
 std::string CrossEntropyKernelSpec::generateSource() const {
-  return constants(classes_, reduction_, ignoreIndex_, logits_) + kHelpers + kForward + kBackward;
+  return constants(classes_, reduction_, ignoreIndex_, logits_, upcast_) + kHelpers + kForward + kBackward;
 }
 
 CrossEntropyWithGradKernelSpec::CrossEntropyWithGradKernelSpec(int64_t classes, int64_t reduction,
                                                                int64_t ignoreIndex, double gradScale,
-                                                               c10::ScalarType logits)
-    : CrossEntropyKernelSpec(withGradKey(classes, reduction, ignoreIndex, gradScale, logits), classes, reduction,
-                             ignoreIndex, logits),
+                                                               c10::ScalarType logits, bool upcast)
+    : CrossEntropyKernelSpec(withGradKey(classes, reduction, ignoreIndex, gradScale, logits, upcast), classes,
+                             reduction, ignoreIndex, logits, upcast),
       gradScale_(gradScale) {}
 
-CrossEntropyWithGradKernelSpec CrossEntropyWithGradKernelSpec::forCall(const KernelCallArgs& call) {
+CrossEntropyWithGradKernelSpec CrossEntropyWithGradKernelSpec::forCall(const KernelCallArgs& call, bool upcast) {
   return CrossEntropyWithGradKernelSpec(classesOf(call, 0), call.integer(2), call.integer(3), call.real(4),
-                                        call.dtype(0));
+                                        call.dtype(0), upcast);
 }
 
 bool CrossEntropyWithGradKernelSpec::fitsOneKernel(int64_t sharedPerBlock) const {
@@ -430,7 +445,8 @@ std::string CrossEntropyWithGradKernelSpec::generateSource() const {
   src += "constexpr int kCached = " + std::to_string(crossEntropyCachedClasses(classes_, logits_)) +
          ";  // classes a block keeps in shared memory\n";
   src += "constexpr float kGradScale = " + constantText(gradScale_) + "f;  // the loss's incoming gradient\n";
-  return constants(classes_, reduction_, ignoreIndex_, logits_) + src + kHelpers + kForward + kBackward + kWithGrad;
+  return constants(classes_, reduction_, ignoreIndex_, logits_, upcast_) + src + kHelpers + kForward + kBackward +
+         kWithGrad;
 }
 
 }  // namespace spmd

@@ -13,6 +13,10 @@
 // in the logits' type, cast to fp32 for nll_loss, and nll_loss's gradient
 // cast back for log_softmax's backward. The log-sum-exp and the loss are
 // fp32; the logits' gradient has the logits' type.
+// spmd::cross_entropy_with_grad.upcast stands for the fp32 op over the
+// bf16 or f16 logits cast up (a model's logits.float(), autocast's cast of
+// the loss's input), its gradient cast back to the logits' type: the same
+// values, without the fp32 logits and gradient in memory.
 //
 // CUDA runs the generated kernels (ops/cross_entropy_codegen.h, launched in
 // backend/fused_kernels_cuda.cpp); the CPU kernel here is the reference they are
@@ -56,6 +60,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradCpu(const at:
   return {loss, totalWeight, crossEntropyBackwardCpu(grad, logits, target, lse, totalWeight, reduction, ignoreIndex)};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyWithGradUpcastCpu(const at::Tensor& logits,
+                                                                             const at::Tensor& target,
+                                                                             int64_t reduction, int64_t ignoreIndex,
+                                                                             double gradScale) {
+  TORCH_CHECK(logits.scalar_type() == at::kBFloat16 || logits.scalar_type() == at::kHalf,
+              "spmd::cross_entropy_with_grad.upcast: bf16 or f16 logits");
+  auto [loss, totalWeight, grad] =
+      crossEntropyWithGradCpu(logits.to(at::kFloat), target, reduction, ignoreIndex, gradScale);
+  return {loss, totalWeight, grad.to(logits.scalar_type())};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> crossEntropyMeta(const at::Tensor& logits, const at::Tensor& target,
                                                                 int64_t, int64_t) {
   TORCH_CHECK(logits.dim() == 2 && target.dim() == 1 && target.size(0) == logits.size(0),
@@ -89,16 +104,20 @@ TORCH_LIBRARY_FRAGMENT(spmd, m) {
         "int reduction, int ignore_index) -> Tensor");
   m.def("cross_entropy_with_grad(Tensor logits, Tensor target, int reduction, int ignore_index, float grad_scale) "
         "-> (Tensor loss, Tensor total_weight, Tensor grad_logits)");
+  m.def("cross_entropy_with_grad.upcast(Tensor logits, Tensor target, int reduction, int ignore_index, "
+        "float grad_scale) -> (Tensor loss, Tensor total_weight, Tensor grad_logits)");
 }
 
 TORCH_LIBRARY_IMPL(spmd, CPU, m) {
   m.impl("cross_entropy", &spmd::crossEntropyCpu);
   m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardCpu);
   m.impl("cross_entropy_with_grad", &spmd::crossEntropyWithGradCpu);
+  m.impl("cross_entropy_with_grad.upcast", &spmd::crossEntropyWithGradUpcastCpu);
 }
 
 TORCH_LIBRARY_IMPL(spmd, Meta, m) {
   m.impl("cross_entropy", &spmd::crossEntropyMeta);
   m.impl("cross_entropy_backward", &spmd::crossEntropyBackwardMeta);
   m.impl("cross_entropy_with_grad", &spmd::crossEntropyWithGradMeta);
+  m.impl("cross_entropy_with_grad.upcast", &spmd::crossEntropyWithGradMeta);
 }

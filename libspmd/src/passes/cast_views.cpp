@@ -24,8 +24,10 @@ const Ops& ops() { return opTable<Ops>(); }
 bool isHalfWidthFloat(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
 
 // `n` again, reading `source` as its first argument, at the builder's
-// insertion point; its result keeps the old name's stem.
+// insertion point, with n's source line and role; its result keeps the old
+// name's stem.
 ValueId viewAgain(GraphBuilder& builder, const Node& n, ValueId source) {
+  builder.setMeta(n.meta);
   std::vector<Arg> args = n.args;
   args[0] = Arg::tensor(source);
   const std::string name = builder.graph().value(n.outputs[0]).name;  // a copy, as the call adds values
@@ -94,6 +96,7 @@ void castAfterViewsOf(GraphBuilder& builder, const CastAfterViews& chain, ValueI
   } else {
     std::vector<Arg> args = views.back()->args;
     args[0] = Arg::tensor(cast);
+    builder.setMeta(chain.cast->meta);
     builder.replace(*chain.cast, views.back()->qualifiedName(), args);
   }
   for (auto it = chain.views.rbegin(); it != chain.views.rend(); ++it) g.erase(**it);

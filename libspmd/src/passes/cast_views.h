@@ -24,7 +24,8 @@ bool isExactUpcast(const Graph& g, const Node& n);
 
 // `v`, or, where `v` is views (those above, and selects) of an exact
 // upcast, the same views of the 16-bit value, made at the builder's
-// insertion point; the upcast dies where nothing else reads it.
+// insertion point (each with its old view's source line and role; the
+// builder keeps the last); the upcast dies where nothing else reads it.
 ValueId readThroughUpcast(GraphBuilder& builder, ValueId v);
 
 // The views of a value that end in a plain cast to bf16 or f16, each node

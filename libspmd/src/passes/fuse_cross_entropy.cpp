@@ -26,7 +26,16 @@
 //
 // The casts go with the ops; the kernels round the log probabilities to
 // bf16 where the graph held them so. The values keep their names.
+//
+// Then fp32 logits that are views of an exact upcast of bf16 or f16 ones (a
+// model's logits.float(), autocast's cast of the loss's input), whose
+// gradient is cast back to that type after views, are read as they are:
+// spmd::cross_entropy_with_grad becomes its .upcast overload on the 16-bit
+// logits, which computes what the fp32 op does on their values and writes
+// the gradient in the 16-bit type, rounded once as the cast rounded it. The
+// fp32 logits and gradient (each twice the 16-bit ones) are never written.
 #include "cast_match.h"
+#include "cast_views.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ir/rewrite.h"
 #include "spmd/passes/pass.h"
@@ -242,6 +251,49 @@ class CrossEntropyToKernel final : public RewritePattern {
   }
 };
 
+// The fp32 logits an exact upcast makes, through views; nullptr where they are not.
+const Node* upcastUnderViews(const Graph& g, ValueId logits) {
+  const Node* p = g.producer(logits);
+  while (p && isDtypeFreeView(*p)) p = g.producer(p->args[0].value);
+  return p && isExactUpcast(g, *p) ? p : nullptr;
+}
+
+// Rooted at spmd::cross_entropy_with_grad over fp32 logits: its .upcast
+// overload on the 16-bit logits those were cast from (see the top).
+class UpcastLogitsInKernel final : public RewritePattern {
+ public:
+  UpcastLogitsInKernel() : RewritePattern("upcast-logits-in-kernel", {"spmd::cross_entropy_with_grad"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& ce) override {
+    const ValueId logits = ce.args[0].value;
+    const Node* upcast = g.value(logits).dtype == c10::ScalarType::Float ? upcastUnderViews(g, logits) : nullptr;
+    if (!upcast) return MatchResult::skip();
+    const c10::ScalarType narrow = inputDtype(g, *upcast);
+    const std::optional<CastAfterViews> back = castAfterViews(g, ce.outputs[2]);
+    if (!back || g.value(back->cast->outputs[0]).dtype != narrow) {
+      return MatchResult::failure("the logits are cast up, but their gradient is not cast back to their type");
+    }
+    GraphBuilder b(g);
+    b.setMeta(ce.meta);
+    b.setInsertionPoint(ce);
+    std::vector<Arg> args = ce.args;
+    args[0] = Arg::tensor(readThroughUpcast(b, logits));
+    b.setMeta(ce.meta);
+    const std::string name = g.value(ce.outputs[0]).name;  // a copy, as calls add values
+    const std::vector<ValueId> out = b.callMulti("spmd::cross_entropy_with_grad.upcast", args, name);
+    castAfterViewsOf(b, *back, out[2]);
+    g.replaceAllUsesWith(ce.outputs[0], out[0]);
+    g.replaceAllUsesWith(ce.outputs[1], out[1]);
+    g.erase(ce);
+    return MatchResult::success();
+  }
+
+ private:
+  static c10::ScalarType inputDtype(const Graph& g, const Node& upcast) {
+    const Arg& in = upcast.args[0];
+    return g.value(in.kind == Arg::Kind::Value ? in.value : in.values[0]).dtype;
+  }
+};
+
 class FuseCrossEntropyPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
@@ -249,7 +301,11 @@ class FuseCrossEntropyPass final : public Pass {
     const int fused = applyPatternsNotingFailures(g, {&pattern},
                                                   diagnostics, "cross-entropy-to-kernel: not fused: ").total();
     count("log_softmax + nll_loss pair(s) as generated kernels", fused);
-    return fused > 0;
+    UpcastLogitsInKernel upcast;
+    const int read16 =
+        applyPatternsNotingFailures(g, {&upcast}, diagnostics, "cross-entropy-to-kernel: logits left in fp32: ").total();
+    count("losses reading 16-bit logits and writing their gradient so", read16);
+    return fused + read16 > 0;
   }
 };
 

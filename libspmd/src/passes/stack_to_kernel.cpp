@@ -121,6 +121,7 @@ class StackOfKernels final : public RewritePattern {
     std::vector<ValueId> inputs;
     auto broadcastAlongPairs = [&](ValueId v) {
       const ValueId read = readThroughUpcast(builder, v);
+      builder.setMeta(stack.meta);
       if (g.value(read).shape.empty()) return read;
       const ValueId one = builder.call("aten::unsqueeze", {Arg::tensor(read), Arg::ofInt(-1)});
       if (!inputs.empty()) return one;

@@ -83,24 +83,30 @@ class CrossEntropyKernelSpec : public KernelSpec {
  protected:
   CrossEntropyKernelSpec(std::string key, int64_t classes, int64_t reduction, int64_t ignoreIndex,
                          c10::ScalarType logits);
+  CrossEntropyKernelSpec(std::string key, int64_t classes, int64_t reduction, int64_t ignoreIndex,
+                         c10::ScalarType logits, bool upcast);
   std::string generateSource() const override;
 
   int64_t classes_, reduction_, ignoreIndex_;
   c10::ScalarType logits_;
+  bool upcast_ = false;
 };
 
 // spmd::cross_entropy_with_grad's kernels: CrossEntropyKernelSpec's source
 // with the forward-and-backward kernel added, for a loss gradient of
 // `gradScale`. Key "cross_entropy_with_grad c=... red=... ignore=...
-// scale=1.0 logits=...".
+// scale=1.0 logits=...". `upcast` (spmd::cross_entropy_with_grad.upcast):
+// bf16 or f16 logits computed with as their fp32 values are, the gradient
+// rounded once to the logits' type (key "... as=Float").
 class CrossEntropyWithGradKernelSpec final : public CrossEntropyKernelSpec {
  public:
   // Throws std::invalid_argument as CrossEntropyKernelSpec's, and for a
   // gradScale that is not finite.
   CrossEntropyWithGradKernelSpec(int64_t classes, int64_t reduction, int64_t ignoreIndex, double gradScale,
-                                 c10::ScalarType logits);
-  // spmd::cross_entropy_with_grad(logits, target, reduction, ignore_index, grad_scale).
-  static CrossEntropyWithGradKernelSpec forCall(const KernelCallArgs& call);
+                                 c10::ScalarType logits, bool upcast = false);
+  // spmd::cross_entropy_with_grad(logits, target, reduction, ignore_index, grad_scale),
+  // or its .upcast overload.
+  static CrossEntropyWithGradKernelSpec forCall(const KernelCallArgs& call, bool upcast = false);
   // Whether a block can hold a row's first classes (crossEntropyRowBytes)
   // in the `sharedPerBlock` bytes of dynamic shared memory the GPU allows
   // it: then withGradLaunch, else forwardLaunch and backwardLaunch (the
