@@ -541,7 +541,56 @@ Ran runCrossEntropy(int64_t rows, int64_t classes, int reduction, bool seeded, c
   return {Interpreter(plain).run(inputs).outputs, Interpreter(fused).run(inputs).outputs};
 }
 
+// A model's logits.float() before F.cross_entropy under autocast: bf16
+// logits cast up and viewed, the fp32 loss and its backward, the gradient
+// viewed back and cast to bf16 (what autocast's backward records).
+Ran runUpcastCrossEntropy(int64_t rows, int64_t classes, int reduction, const at::Device& device) {
+  std::string text = R"(graph
+  input %x: bf16[R,C] data
+  input %t: i64[R] data
+  %xf: f32[R,C] = aten::_to_copy(%x, torch.float32, None, None, None, False, None)
+  %xv: f32[R,C] = aten::view(%xf, [R, C])
+  %lp: f32[R,C] = aten::_log_softmax(%xv, 1, False)
+  %loss: f32[], %total: f32[] = aten::nll_loss_forward(%lp, %t, None, RED, -100)
+  %g: f32[] = aten::ones_like(%loss, None, None, None, None, None)
+  %glp: f32[R,C] = aten::nll_loss_backward(%g, %lp, %t, None, RED, -100, %total)
+  %gx: f32[R,C] = aten::_log_softmax_backward_data(%glp, %lp, 1, torch.float32)
+  %gv: f32[R,C] = aten::view(%gx, [R, C])
+  %gx16: bf16[R,C] = aten::_to_copy(%gv, torch.bfloat16, None, None, None, False, None)
+  return (%loss, %gx16)
+)";
+  text = std::regex_replace(text, std::regex("R,C"), std::to_string(rows) + "," + std::to_string(classes));
+  text = std::regex_replace(text, std::regex("R, C"), std::to_string(rows) + ", " + std::to_string(classes));
+  text = std::regex_replace(text, std::regex("\\[R\\]"), "[" + std::to_string(rows) + "]");
+  const Graph plain = parseListing(std::regex_replace(text, std::regex("RED"), std::to_string(reduction)));
+  Graph fused = plain;
+  runPasses(fused, {"cross-entropy-to-kernel", "dce"}, PipelineOptions{}, DebugOptions{});
+  int upcast = 0, casts = 0;
+  for (const Node& n : fused.nodes()) {
+    upcast += n.qualifiedName() == "spmd::cross_entropy_with_grad.upcast";
+    casts += n.op == "aten::_to_copy";
+  }
+  REQUIRE(upcast == 1);
+  REQUIRE(casts == 0);
+  at::manual_seed(3);
+  at::Tensor t = at::randint(0, classes, {rows}, at::kLong);
+  t.index_put_({at::arange(0, rows, 5)}, -100);
+  const at::Tensor x = (at::randn({rows, classes}) * 4).to(at::kBFloat16);
+  const std::map<std::string, at::Tensor> inputs = {{"x", x.to(device)}, {"t", t.to(device)}};
+  return {Interpreter(plain).run(inputs).outputs, Interpreter(fused).run(inputs).outputs};
+}
+
 }  // namespace
+
+TEST_CASE("cross entropy over upcast bf16 logits equals the fp32 ops and the cast back on the CPU", "[fused]") {
+  for (int reduction : {1, 2}) {
+    INFO("reduction " << reduction);
+    const Ran ran = runUpcastCrossEntropy(23, 37, reduction, at::kCPU);
+    REQUIRE(ran.fused[1].scalar_type() == at::kBFloat16);
+    testing::requireClose(ran.fused[0], ran.unfused[0], "loss", 0, 0);
+    testing::requireClose(ran.fused[1], ran.unfused[1], "gradient", 0, 0);
+  }
+}
 
 TEST_CASE("fused cross entropy equals log_softmax + nll_loss on the CPU", "[fused]") {
   for (bool seeded : {true, false}) {
@@ -845,6 +894,20 @@ TEST_CASE("generated cross entropy matches ATen's CUDA kernels", "[fused][cuda]"
         }
       }
     }
+  }
+  // bf16 logits read as their fp32 values, the gradient rounded once to bf16.
+  for (const auto& [rows, classes] : std::vector<std::pair<int64_t, int64_t>>{{64, 50304}, {100, 1000}, {7, 3}}) {
+    INFO("upcast bf16 " << rows << " x " << classes);
+    const Ran ran = runUpcastCrossEntropy(rows, classes, 1, at::Device(at::kCUDA, 0));
+    const at::Tensor loss = ran.fused[0].cpu(), grad = ran.fused[1].to(at::kFloat).cpu();
+    const at::Tensor refGrad = ran.unfused[1].to(at::kFloat).cpu();
+    std::printf("[cross-entropy-numerics] upcast %4lld x %5lld loss diff %.3g, gradient max abs diff %.3g (max |ref| %.3g)\n",
+                static_cast<long long>(rows), static_cast<long long>(classes),
+                (loss - ran.unfused[0].cpu()).abs().item<double>(), (grad - refGrad).abs().max().item<double>(),
+                refGrad.abs().max().item<double>());
+    // fp32 arithmetic on both sides (expf against ATen's exp), then one bf16 rounding.
+    testing::requireClose(loss, ran.unfused[0].cpu(), "loss", 1e-5, 1e-6);
+    testing::requireClose(grad, refGrad, "gradient", 1.0 / 128, 1e-6 * refGrad.abs().max().item<double>());
   }
 }
 #endif
