@@ -304,7 +304,7 @@ class FuseCrossEntropyPass final : public Pass {
     UpcastLogitsInKernel upcast;
     const int read16 =
         applyPatternsNotingFailures(g, {&upcast}, diagnostics, "cross-entropy-to-kernel: logits left in fp32: ").total();
-    count("losses reading 16-bit logits and writing their gradient so", read16);
+    if (read16 > 0) count("losses reading 16-bit logits and writing their gradient so", read16);
     return fused + read16 > 0;
   }
 };
