@@ -59,13 +59,13 @@ build: configure
 ctest = cd $(BUILD) && start=$$(date +%s); ctest --output-on-failure -j $(JOBS) $(if $(TESTS),-R '$(TESTS)') $(1); \
 	rc=$$?; echo "make $@: $$(( $$(date +%s) - start )) s of tests"; exit $$rc
 test: deps build
-	$(call ctest,-LE long)
+	@$(call ctest,-LE long)
 
 test-long: deps build
-	$(call ctest,-L long)
+	@$(call ctest,-L long)
 
 test-all: deps build
-	$(call ctest,)
+	@$(call ctest,)
 
 demo: deps build
 	@echo "== spmd-inspect: the seeds' MLP, a torch.export program (shapes and source lines come with it)"
