@@ -163,9 +163,8 @@ class StackOfKernels final : public RewritePattern {
     // The kernel writes the cast pairs; the views stand over them.
     const std::string stackName = g.value(stack.outputs[0]).name;  // a copy, as calls add values
     const ValueId pairs = builder.call("spmd::fused", args, stackName);
-    const Node& oldStack = stack;
     castAfterViewsOf(builder, *cast, pairs);
-    g.erase(oldStack);
+    g.erase(stack);  // its views are gone: nothing reads it
     return MatchResult::success();
   }
 };
