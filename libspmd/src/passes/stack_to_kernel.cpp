@@ -27,6 +27,7 @@
 // programs or of programs drawing dropout masks (whose mask depends on the
 // iteration space), or whose kernels' results anything else reads.
 #include "cast_views.h"
+#include "pointwise_groups.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ir/rewrite.h"
 #include "spmd/ops/pointwise_program.h"
@@ -46,10 +47,6 @@ struct Ops {
   OpName fused = OpName::known("spmd::fused");
 };
 const Ops& ops() { return opTable<Ops>(); }
-
-bool sameSchedule(const Node& a, const Node& b) {
-  return a.meta.role == b.meta.role && a.meta.iteration == b.meta.iteration;
-}
 
 // A generated kernel the stack may take in: a pointwise program of the same
 // schedule, drawing no mask, whose results only the stack reads.
