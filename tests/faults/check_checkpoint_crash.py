@@ -2,7 +2,8 @@
 fsync of runs that replace and prune checkpoints leaves `latest` naming a whole
 checkpoint, no step-* folder half written or half removed, and a folder a run
 can resume from; a failing fsync is a one-line error that keeps the previous
-checkpoint; two runs cannot write one folder; a resume says when the seed or
+checkpoint; an old checkpoint that cannot be removed (EIO) is a note and the
+run goes on; two runs cannot write one folder; a resume says when the seed or
 the data differ from the checkpoint's.
 
   check_checkpoint_crash.py BIN_DIR FAULT_INJECT_SO   (run from the repository root)
@@ -100,6 +101,29 @@ def failing_fsync(artifact, base):
         report(f"{what} failing fsync leaves latest on a whole checkpoint", not problems_of(work), problems_of(work))
 
 
+def failing_prune(artifact, base):
+    """EIO while pruning: the new checkpoint is whole, so the run says which old
+    folder stays and trains on (exit 0); the next checkpoint prunes it."""
+    cases = (("renaming an old folder away", "rename", "step-00000001", "step-00000001 (Input/output error); it stays"),
+             ("removing a renamed folder's files", "unlink", "pruned-", "renamed to "))
+    for what, call, part, note in cases:
+        work = os.path.join(TMP, "prune")
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.copytree(base, work)
+        env = dict(os.environ, LD_PRELOAD=INJECT, SPMD_FAULT_CALL=call, SPMD_FAULT_PATH=part, SPMD_FAULT_ERRNO="5")
+        proc = run(artifact, "--steps", "4", "--resume", work, "--checkpoint", work, "--keep", "2", env=env)
+        notes = [l for l in proc.stderr.splitlines() if l.startswith("spmd-run: note: --checkpoint: ")]
+        others = [l for l in proc.stderr.splitlines() if l not in notes]
+        report(f"EIO {what} while pruning is a note and the run ends with exit 0",
+               proc.returncode == 0 and len(notes) >= 1 and all(note in n for n in notes) and not others and
+               open(os.path.join(work, "latest")).read().strip() == "step-00000004" and not problems_of(work),
+               proc.stderr)
+        proc = run(artifact, "--steps", "5", "--resume", work, "--checkpoint", work, "--keep", "2")
+        left = sorted(f for f in os.listdir(work) if f.startswith(("step-", ".tmp-")))
+        report(f"after EIO {what}, the next run prunes to --keep", proc.returncode == 0 and
+               left == ["step-00000004", "step-00000005"], (proc.stderr, left))
+
+
 def two_writers(artifact, base):
     work = os.path.join(TMP, "shared")
     shutil.copytree(base, work)
@@ -142,6 +166,7 @@ def main():
         return 1
     kill_at_every_call(artifact, base)
     failing_fsync(artifact, base)
+    failing_prune(artifact, base)
     two_writers(artifact, base)
     resume_notes(artifact, base)
     print(f"{passed} passed, {failed} failed")

@@ -78,17 +78,26 @@ bool isDirectory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-void removeTree(const std::string& path) {
+// Removes `path` and everything under it, as far as it can; returns the
+// first failure ("PATH: why"), "" when all of it went. A file already gone
+// is no failure.
+std::string removeTree(const std::string& path) {
+  std::string failure;
+  const auto note = [&failure](const std::string& what) {
+    if (failure.empty() && errno != ENOENT) failure = what + ": " + errnoText();
+  };
   for (const std::string& name : entriesOf(path)) {
     if (name == "." || name == "..") continue;
     const std::string child = path + "/" + name;
     if (isDirectory(child)) {
-      removeTree(child);
-    } else {
-      ::unlink(child.c_str());
+      const std::string inner = removeTree(child);
+      if (failure.empty()) failure = inner;
+    } else if (::unlink(child.c_str()) != 0) {
+      note(child);
     }
   }
-  ::rmdir(path.c_str());
+  if (::rmdir(path.c_str()) != 0) note(path);
+  return failure;
 }
 
 // Syncs a folder's entries to disk: a failure (EIO, ENOSPC) is an error, as
@@ -338,7 +347,8 @@ CheckpointWriter::~CheckpointWriter() {
   if (lock_ >= 0) ::close(lock_);
 }
 
-void CheckpointWriter::write(const Graph& g, const TensorMap& state, const CheckpointInfo& info) const {
+std::vector<std::string> CheckpointWriter::write(const Graph& g, const TensorMap& state,
+                                                 const CheckpointInfo& info) const {
   const std::string name = folderName(info.step);
   const std::string temp = root_ + "/" + kTempPrefix + name + "." + std::to_string(::getpid());
   removeTree(temp);
@@ -378,25 +388,33 @@ void CheckpointWriter::write(const Graph& g, const TensorMap& state, const Check
     throw Diagnostic("--checkpoint", "cannot update " + root_ + "/latest: " + errnoText());
   }
   syncFolder(root_);
-  prune(name);
+  return prune(name);
 }
 
 // Keeps the newest: `newest` and the keep - 1 before it (names sort by
 // step). A folder is first renamed out of the step-* names, so that one
-// half removed never looks like a checkpoint.
-void CheckpointWriter::prune(const std::string& newest) const {
+// half removed never looks like a checkpoint. The new checkpoint is whole
+// by now, so a folder that cannot go is a note, not the run's end: the
+// next checkpoint tries again (a half-removed one, under its temporary
+// name, goes when a writer next opens the root).
+std::vector<std::string> CheckpointWriter::prune(const std::string& newest) const {
   std::vector<std::string> folders;
   for (const std::string& entry : entriesOf(root_)) {
     if (startsWith(entry, kFolderPrefix) && entry != newest) folders.push_back(entry);
   }
+  std::vector<std::string> notes;
   const size_t older = static_cast<size_t>(keep_ - 1);
   for (size_t i = 0; i + older < folders.size(); ++i) {
+    const std::string folder = root_ + "/" + folders[i];
     const std::string doomed = root_ + "/" + kTempPrefix + "pruned-" + folders[i];
-    if (::rename((root_ + "/" + folders[i]).c_str(), doomed.c_str()) != 0) {
-      throw Diagnostic("--checkpoint", "cannot remove " + root_ + "/" + folders[i] + ": " + errnoText());
+    if (::rename(folder.c_str(), doomed.c_str()) != 0) {
+      notes.push_back("cannot remove the old checkpoint " + folder + " (" + errnoText() + "); it stays");
+    } else if (const std::string failure = removeTree(doomed); !failure.empty()) {
+      notes.push_back("cannot remove all of the old checkpoint " + folders[i] + ", renamed to " + doomed +
+                      " (" + failure + ")");
     }
-    removeTree(doomed);
   }
+  return notes;
 }
 
 namespace {

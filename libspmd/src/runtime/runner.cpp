@@ -268,7 +268,9 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (checkpoints && segmentEnds) {
       CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt, o.config};
       if (g.training().shard != ShardMode::None) written.rank = info.rank;
-      checkpoints->write(g, state, written);
+      for (const std::string& note : checkpoints->write(g, state, written)) {
+        std::cerr << ("spmd-run: note: --checkpoint: " + note + "\n") << std::flush;
+      }
     }
   }
   if (trace) trace->write();

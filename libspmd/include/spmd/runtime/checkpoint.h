@@ -35,6 +35,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace spmd {
 
@@ -82,11 +83,12 @@ class CheckpointWriter {
   // Diagnostic when it cannot; the previous checkpoints are then intact.
   // A kill at any point leaves `latest` naming a whole checkpoint, and every
   // step-* folder whole: a folder is replaced by an atomic exchange, and
-  // pruned by first moving it to a temporary name.
-  void write(const Graph& g, const TensorMap& state, const CheckpointInfo& info) const;
+  // pruned by first moving it to a temporary name. Returns notes on older
+  // checkpoints it could not remove (the new one is whole all the same).
+  std::vector<std::string> write(const Graph& g, const TensorMap& state, const CheckpointInfo& info) const;
 
  private:
-  void prune(const std::string& newest) const;
+  std::vector<std::string> prune(const std::string& newest) const;
 
   std::string root_;
   int keep_;
