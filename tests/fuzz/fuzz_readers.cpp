@@ -7,7 +7,10 @@
 // the module is samples/lm.pt); zip seeds are first cut short at
 // kTruncations lengths each (issue 44: cut zips crashed LibTorch's reader),
 // then every round mutates a seed with a fixed-seed generator and feeds it
-// to the reader. The bar: every input is read or refused with a Diagnostic whose
+// to the reader. One target is enumerated, not mutated: samples/lm.pt with
+// each member in turn cut short inside a whole zip (CRCs valid), lowered
+// and placed as spmd-lower and spmd-run do (issue 57: a cut storage record
+// crashed them). The bar: every input is read or refused with a Diagnostic whose
 // message is one line; anything else thrown, a signal, or an input that takes
 // longer than --slow-ms fails the run. Before each input runs it is written
 // to --crash-file, so that a crash leaves its reproducer behind.
@@ -21,12 +24,16 @@
 #include "spmd/io/input_spec.h"
 #include "spmd/io/load.h"
 #include "spmd/io/torch_save.h"
+#include "spmd/io/zip_writer.h"
 #include "spmd/ir/verify.h"
 #include "spmd/pipelines/lower.h"
 #include "spmd/runtime/checkpoint.h"
 #include "spmd/runtime/data_files.h"
 #include "spmd/runtime/run_state.h"
 #include "spmd/support/diagnostic.h"
+
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <algorithm>
 #include <chrono>
@@ -169,6 +176,9 @@ struct Target {
   std::vector<Bytes> seeds;
   std::function<void(const Bytes&)> reader;
   bool truncations = false;  // first, each seed cut at kTruncations evenly spaced lengths
+  // The inputs are the seeds alone, each held to the bar (it may be refused),
+  // not mutated.
+  bool enumerated = false;
 };
 
 // A file cut short (a copy or download that stopped) is the damage a zip
@@ -232,6 +242,60 @@ std::vector<Bytes> lines(const Bytes& text) {
     if (!line.empty()) out.push_back(line);
   }
   return out;
+}
+
+// A module's records (LibTorch's reader inflates the deflated code) by name,
+// in the archive's order, without the version record ZipWriter writes
+// (LibTorch reads .data/version first).
+std::vector<std::pair<std::string, Bytes>> recordsOf(const Bytes& module) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(module.data(), module.size()));
+  std::vector<std::pair<std::string, Bytes>> records;
+  for (const std::string& name : reader.getAllRecords()) {
+    if (name == "version") continue;
+    auto [data, size] = reader.getRecord(name);
+    records.emplace_back(name, Bytes(static_cast<const char*>(data.get()), size));
+  }
+  return records;
+}
+
+// The records as a zip in PyTorch's layout, record `cut` holding only its
+// first `length` bytes: a whole zip, CRCs valid, one member shorter than
+// what refers to it.
+Bytes zipWithRecordCut(const std::vector<std::pair<std::string, Bytes>>& records, size_t cut, size_t length) {
+  Bytes out;
+  spmd::ZipWriter writer([&out](const void* data, size_t size) { out.append(static_cast<const char*>(data), size); });
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Bytes& data = records[i].second;
+    writer.add(records[i].first, data.data(), i == cut ? length : data.size());
+  }
+  writer.finish();
+  return out;
+}
+
+// The module rewritten whole (read whole, as a seed), then with each record
+// cut to nothing, one byte, half and all but its last byte.
+std::vector<Bytes> modulesWithMembersCut(const Bytes& module) {
+  const auto records = recordsOf(module);
+  std::vector<Bytes> out = {zipWithRecordCut(records, records.size(), 0)};
+  for (size_t i = 0; i < records.size(); ++i) {
+    const size_t size = records[i].second.size();
+    std::vector<size_t> lengths = {0, 1, size / 2, size - 1};
+    lengths.erase(std::remove_if(lengths.begin(), lengths.end(), [size](size_t n) { return n >= size; }), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    for (size_t n : lengths) out.push_back(zipWithRecordCut(records, i, n));
+  }
+  return out;
+}
+
+// A module file as spmd-lower and spmd-run take one: read (its weights
+// through the file's mapping), lowered for the CPU, its state placed.
+void lowerAndPlace(const Bytes& b, const std::string& path) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << b;
+  spmd::LoadedGraph loaded =
+      spmd::loadGraph(path, spmd::parseInputSpecs({"tokens:i64[4,16]", "targets:i64[4,16]"}));
+  const spmd::Artifact artifact = spmd::artifactOf(loaded, "cpu");
+  (void)spmd::placeState(artifact, at::Device(at::kCPU), /*rank=*/0);
 }
 
 // --data as spmd-run reads it: the bytes written as a file (a folder of one
@@ -317,6 +381,8 @@ std::vector<Target> targets(const Options& o) {
          std::ofstream(path, std::ios::binary | std::ios::trunc) << b;
          spmd::loadExportedWeights(path);
        }, true},
+      {"module with a member cut", modulesWithMembersCut(readFile("samples/lm.pt")),
+       [o](const Bytes& b) { lowerAndPlace(b, o.crashFile + ".pt"); }, false, true},
       {"--input", lines(readFile(dir / "input_specs.txt")), [](const Bytes& b) { spmd::parseInputSpec(b); }},
       {"--data .npy", {readFile(dir / "numpy/x.npy"), readFile(dir / "numpy/tokens.npy")},
        [](const Bytes& b) { readDataFile(b, "x.npy"); }, true},
@@ -329,10 +395,12 @@ int fuzz(const Target& t, const Options& o) {
   std::mt19937 rng(o.seed);
   int failures = 0, accepted = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (int round = 0; round < o.rounds; ++round) {
+  const int rounds = t.enumerated ? static_cast<int>(t.seeds.size()) : o.rounds;
+  for (int round = 0; round < rounds; ++round) {
     const Bytes input = inputFor(t, round, rng);
     std::ofstream(o.crashFile, std::ios::binary | std::ios::trunc) << input;
-    const bool isSeed = round < static_cast<int>(t.seeds.size());
+    // An enumerated target's first input is its file whole, which must be read.
+    const bool isSeed = round < (t.enumerated ? 1 : static_cast<int>(t.seeds.size()));
     const auto before = std::chrono::steady_clock::now();
     bool wasAccepted = isSeed;
     std::string problem = isSeed ? seedProblem(t.reader, input) : runOne(t.reader, input, wasAccepted);
@@ -347,7 +415,7 @@ int fuzz(const Target& t, const Options& o) {
     }
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << t.name << ": " << o.rounds << " inputs (" << accepted << " read, the rest refused), " << failures
+  std::cout << t.name << ": " << rounds << " inputs (" << accepted << " read, the rest refused), " << failures
             << " failures, " << s << " s" << std::endl;
   return failures;
 }
@@ -375,7 +443,7 @@ int main(int argc, char** argv) {
   const Options o = parseArgs(argc, argv);
   int failures = 0;
   for (const Target& t : targets(o)) failures += fuzz(t, o);
-  std::remove(o.crashFile.c_str());
+  for (const char* suffix : {"", ".pt", ".pt2"}) std::remove((o.crashFile + suffix).c_str());
   std::cout << (failures ? "FAILED: " : "ok: ") << failures << " failures" << std::endl;
   return failures ? 1 : 0;
 }
