@@ -6,6 +6,7 @@
 #include "spmd/io/load.h"
 #include "spmd/passes/derivatives.h"
 #include "spmd/pipelines/flags.h"
+#include "spmd/pipelines/recorded_flags.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
     spmd::finishPrecisionFlags(precisionFlags, options);
     spmd::finishTrainingFlags(trainingFlags, options);
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
+    spmd::recordStageFlags(loaded.graph, options, spmd::Stage::Expand, evalStep);
     spmd::runStage(loaded, evalStep ? spmd::evalPipeline(options) : spmd::expandPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;

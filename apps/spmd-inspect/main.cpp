@@ -38,6 +38,10 @@ int main(int argc, char** argv) {
   auto* kernels = app.add_flag("--kernels",
                                "the generated kernels spmd-lower made (spmd::fused nodes, gemm attention's softmax): ops, inputs, outputs, bytes moved");
   auto* sources = app.add_flag("--source", "with --kernels: each kernel's CUDA source too")->needs(kernels);
+  auto* flags = app.add_flag("--flags",
+                             "the flags the stages recorded, as one command line (spmd-compile takes them back); "
+                             "exit 1 when the graph records none");
+  flags->excludes(stats)->excludes(dot)->excludes(json)->excludes(buckets)->excludes(memory)->excludes(kernels);
   stats->excludes(dot)->excludes(json)->excludes(buckets)->excludes(memory)->excludes(kernels);
   dot->excludes(json)->excludes(buckets)->excludes(memory)->excludes(kernels);
   buckets->excludes(memory)->excludes(kernels);
@@ -66,6 +70,13 @@ int main(int argc, char** argv) {
       }
       text = *json ? spmd::printKernelsJson(loaded.graph, list, static_cast<bool>(*sources))
                    : spmd::printKernels(loaded.graph, list, static_cast<bool>(*sources));
+    } else if (*flags) {
+      text = spmd::printFlags(loaded.graph);
+      if (text.empty()) {
+        throw spmd::Diagnostic("", "the graph records no flags (written before the stages recorded them, or by "
+                                   "spmd-opt)").inFile(loaded.displayName);
+      }
+      text += "\n";
     } else if (*memory) {
       auto plan = spmd::planMemory(loaded.graph);
       text = *json ? spmd::printMemoryPlanJson(loaded.graph, plan) : spmd::printMemoryPlan(loaded.graph, plan);
@@ -78,7 +89,9 @@ int main(int argc, char** argv) {
     } else if (verify) {
       text = loaded.displayName + ": verified " + std::to_string(loaded.graph.nodes().size()) + " nodes\n";
     } else {
-      text = spmd::printListing(loaded.graph);
+      // The flags as a comment, which the listing parser skips.
+      const std::string recorded = spmd::printFlags(loaded.graph);
+      text = (recorded.empty() ? "" : "// flags: " + recorded + "\n") + spmd::printListing(loaded.graph);
     }
     spmd::writeOutput(out, text);
     return 0;

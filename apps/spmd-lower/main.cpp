@@ -4,6 +4,7 @@
 #include "spmd/io/load.h"
 #include "spmd/pipelines/flags.h"
 #include "spmd/pipelines/lower.h"
+#include "spmd/pipelines/recorded_flags.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     options.diagnostics = &diagnostics;
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
     diagnostics.setFile(loaded.displayName);
+    spmd::recordStageFlags(loaded.graph, options, spmd::Stage::Lower);
     spmd::Artifact artifact;
     try {
       artifact = spmd::lowerGraph(std::move(loaded.graph), options, debug);

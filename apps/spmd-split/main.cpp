@@ -4,6 +4,7 @@
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/pipelines/flags.h"
+#include "spmd/pipelines/recorded_flags.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
     spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(tool);
     options.diagnostics = &diagnostics;
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
+    spmd::recordStageFlags(loaded.graph, options, spmd::Stage::Split);
     spmd::runStage(loaded, spmd::splitPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;

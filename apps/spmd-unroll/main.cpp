@@ -5,6 +5,7 @@
 #include "spmd/io/graph_json.h"
 #include "spmd/io/load.h"
 #include "spmd/pipelines/flags.h"
+#include "spmd/pipelines/recorded_flags.h"
 #include "spmd/support/diagnostic.h"
 #include "spmd/support/tool.h"
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     spmd::DiagnosticEngine diagnostics = spmd::printingDiagnostics(tool);
     options.diagnostics = &diagnostics;
     auto loaded = spmd::loadGraph(in, spmd::parseInputSpecs(inputSpecs));
+    spmd::recordStageFlags(loaded.graph, options, spmd::Stage::Unroll);
     spmd::runStage(loaded, spmd::unrollPipeline(options), options, debug);
     spmd::writeOutput(out, spmd::writeGraphJson(loaded.graph));
     return 0;

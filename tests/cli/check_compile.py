@@ -1,7 +1,9 @@
 """spmd-compile against the shell pipeline: from the same flags, its artifact
 is byte for byte the one `spmd-expand | spmd-split | spmd-unroll | spmd-lower`
 writes, its --stage-dir files are the stages' own outputs and --emit-after
-writes the stage's output; bad flags and failing stages exit 1 in one line and
+writes the stage's output; the flags the stages record in the artifact
+(`spmd-inspect --flags`) hold every flag given, and given back to spmd-compile
+make the same artifact; bad flags and failing stages exit 1 in one line and
 leave no output.
 
   check_compile.py BIN_DIR        (run from the repository root)
@@ -79,6 +81,7 @@ def same_as_shell():
         report(f"{name}: the artifact is the shell pipeline's", filecmp.cmp(one, artifact, shallow=False))
         differ = [s for s in files if not filecmp.cmp(files[s], os.path.join(stages, s + ".json"), shallow=False)]
         report(f"{name}: --stage-dir holds each stage's output", not differ, f"differ: {differ}")
+        recorded_flags_remake(name, model, flags, one, work)
     # --emit-after: the stage's output, no artifact; --verify-each changes nothing.
     model, expand, split, unroll, lower = CASES[2]
     work = os.path.join(TMP, "case2")
@@ -88,6 +91,42 @@ def same_as_shell():
                     "-o", out])
         ok = proc.returncode == 0 and filecmp.cmp(out, os.path.join(work, stage + ".json"), shallow=False)
         report(f"--emit-after {stage} writes spmd-{stage}'s output", ok, proc.stderr.strip())
+
+
+def given_flags(words):
+    """{flag: [values]} of a command line's words (a flag without a value: [])."""
+    out = {}
+    for w in words:
+        if w.startswith("--"):
+            out.setdefault(w, [])
+            last = w
+        else:
+            out[last].append(w)
+    return out
+
+
+def same_value(a, b):
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return [float(x) for x in a.split(",")] == [float(x) for x in b.split(",")] if "," in a else a == b
+
+
+def recorded_flags_remake(name, model, flags, artifact, work):
+    """The artifact's recorded flags hold each flag given with its value, and
+    spmd-compile given them back (with the model's --input) writes the same bytes."""
+    proc = run([tool("spmd-inspect"), artifact, "--flags"])
+    recorded = proc.stdout.split()
+    mine, given = given_flags(recorded), given_flags(flags)
+    inputs = [w for i, w in enumerate(flags) if w == "--input" or (i and flags[i - 1] == "--input")]
+    missing = [f for f, v in given.items() if f != "--input" and (f not in mine or len(mine[f]) != len(v) or
+                                                                  not all(map(same_value, mine[f], v)))]
+    report(f"{name}: the artifact records the flags given", proc.returncode == 0 and not missing,
+           f"missing or other: {missing}; recorded: {proc.stdout.strip()} {proc.stderr.strip()}")
+    again = os.path.join(work, "again.spmd")
+    proc = run([tool("spmd-compile"), model, *inputs, *recorded, "-o", again])
+    report(f"{name}: the recorded flags make the same artifact", proc.returncode == 0 and
+           filecmp.cmp(again, artifact, shallow=False), proc.stderr.strip())
 
 
 def refusals():

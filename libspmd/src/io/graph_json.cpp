@@ -155,6 +155,11 @@ std::string writeGraphJson(const Graph& g) {
   const ojson training = trainingJson(g.training());
   if (!training.empty()) out += "  \"training\": " + training.dump() + ",\n";
   std::vector<ojson> items;
+  if (!g.flags().empty()) {
+    for (const auto& words : g.flags()) items.push_back(words);
+    writeArray(out, "flags", items, false);
+    items.clear();
+  }
   for (const auto& in : g.inputs()) items.push_back(inputJson(g, in));
   writeArray(out, "inputs", items, false);
   items.clear();
@@ -194,8 +199,8 @@ namespace {
 class Reader {
  public:
   Graph read(const json& doc) {
-    expectObject(doc, "", {"format", "version", "weights", "iters", "training", "inputs", "nodes", "outputs", "updates",
-                       "gradients", "buckets"},
+    expectObject(doc, "", {"format", "version", "weights", "iters", "training", "flags", "inputs", "nodes", "outputs",
+                           "updates", "gradients", "buckets"},
                  {"format", "version", "inputs", "nodes", "outputs"});
     if (!doc["format"].is_string() || doc["format"] != "spmd-graph") {
       fail("/format", "expected \"spmd-graph\"");
@@ -210,6 +215,7 @@ class Reader {
       graph_.setIters(doc["iters"].get<int>());
     }
     if (doc.contains("training")) readTraining(doc["training"]);
+    if (doc.contains("flags")) readFlags(expectArray(doc["flags"], "/flags"));
     const json& inputs = expectArray(doc["inputs"], "/inputs");
     for (size_t i = 0; i < inputs.size(); ++i) readInput(inputs[i], "/inputs/" + std::to_string(i));
     const json& nodes = expectArray(doc["nodes"], "/nodes");
@@ -309,6 +315,24 @@ class Reader {
     } catch (const Diagnostic& d) {
       fail("/training", d.where().substr(2) + " " + d.message());
     }
+  }
+
+  // Each element a flag's command-line words: ["--lr", "0.001"] or ["--cudagraphs"].
+  void readFlags(const json& flags) {
+    std::vector<std::vector<std::string>> out;
+    for (size_t i = 0; i < flags.size(); ++i) {
+      const std::string where = "/flags/" + std::to_string(i);
+      const json& words = expectArray(flags[i], where);
+      if (words.empty() || words.size() > 2) fail(where, "expected [\"--FLAG\"] or [\"--FLAG\", \"VALUE\"]");
+      std::vector<std::string> flag;
+      for (size_t w = 0; w < words.size(); ++w) flag.push_back(str(words[w], where + "/" + std::to_string(w)));
+      if (flag[0].size() < 3 || flag[0].compare(0, 2, "--") != 0 ||
+          flag[0].find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-", 2) != std::string::npos) {
+        fail(where + "/0", "expected a long flag such as \"--lr\", got " + briefJson(words[0]));
+      }
+      out.push_back(std::move(flag));
+    }
+    graph_.setFlags(std::move(out));
   }
 
   double number(const json& j, const std::string& where) {

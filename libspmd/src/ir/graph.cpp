@@ -99,6 +99,7 @@ Graph::Graph(const Graph& other)
       weights_(other.weights_),
       iters_(other.iters_),
       training_(other.training_),
+      flags_(other.flags_),
       nextSuffix_(other.nextSuffix_) {
   nodes_.reserve(other.nodes_.size());
   for (const auto& n : other.nodes_) nodes_.push_back(std::make_unique<Node>(*n));

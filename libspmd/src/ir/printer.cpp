@@ -263,4 +263,26 @@ std::string printStats(const Graph& g) {
   return out.str();
 }
 
+namespace {
+
+// `word` as the shell reads it back: quoted unless every character is safe.
+std::string shellWord(const std::string& word) {
+  const bool safe = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                            "0123456789_-+.,:=/@%") == std::string::npos;
+  if (safe) return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+}  // namespace
+
+std::string printFlags(const Graph& graph) {
+  std::string line;
+  for (const auto& words : graph.flags()) {
+    for (const std::string& w : words) line += (line.empty() ? "" : " ") + shellWord(w);
+  }
+  return line;
+}
+
 }  // namespace spmd

@@ -2,6 +2,7 @@
 
 #include "spmd/pipelines/lower.h"
 #include "spmd/pipelines/pipelines.h"
+#include "spmd/pipelines/recorded_flags.h"
 #include "spmd/support/diagnostic.h"
 
 #include <sys/stat.h>
@@ -36,26 +37,6 @@ DebugOptions stageDebug(const DebugOptions& debug, Stage stage) {
 
 }  // namespace
 
-const char* stageName(Stage stage) {
-  switch (stage) {
-    case Stage::Expand: return "expand";
-    case Stage::Split: return "split";
-    case Stage::Unroll: return "unroll";
-    case Stage::Lower: return "lower";
-  }
-  return "";
-}
-
-bool parseStage(const std::string& name, Stage& stage) {
-  for (Stage s : kStages) {
-    if (name == stageName(s)) {
-      stage = s;
-      return true;
-    }
-  }
-  return false;
-}
-
 PipelineOptions stageOptions(const PipelineOptions& all, Stage stage) {
   PipelineOptions o;
   o.diagnostics = all.diagnostics;
@@ -89,6 +70,11 @@ Artifact compileGraph(LoadedGraph& loaded, const CompileOptions& options) {
     // The first stage verifies what it read; later ones take what the passes
     // before left verified, unless asked to look again.
     const bool verifyInput = stage == Stage::Expand || options.verifyEach;
+    // The evaluation step runs no split or unroll passes: the tools' pipeline
+    // for it (spmd-expand --eval-step | spmd-lower) has neither stage.
+    if (!options.evalStep || stage == Stage::Expand || stage == Stage::Lower) {
+      recordStageFlags(loaded.graph, stageOpts, stage, options.evalStep);
+    }
     if (stage == Stage::Lower) {
       try {
         return lowerGraph(std::move(loaded.graph), stageOpts, debug);

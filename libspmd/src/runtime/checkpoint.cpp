@@ -309,9 +309,11 @@ std::string dataIdentity(const std::string& dataFile, const std::string& tokens)
 }
 
 std::string stepFingerprint(const Artifact& artifact) {
-  // Where the weights were first read from is no part of the step.
+  // Where the weights were first read from, and the flags recorded, are no
+  // part of the step.
   Graph step = artifact.graph;
   step.setWeights(WeightsRef{});
+  step.setFlags({});
   const std::string text = writeGraphJson(step) + "\ndevice " + artifact.device;
   uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bits
   for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;

@@ -289,6 +289,12 @@ class Graph {
   // The step's schedule, clipping and micro-batches (ir/training.h).
   const TrainingConfig& training() const { return training_; }
   TrainingConfig& training() { return training_; }
+  // The stages' flags that made the step, each as its command-line words
+  // ({"--lr", "0.001"}, {"--cudagraphs"}), in the stages' order; each stage
+  // records its own (pipelines/recorded_flags.h). A record of how the step
+  // was made, not part of what it computes.
+  const std::vector<std::vector<std::string>>& flags() const { return flags_; }
+  void setFlags(std::vector<std::vector<std::string>> flags) { flags_ = std::move(flags); }
 
   // A value name not used yet, derived from `base` the way FX does
   // (relu, relu_1, relu_2, ...).
@@ -367,6 +373,7 @@ class Graph {
   WeightsRef weights_;
   int iters_ = 0;
   TrainingConfig training_;
+  std::vector<std::vector<std::string>> flags_;
   std::map<std::string, int> nextSuffix_;
   // Def-use links, by value id: one users_ entry per argument that reads it.
   std::vector<const Node*> producer_;

@@ -18,6 +18,11 @@ std::string printDot(const Graph& graph);
 // Node counts by op and by role, input counts and parameter bytes.
 std::string printStats(const Graph& graph);
 
+// The flags the stages recorded (Graph::flags()) as one shell command line,
+// words quoted where the shell would split them: "--optimizer adam --lr
+// 0.001 ...". "" when none were recorded.
+std::string printFlags(const Graph& graph);
+
 // The bucket plan: index, bytes and parameters per bucket, as a table or JSON;
 // for a sharded step (spmd-split --shard) also the bytes of the parameters'
 // shards one rank holds ("shard bytes", "shard_bytes").

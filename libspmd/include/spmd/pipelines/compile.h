@@ -8,19 +8,13 @@
 #include "spmd/io/artifact.h"
 #include "spmd/io/load.h"
 #include "spmd/passes/pass.h"
+#include "spmd/pipelines/stages.h"
 
 #include <functional>
 #include <string>
 #include <vector>
 
 namespace spmd {
-
-enum class Stage { Expand, Split, Unroll, Lower };
-
-// "expand", "split", "unroll", "lower".
-const char* stageName(Stage stage);
-// The stage of that name; false when there is none.
-bool parseStage(const std::string& name, Stage& stage);
 
 struct CompileOptions {
   // Every stage's options in one (the union of the stages' flags); each stage
