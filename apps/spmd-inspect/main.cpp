@@ -89,9 +89,7 @@ int main(int argc, char** argv) {
     } else if (verify) {
       text = loaded.displayName + ": verified " + std::to_string(loaded.graph.nodes().size()) + " nodes\n";
     } else {
-      // The flags as a comment, which the listing parser skips.
-      const std::string recorded = spmd::printFlags(loaded.graph);
-      text = (recorded.empty() ? "" : "// flags: " + recorded + "\n") + spmd::printListing(loaded.graph);
+      text = spmd::printListing(loaded.graph);
     }
     spmd::writeOutput(out, text);
     return 0;

@@ -77,9 +77,10 @@ TEST_CASE("a JSON dump survives the listing: print, parse, write is the dump", "
   }
 }
 
-TEST_CASE("the listing keeps odd names, escaped strings, the weights format and buckets", "[parser]") {
+TEST_CASE("the listing keeps odd names, escaped strings, the weights format, flags and buckets", "[parser]") {
   Graph g;
   g.setWeights({"dir with space/w.pt", "torch.save"});
+  g.setFlags({{"--lr", "3e-04"}, {"--cudagraphs"}, {"--ignore-param", "it's {a} b"}, {"--ignore-param", ""}});
   ValueId x = g.addInput({"x y", c10::ScalarType::Float, {2, 3}}, InputKind::Data);
   ValueId w = g.addInput({"w", c10::ScalarType::Float, {3}}, InputKind::Parameter, false);
   Node sum;
@@ -106,7 +107,8 @@ TEST_CASE("the listing keeps odd names, escaped strings, the weights format and 
   g.setBuckets({Bucket{{w}, 12}, Bucket{{}, 0}});
   std::string listing = printListing(g);
   INFO(listing);
-  CHECK(listing.find("graph {weights: dir with space/w.pt, format: torch.save}\n") == 0);
+  CHECK(listing.find("graph {weights: dir with space/w.pt, format: torch.save} {flags: --lr 3e-04 --cudagraphs "
+                     "--ignore-param 'it'\\''s {a} b' --ignore-param ''}\n") == 0);
   CHECK(listing.find("  input %\"x y\": f32[2,3] data\n") != std::string::npos);
   CHECK(listing.find("  bucket 0: 12 bytes (%w)\n  bucket 1: 0 bytes ()\n") != std::string::npos);
   Graph back = parseListing(listing);
@@ -115,6 +117,7 @@ TEST_CASE("the listing keeps odd names, escaped strings, the weights format and 
   CHECK(back.nodes()[0].args[1].kind == Arg::Kind::Ints);
   CHECK(back.nodes()[1].args[1].s == how.s);
   CHECK(back.nodes()[0].meta.source == "a file.py:3");
+  CHECK(back.flags() == g.flags());
 }
 
 TEST_CASE("comments, blank lines and every constant kind parse", "[parser]") {
@@ -153,6 +156,12 @@ TEST_CASE("bad listings name LINE:COL and what was expected", "[parser]") {
   const std::string head = "graph\n  input %x: f32[2] data\n";
   CHECK(parseError(head + "  %r: f32[2] = aten::relu(%x9)\n  return (%r)\n") == "3:27: unknown value '%x9'");
   CHECK(parseError("graph\n  input %x: q32[2] data\n  return (%x)\n") == "2:13: unknown dtype 'q32'");
+  CHECK(parseError("graph {flags: lr 0.1}\n  input %x: f32[2] data\n  return (%x)\n") ==
+        "1:15: bad {flags: ...}: expected a flag such as --lr, got 'lr'");
+  CHECK(parseError("graph {flags: --lr 'x}\n  input %x: f32[2] data\n  return (%x)\n") ==
+        "1:20: unterminated quote in {flags: ...}");
+  CHECK(parseError("graph {flags: --lr 0.1\n  input %x: f32[2] data\n  return (%x)\n") ==
+        "1:23: expected '}' closing {flags: ...}");
   CHECK(parseError(head + "  input %x: f32[3] data\n  return (%x)\n") == "3:9: value '%x' defined twice");
   CHECK(parseError(head + "  %r: f32[2] = aten::relu(%x\n") ==
         "3:29: expected ',' or ')' after an argument, got end of line");

@@ -60,5 +60,44 @@ Number Cursor::number() {
   return n;
 }
 
+std::vector<std::vector<std::string>> Cursor::flagWords() {
+  std::vector<std::vector<std::string>> flags;
+  skipSpaces();
+  while (!atEnd() && peek() != '}') {
+    const size_t at = pos_;
+    std::string word = shellWord();
+    if (word.size() > 2 && word.compare(0, 2, "--") == 0) {
+      flags.push_back({std::move(word)});
+    } else if (flags.empty() || flags.back().size() == 2) {
+      failAt(at, "bad {flags: ...}: expected a flag such as --lr, got " + inQuotes(word));
+    } else {
+      flags.back().push_back(std::move(word));
+    }
+    skipSpaces();
+  }
+  return flags;
+}
+
+// One shell word, up to a space or '}': quoted parts ('...', where the
+// printer wrote '\'' for a quote) taken as they are.
+std::string Cursor::shellWord() {
+  std::string word;
+  while (!atEnd() && !isSpace(peek()) && peek() != '}') {
+    if (peek() != '\'') {
+      word += s_[pos_++];
+      continue;
+    }
+    const size_t close = s_.find('\'', pos_ + 1);
+    if (close == std::string::npos) fail("unterminated quote in {flags: ...}");
+    word += s_.substr(pos_ + 1, close - pos_ - 1);
+    pos_ = close + 1;
+    if (lookingAt("\\'")) {
+      word += '\'';
+      pos_ += 2;
+    }
+  }
+  return word;
+}
+
 }  // namespace listing
 }  // namespace spmd

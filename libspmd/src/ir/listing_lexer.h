@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace spmd {
 namespace listing {
@@ -29,6 +30,13 @@ struct Number {
 };
 
 // A cursor over one line; `lineNo` and columns are 1-based in messages.
+// A blank line or a `//` comment, which the parser skips.
+inline bool isCommentLine(const std::string& line) {
+  size_t i = 0;
+  while (i < line.size() && (isSpace(line[i]) || line[i] == '\r')) ++i;
+  return i == line.size() || line.compare(i, 2, "//") == 0;
+}
+
 class Cursor {
  public:
   Cursor(const std::string& line, int lineNo) : s_(line), line_(lineNo) {}
@@ -119,7 +127,14 @@ class Cursor {
   // an exponent, inf or nan).
   Number number();
 
+  // The words of {flags: ...} up to its '}' (not consumed), grouped per flag
+  // ({"--lr", "0.1"}, {"--cudagraphs"}): shell words, 'quoted' where
+  // printFlags quoted them.
+  std::vector<std::vector<std::string>> flagWords();
+
  private:
+  std::string shellWord();
+
   const std::string& s_;
   size_t pos_ = 0;
   int line_;

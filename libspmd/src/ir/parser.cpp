@@ -41,7 +41,7 @@ class Parser {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       ++lineNo_;
       start = end + 1;
-      if (isComment(line)) continue;
+      if (listing::isCommentLine(line)) continue;
       Cursor c(line, lineNo_);
       c.skipSpaces();
       if (!sawHeader) {
@@ -60,12 +60,6 @@ class Parser {
 
   const std::vector<int>& nodeLines() const { return nodeLines_; }
 
-  static bool isComment(const std::string& line) {
-    size_t i = 0;
-    while (i < line.size() && (isSpace(line[i]) || line[i] == '\r')) ++i;
-    return i == line.size() || line.compare(i, 2, "//") == 0;
-  }
-
  private:
   enum class Section { Inputs, Nodes, Updates, Gradients, Buckets };
 
@@ -77,7 +71,7 @@ class Parser {
       // format other than torchscript.
       size_t start = c.pos();
       const std::string& s = c.text();
-      size_t close = std::min(s.find("} {unrolled: ", start), s.find("} {training: ", start));
+      size_t close = std::min({s.find("} {unrolled: ", start), s.find("} {training: ", start), s.find("} {flags: ", start)});
       if (close == std::string::npos) {
         close = s.find_last_not_of(" \t");
         if (close == std::string::npos || close < start || s[close] != '}') c.fail("expected '}' closing {weights: ...}");
@@ -112,6 +106,11 @@ class Parser {
       const std::string problem = parseTrainingText(c.text().substr(start, close - start), graph_.training());
       if (!problem.empty()) c.failAt(start, "bad {training: ...}: " + problem);
       c.setPos(close + 1);
+      c.skipSpaces();
+    }
+    if (c.consume("{flags: ")) {  // the recorded flags, as printFlags writes them
+      graph_.setFlags(c.flagWords());
+      if (!c.consume("}")) c.fail("expected '}' closing {flags: ...}");
       c.skipSpaces();
     }
     endOfLine(c);
@@ -590,7 +589,7 @@ bool looksLikeListing(const std::string& text) {
     if (end == std::string::npos) end = text.size();
     std::string line = text.substr(start, end - start);
     start = end + 1;
-    if (Parser::isComment(line)) continue;
+    if (listing::isCommentLine(line)) continue;
     size_t i = line.find_first_not_of(" \t");
     return line.compare(i, 5, "graph") == 0 && (i + 5 == line.size() || !isIdentChar(line[i + 5]));
   }

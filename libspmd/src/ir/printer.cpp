@@ -103,6 +103,7 @@ std::string printListing(const Graph& g) {
   if (g.iters() > 0) out << " {unrolled: " << g.iters() << " iterations}";
   const std::string training = trainingText(g.training());
   if (!training.empty()) out << " {training: " << training << "}";
+  if (!g.flags().empty()) out << " {flags: " << printFlags(g) << "}";
   out << "\n";
   for (const auto& in : g.inputs()) {
     const Value& v = g.value(in.value);
