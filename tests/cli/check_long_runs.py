@@ -171,8 +171,9 @@ def pytorch_reads_checkpoint():
 def resume_errors(artifacts, adam_artifact, adam_data, adam_root):
     other = pipeline("mlp_other.spmd", *MLP, ["--optimizer", "adam", "--lr", "2e-2", "--eps", "1e-2"])
     proc = run(other, "--steps", "5", "--data", adam_data, "--resume", adam_root, check=False)
-    report("resume with another artifact: one-line error", proc.returncode == 1 and
-           one_line_error(proc.stderr, "was written by another step") and "step " not in proc.stdout, proc.stderr)
+    report("resume with another artifact: one-line error naming the flag that differs", proc.returncode == 1 and
+           one_line_error(proc.stderr, "was written by another step (--lr 0.01 there, 0.02 here; fingerprint ") and
+           "step " not in proc.stdout, proc.stderr)
     proc = run(adam_artifact, "--nproc", "2", "--steps", "5", "--resume", adam_root, check=False)
     report("resume with another world size: an error naming both", proc.returncode == 1 and
            "was written by a run of 1 ranks, this one has 2" in proc.stderr, proc.stderr)

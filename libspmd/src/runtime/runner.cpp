@@ -79,6 +79,33 @@ Iteration iterationOf(int step, int start, int steps, std::initializer_list<int>
 // A resume continues the checkpoint's seed and the data position its step
 // implies; a run that names another seed or data is told (one write per
 // note: ranks share the terminal).
+// The first flag whose recorded value differs between the checkpoint's step
+// and this one ("--lr 0.001 there, 0.002 here"), "" when neither records
+// one that differs (checkpoints written before steps recorded flags).
+std::string flagDifference(const std::vector<std::vector<std::string>>& theirs,
+                           const std::vector<std::vector<std::string>>& mine) {
+  if (theirs.empty() || mine.empty()) return "";
+  const auto text = [](const std::vector<std::string>& words) {
+    std::string s;
+    for (size_t i = 1; i < words.size(); ++i) s += (i > 1 ? " " : "") + words[i];
+    return s.empty() ? std::string("given") : s;
+  };
+  const auto valuesOf = [&](const std::vector<std::vector<std::string>>& flags, const std::string& name) {
+    std::string values;
+    for (const auto& words : flags) {
+      if (words[0] == name) values += (values.empty() ? "" : ", ") + text(words);
+    }
+    return values.empty() ? std::string("not given") : values;
+  };
+  for (const auto* side : {&theirs, &mine}) {
+    for (const auto& words : *side) {
+      const std::string there = valuesOf(theirs, words[0]), here = valuesOf(mine, words[0]);
+      if (there != here) return words[0] + " " + there + " there, " + here + " here";
+    }
+  }
+  return "";
+}
+
 void noteResumeChanges(const Checkpoint& c, const RunOptions& o) {
   if (o.seed != c.info.seed) {
     std::cerr << ("spmd-run: note: --resume " + c.folder + ": continues the checkpoint's seed " +
@@ -125,9 +152,10 @@ int startingState(const Artifact& artifact, const RunOptions& o, const RankInfo&
   }
   const std::string fingerprint = stepFingerprint(artifact);
   if (c.info.fingerprint != fingerprint) {
-    throw Diagnostic("--resume " + c.folder, "was written by another step (fingerprint " + c.info.fingerprint +
-                                                 ", this artifact's " + fingerprint +
-                                                 "); --resume-weights-only takes its weights alone");
+    const std::string flag = flagDifference(c.info.flags, g.flags());
+    throw Diagnostic("--resume " + c.folder, "was written by another step (" + (flag.empty() ? "" : flag + "; ") +
+                                                 "fingerprint " + c.info.fingerprint + ", this artifact's " +
+                                                 fingerprint + "); --resume-weights-only takes its weights alone");
   }
   if (c.info.worldSize != info.worldSize) {
     throw Diagnostic("--resume " + c.folder, "was written by a run of " + std::to_string(c.info.worldSize) +
@@ -266,7 +294,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     if (metrics) metrics->write(step + 1, report, device.peakBytes());
     const bool segmentEnds = iteration == Iteration::Last || iteration == Iteration::Only;
     if (checkpoints && segmentEnds) {
-      CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt, o.config};
+      CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt,
+                             o.config, g.flags()};
       if (g.training().shard != ShardMode::None) written.rank = info.rank;
       for (const std::string& note : checkpoints->write(g, state, written)) {
         std::cerr << ("spmd-run: note: --checkpoint: " + note + "\n") << std::flush;

@@ -57,6 +57,9 @@ struct CheckpointInfo {
   // The run's resolved configuration (spmd-train's config.toml), written
   // beside the members as config.toml when not empty; not in the manifest.
   std::string config;
+  // The flags the artifact's stages recorded (Graph::flags()), in the
+  // manifest: a resume of another step names the flag that differs.
+  std::vector<std::vector<std::string>> flags;
 };
 
 // What a run's data is, as a resume compares it: "random inputs", or the
