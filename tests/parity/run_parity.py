@@ -2,17 +2,22 @@
 
   run_parity.py BIN_DIR [--case NAME ...] [--strict] [--sharded] [--list] [--keep]
                 [--python PY] [--timeout SECONDS] [--zoo DIR [--format pt|pt2|core.pt2 ...]]
+                [--tier core|long] [--reference-cache DIR]
 
 For each case it writes the reference with ddp_reference.py (PyTorch DDP on
 Gloo, N local processes) into a temporary folder, which also gives the data
-file, then runs spmd's pipeline on the same sample and data:
+file (with --reference-cache DIR, taken from DIR when an earlier run made it
+from the same inputs: see reference()), then runs spmd's pipeline on the same
+sample and data, in one process:
 
-  BIN/spmd-expand samples/X.pt <samples/X.inputs> OPTIMIZER-FLAGS
-    | BIN/spmd-split EXTRA-FLAGS | BIN/spmd-unroll --iters S | BIN/spmd-lower -o TMP/step.spmd
+  BIN/spmd-compile samples/X.pt <samples/X.inputs> OPTIMIZER-FLAGS EXTRA-FLAGS --iters S -o TMP/step.spmd
   BIN/spmd-run TMP/step.spmd --nproc N --steps S --data TMP/data.pt
     --save-params TMP/ours.pt --device cpu
 
-and compares rank 0's parameters with compare_params.py: bit for bit unless
+(the cases not unrolled, and the make_fx-exported steps, which start at
+spmd-split, run the tools: spmd-expand | spmd-split [| spmd-unroll] | spmd-lower)
+and compares rank 0's parameters as compare_params.py does (in this process
+when it runs the reference's python): bit for bit unless
 a case says why not (then rtol 1e-4, atol 1e-6). With --zoo DIR it runs the zoo's cases instead, on the models
 tests/zoo/gen_zoo.py wrote to DIR (NAME.pt, NAME.inputs). EXTRA-FLAGS (--bucket-cap-mb, --first-bucket-cap-mb,
 --ignore-param) go to spmd-split and to ddp_reference.py alike.
@@ -39,6 +44,7 @@ so the seeds are picked (seed 0 does so for cnn + --ignore-param fc.bias at
 step 5). The strict cases keep torch.optim's default eps 1e-8.
 """
 import argparse
+import hashlib
 import os
 import shlex
 import shutil
@@ -235,7 +241,7 @@ ZOO_CASES = [Case("zoo_" + name, name, ZOO_OPTIMIZERS.get(ZOO_OPTIMIZER_OF.get(n
     "swin_v2_t", "efficientnet_v2_s", "convnext_tiny", "resnet50",
     # T5's relative-position buckets (a float log cast back to int64).
     "t5_hf_style"]]
-TOOLS = ["spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-run"]
+TOOLS = ["spmd-expand", "spmd-split", "spmd-unroll", "spmd-lower", "spmd-compile", "spmd-run"]
 
 # `make test`'s tier (--tier core): each capability once (every optimizer,
 # buckets, ignored parameters, 3 and 4 ranks, exported steps, autocast and a
@@ -284,13 +290,15 @@ def run(argv, timeout, stdin=None, what=None, env=None):
     return proc.stdout
 
 
-def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None, zoo_formats=("pt",)):
+def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None, zoo_formats=("pt",),
+             reference_cache=None):
     """Runs one case in folder tmp; returns compare_params.py's last line (one per
     format, joined); raises Failure. zoo_module: with zoo_dir, the Python file whose
     ZOO builds the reference's models (tests/zoo/sweep_torchvision.py), not
     tests/zoo/zoo.py. zoo_formats: which of gen_zoo.py's files spmd reads, each
     trained against the one reference (pt: TorchScript; pt2, core.pt2:
-    torch.export programs, without --input flags)."""
+    torch.export programs, without --input flags). reference_cache: a folder
+    keeping DDP's results across runs (see reference)."""
     tools = {t: os.path.join(bin_dir, t) for t in TOOLS}
     missing = [t for t, path in tools.items() if not os.access(path, os.X_OK)]
     if missing:
@@ -300,11 +308,10 @@ def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None,
     optimizer = shlex.split(case.optimizer)
     data, ref = os.path.join(tmp, "data.pt"), os.path.join(tmp, "ref.pt")
 
-    run([python, os.path.join(HERE, "ddp_reference.py"), "--sample", case.sample, *optimizer,
-         "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data, "--out", ref,
-         "--seed", str(case.seed), "--model-pt", model, *shlex.split(case.extra), *(["--zoo"] if zoo_dir else []),
-         *(["--zoo-module", zoo_module] if zoo_module else [])], timeout,
-        what="ddp_reference.py")
+    kept = reference([python, os.path.join(HERE, "ddp_reference.py"), "--sample", case.sample, *optimizer,
+               "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data, "--out", ref,
+               "--seed", str(case.seed), "--model-pt", model, *shlex.split(case.extra), *(["--zoo"] if zoo_dir else []),
+               *(["--zoo-module", zoo_module] if zoo_module else [])], tmp, timeout, reference_cache)
     summaries = []
     for fmt in (zoo_formats if zoo_dir else ("pt",)):
         if fmt != "pt" and (unexportable := export_refusal(case, models)):
@@ -316,7 +323,61 @@ def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None,
             if len(zoo_formats) > 1 or fmt != "pt":
                 f.reason = f"{case.sample}.{fmt}: {f.reason}"
             raise
-    return "; ".join(summaries)
+    return ("DDP's results kept from an earlier run; " if kept else "") + "; ".join(summaries)
+
+
+def reference(argv, tmp, timeout, cache):
+    """Runs ddp_reference.py's argv, which writes its files (the data and the
+    reference's parameters, losses and buffers) into the empty folder tmp. With
+    cache, a folder, first looks for them there under a key of everything they
+    follow from: the command line but the folder, the text of ddp_reference.py
+    and of the model code it imports, the model file, and the python's torch and
+    torchvision versions. DDP's results do not depend on spmd, so a changed spmd
+    reuses them and a changed model or torch does not. Returns whether they
+    came from the cache."""
+    if cache is None:
+        run(argv, timeout, what="ddp_reference.py")
+        return False
+    key = hashlib.sha256(" ".join(a.replace(tmp, "TMP") for a in argv[1:]).encode())
+    model = argv[argv.index("--model-pt") + 1]
+    zoo_module = argv[argv.index("--zoo-module") + 1] if "--zoo-module" in argv else None
+    for source in (argv[1], os.path.join(ROOT, "samples", "models.py"), os.path.join(ROOT, "tests", "zoo", "zoo.py"),
+                   zoo_module, model):
+        if source:
+            with open(source, "rb") as f:
+                key.update(f.read())
+    key.update(torch_versions(argv[0]).encode())
+    kept = os.path.join(cache, key.hexdigest()[:32])
+    if not os.path.isdir(kept):
+        run(argv, timeout, what="ddp_reference.py")
+        os.makedirs(cache, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".new-", dir=cache)
+        for name in os.listdir(tmp):
+            if name.endswith(".pt"):  # not the rendezvous's file store
+                shutil.copy(os.path.join(tmp, name), staging)
+        try:
+            os.rename(staging, kept)
+        except OSError:  # another run kept the same reference first
+            shutil.rmtree(staging, ignore_errors=True)
+        return False
+    for name in os.listdir(kept):
+        shutil.copy(os.path.join(kept, name), tmp)
+    return True
+
+
+_versions = {}
+
+
+def torch_versions(python):
+    """The torch and torchvision versions python imports (asked once per python)."""
+    if python not in _versions and os.path.realpath(python) == os.path.realpath(sys.executable):
+        import torch
+        import torchvision
+        _versions[python] = f"{torch.__version__} {torchvision.__version__}"
+    if python not in _versions:
+        _versions[python] = run([python, "-c", "import torch, torchvision; print(torch.__version__, "
+                                 "torchvision.__version__)"], 120, what=python).decode().strip()
+    return _versions[python]
 
 
 # Zoo models torch.export (2.6) cannot export, whatever spmd does: in their
@@ -349,35 +410,64 @@ def run_spmd(case, tools, python, tmp, timeout, models, fmt, data, ref):
         run([python, os.path.join(HERE, "export_step.py"), "--sample", case.sample, *optimizer, "--out", dump], timeout,
             what="export_step.py", env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")))
         graph = run([tools["spmd-split"], dump, *extra, *shard], timeout)
+        lower(case, tools, graph, step, timeout)
     else:
         source = os.path.join(models, case.sample + "." + fmt)
         if case.program:
             source, inputs = os.path.join(ROOT, case.program), []
         elif fmt != "pt":
             inputs = []
-        graph = run([tools["spmd-expand"], source, *inputs, *optimizer], timeout)
-        graph = run([tools["spmd-split"], *extra, *shard], timeout, stdin=graph)
-    # Cases run unrolled (the last bucket's update moved into the next
-    # iteration) unless they say not, and lowered with the optimizer fused
-    # into _foreach calls.
-    if case.unroll:
-        graph = run([tools["spmd-unroll"], "--iters", str(case.steps)], timeout, stdin=graph)
-    run([tools["spmd-lower"], "-o", step], timeout, stdin=graph)
+        if case.unroll:
+            # The four stages in one process: spmd-compile writes the artifact
+            # the tools piped write, byte for byte (CTest cli.compile checks that).
+            run([tools["spmd-compile"], source, *inputs, *optimizer, *extra, *shard, "--iters", str(case.steps),
+                 "-o", step], timeout)
+        else:
+            graph = run([tools["spmd-expand"], source, *inputs, *optimizer], timeout)
+            lower(case, tools, run([tools["spmd-split"], *extra, *shard], timeout, stdin=graph), step, timeout)
     # One intra-op thread a rank, as ddp_reference.py sets: oneDNN's convolution
     # backward sums in an order that follows the thread count on some CPUs
     # (AVX-512: resnet18's parameters then differ by up to 2e-3 after the case's steps).
     run([tools["spmd-run"], step, "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data,
          "--save-params", ours, "--device", "cpu"], timeout, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return compare(ours, ref, tolerance(case), python, timeout)
 
-    try:
-        proc = subprocess.run([python, os.path.join(HERE, "compare_params.py"), ours, ref,
-                               "--rtol", str(tolerance(case)[0]), "--atol", str(tolerance(case)[1])],
-                              cwd=ROOT, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise Failure(f"compare_params.py timed out after {timeout}s")
-    report = (proc.stdout + proc.stderr).decode(errors="replace")
-    if proc.returncode != 0:
-        last = report.strip().splitlines()[-1] if report.strip() else f"exit {proc.returncode}"
+
+def lower(case, tools, graph, step, timeout):
+    """spmd-unroll (for the cases run unrolled: the last bucket's update moved
+    into the next iteration) and spmd-lower of spmd-split's output graph."""
+    if case.unroll:
+        graph = run([tools["spmd-unroll"], "--iters", str(case.steps)], timeout, stdin=graph)
+    run([tools["spmd-lower"], "-o", step], timeout, stdin=graph)
+
+
+def compare(ours, ref, tol, python, timeout):
+    """compare_params.py's last line for ours against ref; raises Failure on a
+    mismatch. In this process when it runs the reference's python (torch is
+    then imported once, not once a case), else through compare_params.py."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        import io
+        import torch
+        sys.path.insert(0, HERE)
+        import compare_params
+        out = io.StringIO()
+        try:
+            bad = compare_params.compare(compare_params.as_dict(torch.load(ours, map_location="cpu"), ours),
+                                         compare_params.as_dict(torch.load(ref, map_location="cpu"), ref),
+                                         tol[0], tol[1], out)
+        except Exception as e:  # unreadable or not a dict of tensors
+            raise Failure(f"compare_params: {e}")
+        report, failed = out.getvalue(), bad != 0
+    else:
+        try:
+            proc = subprocess.run([python, os.path.join(HERE, "compare_params.py"), ours, ref,
+                                   "--rtol", str(tol[0]), "--atol", str(tol[1])],
+                                  cwd=ROOT, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise Failure(f"compare_params.py timed out after {timeout}s")
+        report, failed = (proc.stdout + proc.stderr).decode(errors="replace"), proc.returncode != 0
+    if failed:
+        last = report.strip().splitlines()[-1] if report.strip() else "no report"
         raise Failure("parameters differ from DDP's: " + last, report)
     return report.strip().splitlines()[-1] if report.strip() else ""
 
@@ -403,6 +493,8 @@ def main():
     p.add_argument("--sharded", action="store_true",
                    help="run the sharded cases (spmd-split --shard) instead of the others")
     p.add_argument("--zoo", metavar="DIR", help="run the zoo's cases, on tests/zoo/gen_zoo.py's files in DIR")
+    p.add_argument("--reference-cache", metavar="DIR",
+                   help="keep DDP's results in DIR and reuse them while the reference's inputs are the same")
     p.add_argument("--tier", choices=["core", "long"],
                    help="only make test's cases (core) or only the others (long); default every case")
     p.add_argument("--format", action="append", choices=["pt", "pt2", "core.pt2"],
@@ -442,7 +534,8 @@ def main():
         start = time.monotonic()
         try:
             summary = run_case(case, bin_dir, a.python, tmp, a.timeout, a.zoo and os.path.abspath(a.zoo),
-                               zoo_formats=tuple(a.format or ["pt"]))
+                               zoo_formats=tuple(a.format or ["pt"]),
+                               reference_cache=a.reference_cache and os.path.abspath(a.reference_cache))
         except Failure as f:
             failed += 1
             if os.listdir(tmp):

@@ -13,7 +13,13 @@ where torch.export cannot export the model, OUTDIR/NAME.pt2.error saying why.
 tests/parity/run_parity.py --zoo OUTDIR [--format pt2|core.pt2] trains them
 against DDP. Run with a python that imports torch and torchvision
 (/usr/bin/python3).
+
+OUTDIR/.stamp records what made the files (this file's and zoo.py's text, the
+torch and torchvision versions, the arguments): when it matches, the files are
+already there and nothing is written again (make test and make test-long each
+set the zoo up as a CTest fixture; the second finds it made).
 """
+import hashlib
 import os
 import re
 import sys
@@ -67,6 +73,25 @@ def export_program(model, args, stem):
     torch.export.save(program.run_decompositions(), stem + ".core.pt2")
 
 
+def stamp_of(names, pt2):
+    """What the files written for names depend on, as one hex digest."""
+    import torchvision
+    h = hashlib.sha256()
+    for source in (__file__, sys.modules["zoo"].__file__):
+        with open(source, "rb") as f:
+            h.update(f.read())
+    h.update(f"torch {torch.__version__} torchvision {torchvision.__version__} pt2 {pt2} {' '.join(names)}".encode())
+    return h.hexdigest()
+
+
+def written(out, names, pt2):
+    """Whether every file of names is in out (a .pt2.error counts for the programs)."""
+    def has(name, ext):
+        return os.path.exists(os.path.join(out, name + ext))
+    return all(has(n, ".pt") and has(n, ".inputs") and
+               (not pt2 or has(n, ".pt2.error") or (has(n, ".pt2") and has(n, ".core.pt2"))) for n in names)
+
+
 def main(argv):
     if not argv:
         print(__doc__.strip(), file=sys.stderr)
@@ -74,7 +99,15 @@ def main(argv):
     pt2 = "--pt2" in argv
     argv = [a for a in argv if a != "--pt2"]
     out, names = argv[0], argv[1:] or sorted(ZOO)
+    stamp, stamp_file = stamp_of(names, pt2), os.path.join(out, ".stamp")
+    if os.path.exists(stamp_file) and open(stamp_file).read().strip() == stamp and written(out, names, pt2):
+        print(f"{len(names)} models in {out} are up to date")
+        return 0
+    if os.path.exists(stamp_file):
+        os.remove(stamp_file)
     write(out, names, pt2=pt2)
+    with open(stamp_file, "w") as f:
+        f.write(stamp + "\n")
     print(f"wrote {len(names)} models to {out}")
     return 0
 
