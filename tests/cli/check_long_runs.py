@@ -165,6 +165,9 @@ def pytorch_reads_checkpoint():
     manifest = json.load(open(os.path.join(folder, "manifest.json")))
     report("manifest.json: format, step and world size", manifest["format"] == "spmd-checkpoint" and
            manifest["step"] == 3 and manifest["world_size"] == 1, manifest)
+    report("manifest.json: the command that wrote it", manifest.get("command") ==
+           ["spmd-run", artifact, "--device", "cpu", "--steps", "3", "--data", data, "--checkpoint", root],
+           manifest.get("command"))
     return artifact, data, root
 
 

@@ -154,8 +154,13 @@ int runAsRank(const std::string& tool, const std::function<Artifact()>& load, co
       notes.setFile(file);
       noteRunOddities(artifact.graph, notes);
     }
+    RunOptions recorded = options;
+    if (recorded.command.empty() && !argv.empty()) {
+      recorded.command = argv;
+      recorded.command.front() = tool;  // not the path it was started by
+    }
     try {
-      runTraining(artifact, rank && rank->worldSize > 1 ? rank : std::nullopt, options, std::cout);
+      runTraining(artifact, rank && rank->worldSize > 1 ? rank : std::nullopt, recorded, std::cout);
     } catch (Diagnostic& d) {
       d.inFile(file);
       throw;  // as it is: a JoinError stays one

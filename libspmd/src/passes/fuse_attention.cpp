@@ -18,7 +18,11 @@
 // memory-efficient kernel otherwise; dropout takes flash (bf16, fp16) or
 // memory-efficient attention, which draw their own mask from the run's
 // generator and hand its state to the backward (the keep mask spmd-expand
-// drew for the CPU is dropped).
+// drew for the CPU is dropped). A boolean mask becomes that bias once in
+// the graph (where(mask, 0, -inf) in q's dtype, shared by every attention
+// and backward that reads the mask), not once a call inside the op: a
+// model's one padding or sliding-window mask, read by every layer, was
+// made additive 2 x layers times a step.
 // Grouped-query attention's k and v go to cuDNN's kernel as they are
 // (LibTorch 2.11 and later); for the other kernels they are repeated to
 // q's heads inside the op, their gradients summed back. A kernel asked for
@@ -35,8 +39,11 @@
 
 #include <c10/core/MemoryFormat.h>
 
+#include <cmath>
 #include <map>
 #include <optional>
+#include <set>
+#include <utility>
 
 namespace spmd {
 namespace {
@@ -157,14 +164,50 @@ Arg multiplier(const Node& a) {
   return Arg::ofFloat(a.args[kAttentionDivide].b ? 1.0 / scale : scale);
 }
 
-void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kernel) {
+// The additive biases made of boolean masks, by mask and dtype: one each.
+using Biases = std::map<std::pair<ValueId, c10::ScalarType>, ValueId>;
+
+// The mask of attention `a` as its kernel takes it: an additive mask as it
+// is, a boolean one as where(mask, 0, -inf) in q's dtype (the values the op
+// would make of it), made once and placed after the mask's producer (or
+// before `a`, the first reader the program-order sweep meets, for a graph
+// input) so that every reader follows it.
+Arg biasOf(Graph& g, const Node& a, Biases& biases) {
+  if (!needsBias(a)) return Arg::none();
+  const ValueId mask = a.args[kAttentionMask].value;
+  const c10::ScalarType dtype = valueAt(g, a, kAttentionQuery).dtype;
+  if (g.value(mask).dtype != c10::ScalarType::Bool) return a.args[kAttentionMask];
+  if (auto it = biases.find({mask, dtype}); it != biases.end()) return Arg::tensor(it->second);
+  GraphBuilder b(g);
+  const Node* producer = g.producer(mask);
+  if (producer) {
+    b.setInsertionPointAfter(*producer);
+    b.setMeta(producer->meta);
+  } else {
+    b.setInsertionPoint(a);
+    b.setMeta(a.meta);
+  }
+  const std::string name = g.value(mask).name + ".bias";
+  auto f32 = biases.find({mask, c10::ScalarType::Float});
+  if (f32 == biases.end()) {
+    const ValueId where =
+        b.call("aten::where.Scalar", {Arg::tensor(mask), Arg::ofFloat(0.0), Arg::ofFloat(-INFINITY)}, name);
+    f32 = biases.emplace(std::make_pair(mask, c10::ScalarType::Float), where).first;  // where's dtype: the default, f32
+  }
+  if (dtype == c10::ScalarType::Float) return Arg::tensor(f32->second);
+  // After the f32 bias, wherever that was made.
+  b.setInsertionPointAfter(*g.producer(f32->second));
+  return Arg::tensor(biases[{mask, dtype}] = b.cast(f32->second, dtype, name));
+}
+
+void fuse(Graph& g, const Node& a, const Node* backward, const std::string& kernel, Biases& biases) {
+  const Arg bias = biasOf(g, a, biases);
   GraphBuilder b(g);
   b.setInsertionPoint(a);
   b.setMeta(a.meta);
   const Arg causal = Arg::ofBool(isCausal(a));
   const Arg scale = multiplier(a);
   const Arg dropout = Arg::ofFloat(dropoutOf(a));
-  const Arg bias = needsBias(a) ? a.args[kAttentionMask] : Arg::none();
   std::vector<Arg> qkv = {a.args[kAttentionQuery], a.args[kAttentionKey], a.args[kAttentionValue]};
   if (kernel == "gemm") qkv = contiguousForGemm(b, g, qkv);
   const std::string base = g.value(a.outputs[0]).name;
@@ -196,10 +239,17 @@ class AttentionToFusedKernel final : public RewritePattern {
         generated_(generated),
         fused_(fused) {}
 
+  // Boolean masks made additive (each once, in every dtype asked for).
+  int masksMadeAdditive() const {
+    std::set<ValueId> masks;
+    for (const auto& [key, bias] : biases_) masks.insert(key.first);
+    return static_cast<int>(masks.size());
+  }
+
   MatchResult matchAndRewrite(Graph& g, const Node& a) override {
     if (const std::optional<std::string> why = whyNotFused(g, a)) return MatchResult::failure(*why);
     const std::string kernel = kernelFor(g, a, kernel_, generated_);
-    fuse(g, a, backwardOf(g, a), kernel);
+    fuse(g, a, backwardOf(g, a), kernel, biases_);
     ++fused_[kernel];
     return MatchResult::success();
   }
@@ -208,6 +258,7 @@ class AttentionToFusedKernel final : public RewritePattern {
   std::string kernel_;
   bool generated_;
   std::map<std::string, int>& fused_;  // attentions fused, by kernel
+  Biases biases_;
 };
 
 class FuseAttentionPass final : public Pass {
@@ -223,6 +274,9 @@ class FuseAttentionPass final : public Pass {
       count("attention(s) run " + (kernel == "gemm" ? std::string("batched GEMMs around a generated softmax (gemm)")
                                                      : "ATen's " + kernel + " attention kernel"),
             n);
+    }
+    if (const int masks = pattern.masksMadeAdditive()) {
+      count("boolean mask(s) made additive once, for every attention that reads them", masks);
     }
     return !fused.empty();  // the keep masks spmd-expand drew for dropout are left to dce
   }

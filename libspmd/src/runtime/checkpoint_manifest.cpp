@@ -71,6 +71,7 @@ std::string manifestText(const CheckpointInfo& info) {
   if (!info.digests.empty()) j["digests"] = info.digests;
   if (info.rank) j["rank"] = *info.rank;
   if (!info.flags.empty()) j["flags"] = info.flags;
+  if (!info.command.empty()) j["command"] = info.command;
   return j.dump(2) + "\n";
 }
 
@@ -94,6 +95,7 @@ CheckpointInfo parseManifest(const std::string& path) {
     if (j.contains("data")) info.data = j.at("data").get<std::string>();
     if (j.contains("digests")) info.digests = j.at("digests").get<std::map<std::string, std::string>>();
     if (j.contains("flags")) info.flags = j.at("flags").get<std::vector<std::vector<std::string>>>();
+    if (j.contains("command")) info.command = j.at("command").get<std::vector<std::string>>();
     if (info.step < 0 || info.step > kMaxRunSteps) {
       throw Diagnostic("/step", std::to_string(info.step) + " is outside the steps a run can have (0 to " +
                                     std::to_string(kMaxRunSteps) + ")");

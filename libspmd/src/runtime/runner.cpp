@@ -295,7 +295,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     const bool segmentEnds = iteration == Iteration::Last || iteration == Iteration::Only;
     if (checkpoints && segmentEnds) {
       CheckpointInfo written{step + 1, info.worldSize, fingerprint, seed, lr, dataName, {}, std::nullopt,
-                             o.config, g.flags()};
+                             o.config, g.flags(), o.command};
       if (g.training().shard != ShardMode::None) written.rank = info.rank;
       for (const std::string& note : checkpoints->write(g, state, written)) {
         std::cerr << ("spmd-run: note: --checkpoint: " + note + "\n") << std::flush;

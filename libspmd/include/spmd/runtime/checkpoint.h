@@ -60,6 +60,9 @@ struct CheckpointInfo {
   // The flags the artifact's stages recorded (Graph::flags()), in the
   // manifest: a resume of another step names the flag that differs.
   std::vector<std::vector<std::string>> flags;
+  // The command that ran (spmd-run or spmd-train and its arguments, as
+  // given), in the manifest: what wrote the checkpoint; no resume compares it.
+  std::vector<std::string> command;
 };
 
 // What a run's data is, as a resume compares it: "random inputs", or the

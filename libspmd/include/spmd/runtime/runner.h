@@ -9,6 +9,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 namespace spmd {
 
@@ -39,6 +40,7 @@ struct RunOptions {
   bool resumeWeightsOnly = false;  // --resume-weights-only: take its parameters and buffers, start at step 0
   std::string initFrom;     // --init-from FILE: parameters and buffers from a PyTorch state_dict file
   std::string config;       // the resolved configuration (spmd-train), kept in every checkpoint as config.toml
+  std::vector<std::string> command;  // the tool and its arguments, as given, in every checkpoint's manifest
   std::string evalArtifact; // --eval FILE: the evaluation step (spmd-compile --eval-step)
   std::shared_ptr<const Artifact> evalStep;  // or that step already in memory (spmd-train; evalArtifact names it)
   int evalEvery = 0;        // --eval-every N: evaluate after every N-th step and after the last
