@@ -50,6 +50,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createLinearReluPass, "linear-relu"},
       {"cat-views", "a cat of reshaped [..., H, D] tensors (attention's q/k/v gradient) reads them itself, without their copies; spmd-lower runs it for --device cuda",
        createCatViewsPass},
+      {"cast-before-view", "a 16-bit cast of a reshape that nothing else reads made before the reshape, so the kernel that made the value writes it cast; spmd-lower runs it for --device cuda",
+       createCastBeforeViewPass},
       {"eager-batch-norm", "training-mode BatchNorm and its backward through ATen's choice of kernels (cuDNN where eager uses it); spmd-lower runs it for --device cuda",
        createEagerBatchNormPass},
       {"align-gemms", "GEMMs (mm, linear) whose operands cuBLAS would read with a leading dimension that is not a multiple of 16 bytes on zero-padded operands; spmd-lower runs it for CUDA",

@@ -184,7 +184,7 @@ void addLowerFlags(CLI::App& app, LowerOptions& options) {
   app.add_flag_callback("--no-fuse", [&options] { options.fuse = false; },
                         "keep the optimizer's per-parameter ops (no _foreach calls)");
   app.add_flag_callback("--no-generated-kernels", [&options] { options.generateKernels = false; },
-                        "CUDA: keep ATen's kernels (no generated kernels: dropout-mask-in-kernel, fuse-rows, fuse-pointwise, stack-to-kernel, cross-entropy-to-kernel, layer-norm-to-kernel, column-sum-to-kernel; fp32 attention: efficient, not gemm)");
+                        "CUDA: keep ATen's kernels (no generated kernels: cast-before-view, dropout-mask-in-kernel, fuse-rows, fuse-pointwise, stack-to-kernel, cross-entropy-to-kernel, layer-norm-to-kernel, column-sum-to-kernel; fp32 attention: efficient, not gemm)");
   app.add_option("--attention-kernel", options.attentionKernel,
                  "CUDA attention kernel: auto (bf16/fp16: cudnn up to head size 128, flash up to 256; fp32: gemm up "
                  "to 2048 keys; a mask other than the causal one: efficient; dropout: flash for bf16/fp16; else "

@@ -72,6 +72,8 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   if (cuda) names.push_back("eager-batch-norm");
   if (cuda) names.push_back("cat-views");
   if (cuda) names.push_back("dce");
+  if (cuda && o.generateKernels) names.push_back("cast-before-view");
+  if (cuda && o.generateKernels) names.push_back("dce");
   if (cuda && o.fuse) names.push_back("relu-to-gemm-epilogue");
   if (cuda && o.generateKernels) names.push_back("cross-entropy-to-kernel");
   if (cuda && o.generateKernels) names.push_back("layer-norm-to-kernel");

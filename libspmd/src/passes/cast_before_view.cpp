@@ -1,0 +1,88 @@
+// cast-before-view (spmd-lower runs it for --device cuda, before the passes
+// that make generated kernels): autocast's cast to bf16 or f16 of a reshape,
+// where that reshape has no other reader, becomes the reshape of the cast:
+//
+//   %view_1 = aten::view(%layer_norm, [-1, 768])                  (f32)
+//   %view_1.bf16 = aten::_to_copy(%view_1, torch.bfloat16, ...)
+//     -> %layer_norm.bf16 = aten::_to_copy(%layer_norm, torch.bfloat16, ...)
+//        %view_1.bf16 = aten::view(%layer_norm.bf16, [-1, 768])
+//
+// That is what a Linear written as a GEMM on flattened rows records under
+// autocast (transformers' Conv1D: x.view(-1, d) before addmm): the cast then
+// follows the op that made the value, so the kernel that op becomes writes
+// the 16-bit value itself (layer-norm-to-kernel takes the cast in, and
+// fuse-pointwise puts it in a generated kernel such as GELU's), instead of
+// writing the fp32 rows and a copy reading them back. GPT-2 has four such
+// casts a layer. The values are the same, bit for bit: a cast is element by
+// element, and it keeps a dense input's strides, so the reshape sees the
+// layout it saw. Upcasts are left alone (the losses' fused kernels read
+// them where they are), and so is a reshape of a strided view such as a
+// slice or an expand (no kernel makes such a value, so none could take the
+// cast in).
+#include "cast_match.h"
+#include "spmd/ir/builder.h"
+#include "spmd/ir/rewrite.h"
+#include "spmd/ops/op_traits.h"
+#include "spmd/passes/pass.h"
+#include "spmd/support/diagnostic.h"
+
+namespace spmd {
+namespace {
+
+// The ops this file matches (ir/op_name.h).
+struct Ops {
+  OpName view = OpName::known("aten::view");
+  OpName unsafe_view = OpName::known("aten::_unsafe_view");
+  OpName reshape = OpName::known("aten::reshape");
+};
+const Ops& ops() { return opTable<Ops>(); }
+
+bool isReshape(const Node& n) { return n.is(ops().view) || n.is(ops().unsafe_view) || n.is(ops().reshape); }
+
+// A 16-bit dtype autocast casts down to.
+bool isNarrowFloat(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
+
+class CastBeforeReshape final : public RewritePattern {
+ public:
+  CastBeforeReshape() : RewritePattern("cast-before-reshape", {"aten::_to_copy"}) {}
+
+  MatchResult matchAndRewrite(Graph& g, const Node& cast) override {
+    const c10::ScalarType to = g.value(cast.outputs[0]).dtype;
+    if (!isNarrowFloat(to) || !isCastTo(cast, to)) return MatchResult::skip();
+    const ValueId reshaped = cast.args[0].value;
+    const Node* reshape = g.producer(reshaped);
+    if (!reshape || !isReshape(*reshape) || reshape->args.size() != 2 || reshape->args[0].kind != Arg::Kind::Value ||
+        g.soleReader(reshaped) != &cast || g.readBeyondNodes(reshaped)) {
+      return MatchResult::skip();
+    }
+    const ValueId source = reshape->args[0].value;
+    const Node* made = g.producer(source);
+    if (made && (hasTrait(made->op, OpTrait::StridedView) || hasTrait(made->op, OpTrait::ViewOfFirstArgument) ||
+                 hasTrait(made->op, OpTrait::MayCopyOrAlias))) {
+      return MatchResult::skip();
+    }
+    if (!c10::isFloatingType(g.value(source).dtype) || g.value(source).dtype == to) return MatchResult::skip();
+    GraphBuilder b(g);
+    b.setInsertionPoint(cast);
+    b.setMeta(cast.meta);
+    const ValueId narrowed = b.cast(source, to, g.value(source).name + (to == c10::ScalarType::Half ? ".f16" : ".bf16"));
+    b.replace(cast, reshape->op, {Arg::tensor(narrowed), reshape->args[1]});
+    return MatchResult::success();
+  }
+};
+
+class CastBeforeViewPass final : public Pass {
+ public:
+  bool run(Graph& g, DiagnosticEngine&) override {
+    CastBeforeReshape pattern;
+    const int moved = applyPatternsGreedily(g, {&pattern}, nullptr).total();
+    count("16-bit cast(s) of a reshape made before it, where the value's kernel can write them", moved);
+    return moved > 0;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Pass> createCastBeforeViewPass(const PipelineOptions&) { return std::make_unique<CastBeforeViewPass>(); }
+
+}  // namespace spmd
