@@ -19,6 +19,12 @@
 // them where they are), and so is a reshape of a strided view such as a
 // slice or an expand (no kernel makes such a value, so none could take the
 // cast in).
+//
+// A reshape to the shape its input already has (autograd records them, as
+// around a LayerNorm's incoming gradient) goes too, its readers reading the
+// input: it gives the same sizes and strides, and it stood between a cast
+// and the kernel that takes the cast in (layer-norm-to-kernel's backward).
+// Kept where it is read beyond the nodes (an output or a state update).
 #include "cast_match.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ir/rewrite.h"
@@ -71,13 +77,33 @@ class CastBeforeReshape final : public RewritePattern {
   }
 };
 
+class IdentityReshape final : public RewritePattern {
+ public:
+  IdentityReshape() : RewritePattern("identity-reshape", {"aten::view", "aten::_unsafe_view", "aten::reshape"}) {}
+
+  MatchResult matchAndRewrite(Graph& g, const Node& reshape) override {
+    if (reshape.args.empty() || reshape.args[0].kind != Arg::Kind::Value) return MatchResult::skip();
+    const ValueId in = reshape.args[0].value, out = reshape.outputs[0];
+    if (g.value(in).shape != g.value(out).shape || g.value(in).dtype != g.value(out).dtype || g.readBeyondNodes(out) ||
+        g.users(out).empty()) {
+      return MatchResult::skip();
+    }
+    g.replaceAllUsesWith(out, in);
+    return MatchResult::success();
+  }
+};
+
 class CastBeforeViewPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine&) override {
-    CastBeforeReshape pattern;
-    const int moved = applyPatternsGreedily(g, {&pattern}, nullptr).total();
-    count("16-bit cast(s) of a reshape made before it, where the value's kernel can write them", moved);
-    return moved > 0;
+    CastBeforeReshape cast;
+    IdentityReshape identity;
+    const RewriteCounts counts = applyPatternsGreedily(g, {&cast, &identity}, nullptr);
+    if (counts.applied[0]) {
+      count("16-bit cast(s) of a reshape made before it, where the value's kernel can write them", counts.applied[0]);
+    }
+    if (counts.applied[1]) count("reshape(s) to the shape they had read through", counts.applied[1]);
+    return counts.total() > 0;
   }
 };
 
