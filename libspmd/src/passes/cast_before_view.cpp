@@ -20,6 +20,18 @@
 // slice or an expand (no kernel makes such a value, so none could take the
 // cast in).
 //
+// An upcast from bf16 or f16 that only a reshape reads moves the other way,
+// after the reshape, next to the op that reads it:
+//
+//   %g = aten::_to_copy(%mm_8, torch.float32, ...)          (%mm_8: bf16[8192, 768])
+//   %view = aten::view(%g, [8, 1024, 768])
+//   ... = aten::native_layer_norm_backward(%view, ...)
+//     -> %view16 = aten::view(%mm_8, [8, 1024, 768])
+//        %view = aten::_to_copy(%view16, torch.float32, ...)
+//
+// so that layer-norm-to-kernel's backward reads the bf16 gradient itself (a
+// GEMM's result, flattened rows, on its way back to [batch, length, d]).
+//
 // A reshape to the shape its input already has (autograd records them, as
 // around a LayerNorm's incoming gradient) goes too, its readers reading the
 // input: it gives the same sizes and strides, and it stood between a cast
@@ -31,6 +43,8 @@
 #include "spmd/ops/op_traits.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
+
+#include <string>
 
 namespace spmd {
 namespace {
@@ -47,6 +61,16 @@ bool isReshape(const Node& n) { return n.is(ops().view) || n.is(ops().unsafe_vie
 
 // A 16-bit dtype autocast casts down to.
 bool isNarrowFloat(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
+// The name suffix of a value in such a dtype, as autocast's casts are named.
+std::string suffixOf(c10::ScalarType t) { return t == c10::ScalarType::Half ? ".f16" : ".bf16"; }
+
+// Whether `v` is an op's fresh result or a graph input, not a strided view
+// (a slice, an expand, a transpose): a cast of it keeps its layout.
+bool isDenseValue(const Graph& g, ValueId v) {
+  const Node* made = g.producer(v);
+  return !made || !(hasTrait(made->op, OpTrait::StridedView) || hasTrait(made->op, OpTrait::ViewOfFirstArgument) ||
+                    hasTrait(made->op, OpTrait::MayCopyOrAlias));
+}
 
 class CastBeforeReshape final : public RewritePattern {
  public:
@@ -62,17 +86,38 @@ class CastBeforeReshape final : public RewritePattern {
       return MatchResult::skip();
     }
     const ValueId source = reshape->args[0].value;
-    const Node* made = g.producer(source);
-    if (made && (hasTrait(made->op, OpTrait::StridedView) || hasTrait(made->op, OpTrait::ViewOfFirstArgument) ||
-                 hasTrait(made->op, OpTrait::MayCopyOrAlias))) {
-      return MatchResult::skip();
-    }
+    if (!isDenseValue(g, source)) return MatchResult::skip();
     if (!c10::isFloatingType(g.value(source).dtype) || g.value(source).dtype == to) return MatchResult::skip();
     GraphBuilder b(g);
     b.setInsertionPoint(cast);
     b.setMeta(cast.meta);
-    const ValueId narrowed = b.cast(source, to, g.value(source).name + (to == c10::ScalarType::Half ? ".f16" : ".bf16"));
+    const ValueId narrowed = b.cast(source, to, g.value(source).name + suffixOf(to));
     b.replace(cast, reshape->op, {Arg::tensor(narrowed), reshape->args[1]});
+    return MatchResult::success();
+  }
+};
+
+class UpcastAfterReshape final : public RewritePattern {
+ public:
+  UpcastAfterReshape() : RewritePattern("upcast-after-reshape", {"aten::view", "aten::_unsafe_view", "aten::reshape"}) {}
+
+  MatchResult matchAndRewrite(Graph& g, const Node& reshape) override {
+    if (reshape.args.size() != 2 || reshape.args[0].kind != Arg::Kind::Value) return MatchResult::skip();
+    const ValueId wide = reshape.args[0].value;
+    const Node* cast = g.producer(wide);
+    if (!cast || !isCastTo(*cast, c10::ScalarType::Float) || g.soleReader(wide) != &reshape ||
+        !isNarrowFloat(g.value(cast->args[0].value).dtype) || !isDenseValue(g, cast->args[0].value)) {
+      return MatchResult::skip();
+    }
+    GraphBuilder b(g);
+    b.setInsertionPoint(reshape);
+    b.setMeta(reshape.meta);
+    const c10::ScalarType from = g.value(cast->args[0].value).dtype;
+    const ValueId narrow = b.call(reshape.op, {cast->args[0], reshape.args[1]},
+                                  g.value(reshape.outputs[0]).name + suffixOf(from));
+    std::vector<Arg> args = cast->args;
+    args[0] = Arg::tensor(narrow);
+    b.replace(reshape, "aten::_to_copy", args);
     return MatchResult::success();
   }
 };
@@ -97,12 +142,14 @@ class CastBeforeViewPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine&) override {
     CastBeforeReshape cast;
+    UpcastAfterReshape upcast;
     IdentityReshape identity;
-    const RewriteCounts counts = applyPatternsGreedily(g, {&cast, &identity}, nullptr);
+    const RewriteCounts counts = applyPatternsGreedily(g, {&cast, &identity, &upcast}, nullptr);
     if (counts.applied[0]) {
       count("16-bit cast(s) of a reshape made before it, where the value's kernel can write them", counts.applied[0]);
     }
     if (counts.applied[1]) count("reshape(s) to the shape they had read through", counts.applied[1]);
+    if (counts.applied[2]) count("upcast(s) from 16 bits made after the reshape that read them", counts.applied[2]);
     return counts.total() > 0;
   }
 };
