@@ -15,10 +15,9 @@
 // writing the fp32 rows and a copy reading them back. GPT-2 has four such
 // casts a layer. The values are the same, bit for bit: a cast is element by
 // element, and it keeps a dense input's strides, so the reshape sees the
-// layout it saw. Upcasts are left alone (the losses' fused kernels read
-// them where they are), and so is a reshape of a strided view such as a
-// slice or an expand (no kernel makes such a value, so none could take the
-// cast in).
+// layout it saw. A reshape of a strided view such as a slice or an expand
+// is left alone (no kernel makes such a value, so none could take the cast
+// in).
 //
 // An upcast from bf16 or f16 that only a reshape reads moves the other way,
 // after the reshape, next to the op that reads it:
@@ -65,7 +64,7 @@ bool isNarrowFloat(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 ||
 std::string suffixOf(c10::ScalarType t) { return t == c10::ScalarType::Half ? ".f16" : ".bf16"; }
 
 // Whether `v` is an op's fresh result or a graph input, not a strided view
-// (a slice, an expand, a transpose): a cast of it keeps its layout.
+// (a slice, an expand): a cast of it keeps its layout.
 bool isDenseValue(const Graph& g, ValueId v) {
   const Node* made = g.producer(v);
   return !made || !(hasTrait(made->op, OpTrait::StridedView) || hasTrait(made->op, OpTrait::ViewOfFirstArgument) ||
