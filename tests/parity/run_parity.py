@@ -309,9 +309,10 @@ def run_case(case, bin_dir, python, tmp, timeout, zoo_dir=None, zoo_module=None,
     data, ref = os.path.join(tmp, "data.pt"), os.path.join(tmp, "ref.pt")
 
     kept = reference([python, os.path.join(HERE, "ddp_reference.py"), "--sample", case.sample, *optimizer,
-               "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data, "--out", ref,
-               "--seed", str(case.seed), "--model-pt", model, *shlex.split(case.extra), *(["--zoo"] if zoo_dir else []),
-               *(["--zoo-module", zoo_module] if zoo_module else [])], tmp, timeout, reference_cache)
+                      "--nproc", str(case.nproc), "--steps", str(case.steps), "--data", data, "--out", ref,
+                      "--seed", str(case.seed), "--model-pt", model, *shlex.split(case.extra),
+                      *(["--zoo"] if zoo_dir else []), *(["--zoo-module", zoo_module] if zoo_module else [])],
+                     tmp, timeout, reference_cache)
     summaries = []
     for fmt in (zoo_formats if zoo_dir else ("pt",)):
         if fmt != "pt" and (unexportable := export_refusal(case, models)):
@@ -368,9 +369,15 @@ def reference(argv, tmp, timeout, cache):
 _versions = {}
 
 
+def is_this_python(python):
+    """Whether python is the interpreter running this file (then torch is
+    imported here, once, instead of in a process of its own)."""
+    return os.path.realpath(python) == os.path.realpath(sys.executable)
+
+
 def torch_versions(python):
     """The torch and torchvision versions python imports (asked once per python)."""
-    if python not in _versions and os.path.realpath(python) == os.path.realpath(sys.executable):
+    if python not in _versions and is_this_python(python):
         import torch
         import torchvision
         _versions[python] = f"{torch.__version__} {torchvision.__version__}"
@@ -445,10 +452,11 @@ def compare(ours, ref, tol, python, timeout):
     """compare_params.py's last line for ours against ref; raises Failure on a
     mismatch. In this process when it runs the reference's python (torch is
     then imported once, not once a case), else through compare_params.py."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    if is_this_python(python):
         import io
         import torch
-        sys.path.insert(0, HERE)
+        if HERE not in sys.path:
+            sys.path.insert(0, HERE)
         import compare_params
         out = io.StringIO()
         try:
