@@ -174,6 +174,43 @@ const FusionCase kStackCases[] = {
 )", 1},
 };
 
+// A forward and its backward whose element-wise values recompute-pointwise
+// computes again in the backward: transformers' GPT-2 MLP (gelu_new in fp32
+// on a GEMM's {D} rows, cast back for the next GEMM) and llama's SwiGLU.
+const FusionCase kRecomputeCase = {"gelu_new and SwiGLU with their backward", R"(graph
+  input %h: {D}[6,40,96] data
+  input %w: {D}[96,32] data
+  input %gy: {D}[240,32] data
+  input %gg: f32[6,40,96] data
+  input %gate: {D}[6,40,96] data
+  input %up: {D}[6,40,96] data
+  input %gs: {D}[6,40,96] data
+  %x: f32[6,40,96] = aten::_to_copy(%h, torch.float32, None, None, None, False, None)  # role=forward
+  %c: f32[6,40,96] = aten::pow.Tensor_Scalar(%x, 3.0)  # role=forward
+  %k: f32[6,40,96] = aten::mul.Scalar(%c, 0.044715)  # role=forward
+  %i: f32[6,40,96] = aten::add.Tensor(%x, %k, 1)  # role=forward
+  %j: f32[6,40,96] = aten::mul.Scalar(%i, 0.7978845608028654)  # role=forward
+  %t: f32[6,40,96] = aten::tanh(%j)  # role=forward
+  %a: f32[6,40,96] = aten::add.Scalar(%t, 1.0, 1)  # role=forward
+  %hx: f32[6,40,96] = aten::mul.Scalar(%x, 0.5)  # role=forward
+  %g: f32[6,40,96] = aten::mul.Tensor(%hx, %a)  # role=forward
+  %g.low: {D}[6,40,96] = aten::_to_copy(%g, torch.{T}, None, None, None, False, None)  # role=forward
+  %rows: {D}[240,96] = aten::view(%g.low, [240, 96])  # role=forward
+  %y: {D}[240,32] = aten::mm(%rows, %w)  # role=forward
+  %s: {D}[6,40,96] = aten::silu(%gate)  # role=forward
+  %p: {D}[6,40,96] = aten::mul.Tensor(%s, %up)  # role=forward
+  %rt: {D}[96,240] = aten::t(%rows)  # role=backward
+  %gw: {D}[96,32] = aten::mm(%rt, %gy)  # role=backward
+  %da: f32[6,40,96] = aten::mul.Tensor(%gg, %hx)  # role=backward
+  %dt: f32[6,40,96] = aten::tanh_backward(%da, %t)  # role=backward
+  %dx: f32[6,40,96] = aten::mul.Tensor(%gg, %a)  # role=backward
+  %dx2: f32[6,40,96] = aten::mul.Tensor(%dt, %x)  # role=backward
+  %d: f32[6,40,96] = aten::add.Tensor(%dx, %dx2, 1)  # role=backward
+  %dup: {D}[6,40,96] = aten::mul.Tensor(%gs, %s)  # role=backward
+  %dp: {D}[6,40,96] = aten::mul.Tensor(%gs, %p)  # role=backward
+  return (%y, %p, %gw, %d, %dup, %dp)
+)", 0};
+
 // Row programs (fuse-rows): reductions over the last dimension with the
 // element-wise ops around them, in the forms the importer and autograd
 // record (tests/zoo's llama_hf_style: RMSNorm in fp32 inside, attention's
@@ -427,6 +464,52 @@ TEST_CASE("a stack of generated kernels' results equals its ATen ops on the CPU"
         CHECK(at::equal(ran.fused[k], ran.unfused[k]));
       }
     }
+  }
+}
+
+namespace {
+
+// The same graph fused with and without recompute-pointwise before: the
+// recomputed values are the same ops on the same inputs, so every result is
+// the same, bit for bit, and the backward reads no value the forward kept
+// but the GEMM's input and the SwiGLU's gate and up.
+Ran runRecomputed(c10::ScalarType dtype, const at::Device& device) {
+  Graph kept = caseGraph(kRecomputeCase, dtype);
+  Graph recomputed = kept;
+  runPasses(kept, {"fuse-pointwise", "dce"}, PipelineOptions{}, DebugOptions{});
+  runPasses(recomputed, {"recompute-pointwise", "dce", "fuse-pointwise", "dce"}, PipelineOptions{}, DebugOptions{});
+  int clones = 0;
+  for (const Node& n : recomputed.nodes()) {
+    for (ValueId v : n.outputs) clones += recomputed.value(v).name.find(".recomputed") != std::string::npos;
+  }
+  REQUIRE(clones > 0);
+  for (const Node& n : recomputed.nodes()) {
+    if (n.meta.role != NodeRole::Backward) continue;
+    forEachTensorArg(n, [&](ValueId v) {
+      const Node* p = recomputed.producer(v);
+      INFO("backward node " << n.op << " reads " << recomputed.value(v).name);
+      CHECK((!p || p->meta.role != NodeRole::Forward || recomputed.value(v).name == "rows" ||
+             recomputed.value(v).name == "y"));
+    });
+  }
+  const auto inputs = randomInputs(kept, device);
+  return {Interpreter(kept).run(inputs).outputs, Interpreter(recomputed).run(inputs).outputs};
+}
+
+void requireSameBits(const Ran& ran) {
+  REQUIRE(ran.fused.size() == ran.unfused.size());
+  for (size_t k = 0; k < ran.fused.size(); ++k) {
+    INFO("output " << k);
+    CHECK(at::equal(ran.fused[k].cpu(), ran.unfused[k].cpu()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("values recomputed in the backward equal the kept ones on the CPU", "[fused]") {
+  for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    INFO(c10::toString(dtype));
+    requireSameBits(runRecomputed(dtype, at::kCPU));
   }
 }
 
@@ -688,6 +771,14 @@ TEST_CASE("generated pair kernels match ATen's CUDA kernels", "[fused][cuda]") {
                               dtype == at::kFloat ? 1e-6 : 1e-3);
       }
     }
+  }
+}
+
+TEST_CASE("values recomputed in the backward equal the kept ones on CUDA", "[fused][cuda]") {
+  if (!canCompileKernels()) FAIL("this CUDA build sees no GPU: run the [cuda] tests on the GPU machine");
+  for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    INFO(c10::toString(dtype));
+    requireSameBits(runRecomputed(dtype, at::Device(at::kCUDA, 0)));
   }
 }
 

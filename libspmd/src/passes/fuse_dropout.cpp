@@ -25,6 +25,11 @@
 // written or kept from the forward to the backward; the masks are not the
 // ones ATen's bernoulli would draw (README, "Dropout").
 //
+// A dropout of p = 0 (transformers' and torchvision's configurations leave
+// aten::dropout(x, 0.0, True) in the graph) is its input, as ATen returns
+// it: its readers read the input, and the op goes. Left in place, it stands
+// between element-wise ops as a random op no pass may move or repeat.
+//
 // Taken: a mask only a div.Scalar reads, whose quotient only element-wise
 // products of its own shape read (other value of the same shape). Other
 // masks keep ATen's bernoulli, with a note: feature dropout (a mask that
@@ -177,14 +182,34 @@ class DropoutMaskInKernel final : public RewritePattern {
   }
 };
 
+// aten::dropout(x, 0.0, train) and the feature and alpha forms: x itself.
+class ZeroDropout final : public RewritePattern {
+ public:
+  ZeroDropout()
+      : RewritePattern("zero-dropout", {"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout",
+                                        "aten::feature_alpha_dropout"}) {}
+  MatchResult matchAndRewrite(Graph& g, const Node& dropout) override {
+    const auto& a = dropout.args;
+    if (a.size() != 3 || a[0].kind != Arg::Kind::Value || !isScalar(a[1]) || scalarOf(a[1]) != 0.0 ||
+        g.users(dropout.outputs[0]).empty()) {
+      return MatchResult::skip();
+    }
+    g.replaceAllUsesWith(dropout.outputs[0], a[0].value);
+    return MatchResult::success();
+  }
+};
+
 class FuseDropoutPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine& diagnostics) override {
+    ZeroDropout zero;
+    const int identities = applyPatternsGreedily(g, {&zero}, nullptr).total();
+    if (identities) count("dropout(s) of p = 0 read as their input", identities);
     DropoutMaskInKernel pattern;
     const int taken = applyPatternsNotingFailures(g, {&pattern},
                                                   diagnostics, "dropout-mask-in-kernel: not fused: ").total();
     count("dropout mask(s) drawn inside generated kernels, none stored", taken);
-    return taken > 0;
+    return taken > 0 || identities > 0;
   }
 };
 

@@ -52,6 +52,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createCatViewsPass},
       {"cast-before-view", "a 16-bit cast of a reshape that nothing else reads made before the reshape, so the kernel that made the value writes it cast; spmd-lower runs it for --device cuda",
        createCastBeforeViewPass},
+      {"recompute-pointwise", "an element-wise result of the forward that the backward reads computed again in the backward from what its region read, when that keeps fewer bytes; spmd-lower runs it for --device cuda",
+       createRecomputePointwisePass},
       {"eager-batch-norm", "training-mode BatchNorm and its backward through ATen's choice of kernels (cuDNN where eager uses it); spmd-lower runs it for --device cuda",
        createEagerBatchNormPass},
       {"align-gemms", "GEMMs (mm, linear) whose operands cuBLAS would read with a leading dimension that is not a multiple of 16 bytes on zero-padded operands; spmd-lower runs it for CUDA",

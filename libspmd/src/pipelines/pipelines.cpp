@@ -86,6 +86,8 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   if (o.fuse) names.push_back("optimizer-to-foreach");
   if (cuda) names.push_back("align-gemms");
   if (cuda && o.fuse && o.generateKernels) names.push_back("dropout-mask-in-kernel");
+  if (cuda && o.fuse && o.generateKernels) names.push_back("recompute-pointwise");
+  if (cuda && o.fuse && o.generateKernels) names.push_back("dce");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-rows");
   if (cuda && o.fuse && o.generateKernels) names.push_back("fuse-pointwise");
   if (cuda && o.fuse && o.generateKernels) names.push_back("stack-to-kernel");
