@@ -194,11 +194,17 @@ TEST_CASE("sizes round up to 512 bytes; results left undefined take none", "[mem
 
 TEST_CASE("the plan prints as a summary and table, and as JSON", "[memory]") {
   Graph g = chain();
+  // a and b made by the forward, c and d by the backward: b is kept for it.
+  for (size_t k = 0; k < g.nodes().size(); ++k) {
+    g.metaOf(g.nodes()[k]).role = k < 2 ? NodeRole::Forward : NodeRole::Backward;
+  }
   MemoryPlan plan = planMemory(g);
   CHECK(printMemoryPlan(g, plan) ==
         "memory plan: 4 buffers, peak 8192 bytes (0.01 MiB), live-bytes bound 8192, without reuse 16384 bytes "
         "(saves 50.0%), inputs 4096 bytes\n"
         "model state per rank: parameters 0 bytes, gradients 0 bytes, optimizer state 0 bytes\n"
+        "kept from the forward for the backward: 1 buffers, 4096 bytes (0.00 MiB); results computed again in the "
+        "backward: 0\n"
         "largest buffers:\n"
         "  value       bytes      offset  lifetime\n"
         "  %a           4096           0  [0, 1]\n"
@@ -212,6 +218,7 @@ TEST_CASE("the plan prints as a summary and table, and as JSON", "[memory]") {
         "  \"unplanned_bytes\": 16384,\n"
         "  \"input_bytes\": 4096,\n"
         "  \"model_state\": {\"parameters\": 0, \"gradients\": 0, \"optimizer_state\": 0},\n"
+        "  \"kept_for_backward\": {\"buffers\": 1, \"bytes\": 4096, \"recomputed_values\": 0},\n"
         "  \"buffers\": [\n"
         "    {\"name\": \"a\", \"bytes\": 4096, \"offset\": 0, \"first\": 0, \"last\": 1},\n"
         "    {\"name\": \"b\", \"bytes\": 4096, \"offset\": 4096, \"first\": 1, \"last\": 2},\n"

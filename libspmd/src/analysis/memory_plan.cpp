@@ -262,6 +262,46 @@ std::string modelStateLine(const Graph& graph) {
   return out.str() + "\n";
 }
 
+// What the forward keeps for the backward: buffers a forward node makes
+// and a backward node reads last (directly or through a view), and the
+// results of recompute-pointwise's copies of forward ops (named
+// <value>.recomputed; a copy a generated kernel took in has no result of
+// its own).
+struct KeptForBackward {
+  int64_t buffers = 0;
+  int64_t bytes = 0;
+  int64_t recomputed = 0;
+};
+
+KeptForBackward keptForBackward(const Graph& graph, const MemoryPlan& plan) {
+  KeptForBackward k;
+  const auto& nodes = graph.nodes();
+  for (const BufferAssignment& b : plan.buffers) {
+    const bool placed = b.first >= 0 && b.last >= b.first && static_cast<size_t>(b.last) < nodes.size();
+    if (placed && nodes[b.first].meta.role == NodeRole::Forward && nodes[b.last].meta.role == NodeRole::Backward) {
+      ++k.buffers;
+      k.bytes += b.bytes;
+    }
+  }
+  static const std::string suffix = ".recomputed";
+  for (const Node& n : nodes) {
+    if (n.meta.role != NodeRole::Backward) continue;
+    for (ValueId v : n.outputs) {
+      if (v != kNoValue) k.recomputed += graph.value(v).name.find(suffix) != std::string::npos;
+    }
+  }
+  return k;
+}
+
+std::string keptForBackwardLine(const Graph& graph, const MemoryPlan& plan) {
+  const KeptForBackward k = keptForBackward(graph, plan);
+  std::ostringstream out;
+  out << "kept from the forward for the backward: " << k.buffers << " buffers, " << k.bytes << " bytes ("
+      << formatFixed(k.bytes / 1048576.0, 2) << " MiB); results computed again in the backward: " << k.recomputed
+      << "\n";
+  return out.str();
+}
+
 }  // namespace
 
 std::string printMemoryPlan(const Graph& graph, const MemoryPlan& plan) {
@@ -274,6 +314,7 @@ std::string printMemoryPlan(const Graph& graph, const MemoryPlan& plan) {
       << "%), inputs " << plan.inputBytes << " bytes\n";
   out << modelStateLine(graph);
   if (plan.buffers.empty()) return out.str();
+  out << keptForBackwardLine(graph, plan);
 
   // The largest buffers, in the order the planner placed them.
   std::vector<BufferAssignment> largest = plan.buffers;
@@ -302,6 +343,9 @@ std::string printMemoryPlanJson(const Graph& graph, const MemoryPlan& plan) {
   const ModelStateBytes m = modelStateBytes(graph);
   out += "  \"model_state\": {\"parameters\": " + std::to_string(m.parameters) + ", \"gradients\": " +
          std::to_string(m.gradients) + ", \"optimizer_state\": " + std::to_string(m.optimizerState) + "},\n";
+  const KeptForBackward k = keptForBackward(graph, plan);
+  out += "  \"kept_for_backward\": {\"buffers\": " + std::to_string(k.buffers) + ", \"bytes\": " +
+         std::to_string(k.bytes) + ", \"recomputed_values\": " + std::to_string(k.recomputed) + "},\n";
   out += "  \"buffers\": [";
   for (size_t i = 0; i < plan.buffers.size(); ++i) {
     const auto& b = plan.buffers[i];
