@@ -21,17 +21,18 @@
 // node has, wherever the op is fused.
 //
 // A region is a connected set of the forward's element-wise ops (those
-// fuse-pointwise computes, drawing no random mask); what it reads from
-// elsewhere (a GEMM's result, a LayerNorm's, parameters) is its frontier.
-// It is recomputed when the bytes of its values the backward reads are more
-// than twice the bytes of its frontier that would be kept for the backward
-// only because of the clones: recomputing costs time, so the memory saved
-// must be clear (a residual add of a bf16 GEMM result to the fp32 stream,
-// 24 MiB kept against 12, stays). Kept, with a note: regions computed from graph
-// inputs alone (autocast's casts of the weights, made once a step and read
-// by the forward and the backward alike, stay shared), regions of more than
-// kMaxRegionNodes ops, and regions whose frontier costs as much as they keep.
-// Ops of other iterations of an unrolled graph are left alone.
+// fuse-pointwise computes, drawing no random mask) and the views between
+// them; what it reads from other ops (a GEMM's result, a LayerNorm's, a
+// reduction) is its frontier. A minimum cut between the frontier and the
+// region's values the backward reads picks what to keep (cheapestToKeep):
+// a region value costs its bytes, a frontier value twice the bytes nothing
+// else keeps until the backward, plus one, so that recomputing must keep
+// fewer than half the bytes to be chosen: it costs time (a residual add of
+// a bf16 GEMM result to the fp32 stream, 24 MiB kept against 12, stays).
+// Ops that read no data, only parameters, buffers and constants, are in no
+// region (see regions()). Noted: regions kept as they are, regions of more
+// than kMaxRegionNodes ops (kept). Ops of other iterations of an unrolled
+// graph are left alone.
 #include "pointwise_groups.h"
 #include "spmd/ops/op_traits.h"
 #include "spmd/passes/pass.h"
