@@ -7,7 +7,10 @@
 // the one LibTorch's autograd runs (passes/derivatives.h); a forward call
 // whose backward reads results it does not return is replaced by the calls
 // it is made of. Integer values and frozen parameters get no gradient;
-// fan-out accumulates with aten::add. With --micro-batches N it
+// fan-out accumulates with aten::add, one gradient at a time in the order
+// eager's engine adds them: the last reader's first. A composite op whose
+// backward gives one input gradients along two paths (rms_norm) is replaced
+// by its parts first, so that each part's gradient is added in its turn. With --micro-batches N it
 // differentiates loss / N (the micro-batches pass then repeats forward and
 // backward). Does not reduce gradients across ranks
 // (grad-sync) or update parameters (optimizer).
@@ -52,7 +55,33 @@ struct Activity {
     }
     return false;
   }
+
+  // The values of `calls` (a composite's parts, in program order, that took
+  // its place): each depends on a parameter where an argument does, and
+  // feeds the loss where a later reader's result does.
+  void extend(const Graph& g, const std::vector<const Node*>& calls);
 };
+
+void Activity::extend(const Graph& g, const std::vector<const Node*>& calls) {
+  requiresGrad.resize(g.numValues(), false);
+  reachesLoss.resize(g.numValues(), false);
+  for (const Node* n : calls) {
+    bool any = false;
+    if (!createsFreshTensor(*n)) forEachTensorArg(*n, [&](ValueId v) { any = any || requiresGrad[v]; });
+    for (ValueId o : n->outputs) {
+      if (o != kNoValue) requiresGrad[o] = any && isFloating(g.value(o));
+    }
+  }
+  for (auto it = calls.rbegin(); it != calls.rend(); ++it) {
+    for (ValueId o : (*it)->outputs) {
+      if (o == kNoValue || reachesLoss[o]) continue;
+      for (const Node* reader : g.users(o)) {
+        for (ValueId r : reader->outputs) reachesLoss[o] = reachesLoss[o] || (r != kNoValue && reachesLoss[r]);
+      }
+      reachesLoss[o] = reachesLoss[o] || g.readBeyondNodes(o);
+    }
+  }
+}
 
 Activity analyse(const Graph& g, ValueId loss) {
   Activity a{std::vector<bool>(g.numValues(), false), std::vector<bool>(g.numValues(), false)};
@@ -138,7 +167,7 @@ std::string whereFlowStops(const Graph& g, const Node& n, const Activity& activi
 // (passes/derivatives.h). Nodes LibTorch cannot differentiate are reported
 // together, each with its source line, as are the nodes where the flow to
 // a parameter that reaches the loss but gets no gradient stops.
-void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
+void appendBackward(Graph& g, Activity activity, ValueId loss) {
   Differentiator differentiator(g);
   GraphBuilder b(g);
   b.setMeta(NodeMeta{"", NodeRole::Backward, -1, -1, IterationTag::Every});
@@ -147,9 +176,10 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
                        "grad_loss");
   auto needsGrad = [&](ValueId v) { return v < static_cast<ValueId>(activity.requiresGrad.size()) && activity.requiresGrad[v]; };
   std::vector<std::string> failures, stops;
-  const std::vector<const Node*> forward = snapshot(g.nodes());
-  for (auto it = forward.rbegin(); it != forward.rend(); ++it) {
-    const Node& node = **it;
+  std::vector<const Node*> forward = snapshot(g.nodes());  // taken from the back: the last node first
+  while (!forward.empty()) {
+    const Node& node = *forward.back();
+    forward.pop_back();
     if (node.meta.role == NodeRole::Unknown) g.metaOf(node).role = NodeRole::Forward;
     const Node before = node;  // differentiating may replace the node
     std::set<ValueId> received;
@@ -163,6 +193,12 @@ void appendBackward(Graph& g, const Activity& activity, ValueId loss) {
     if (activity.active(node) && any) {
       const NodeMeta backwardMeta{node.meta.source, NodeRole::Backward, -1, -1, IterationTag::Every};
       try {
+        const std::vector<const Node*> parts = differentiator.decomposeIfInputReadTwice(node, outGrads, needsGrad);
+        if (!parts.empty()) {  // `node` is gone; its parts are differentiated one by one, the last first
+          activity.extend(g, parts);
+          forward.insert(forward.end(), parts.begin(), parts.end());
+          continue;
+        }
         for (const Contribution& c : differentiator.differentiate(node, outGrads, needsGrad, backwardMeta)) {
           if (!needsGrad(c.input)) continue;
           accumulate(b, grads, c.input, c.grad);

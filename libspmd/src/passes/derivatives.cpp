@@ -19,10 +19,13 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
@@ -127,6 +130,8 @@ struct Recording {
   std::vector<std::pair<at::Tensor, ValueId>> gradOutputs;  // the output gradients fed in
   std::vector<RecordedCall> forward, backward;
   std::vector<std::pair<ValueId, at::Tensor>> inputGrads;   // per leaf that required grad
+  // A leaf that two or more of the op's backward steps give a gradient to.
+  bool leafReadTwice = false;
 };
 
 // Writes recorded calls into the graph: the tensors they read resolve to
@@ -341,6 +346,38 @@ class CallWriter {
 
 }  // namespace
 
+// Whether a leaf of `leaves` receives gradients along two or more edges of
+// the autograd graph that `outputs` were made with: the engine then adds the
+// leaf's gradients one at a time as they arrive (rms_norm reads its input in
+// pow and in mul).
+bool anyLeafReadTwice(const std::vector<at::Tensor>& outputs,
+                      const std::vector<std::pair<at::Tensor, ValueId>>& leaves) {
+  std::map<const torch::autograd::Node*, int> edgesInto;
+  for (const auto& [leaf, v] : leaves) {
+    if (leaf.requires_grad()) edgesInto[torch::autograd::impl::grad_accumulator(leaf).get()] = 0;
+  }
+  std::vector<torch::autograd::Node*> work;
+  std::set<torch::autograd::Node*> seen;
+  for (const at::Tensor& out : outputs) {
+    if (out.defined() && out.grad_fn()) work.push_back(out.grad_fn().get());
+  }
+  while (!work.empty()) {
+    torch::autograd::Node* fn = work.back();
+    work.pop_back();
+    if (!seen.insert(fn).second) continue;
+    for (const torch::autograd::Edge& e : fn->next_edges()) {
+      if (!e.function) continue;
+      auto it = edgesInto.find(e.function.get());
+      if (it != edgesInto.end()) {
+        if (++it->second >= 2) return true;
+      } else {
+        work.push_back(e.function.get());
+      }
+    }
+  }
+  return false;
+}
+
 struct Differentiator::State {
   explicit State(Graph& graph) : g(graph) {}
 
@@ -391,6 +428,7 @@ struct Differentiator::State {
                                  const NodeMeta& backwardMeta);
   void replaceByForwardCalls(const Node& original, const Node& node, const Recording& rec, CallWriter& w,
                              const TensorMap<ValueId>& results);
+  std::vector<const Node*> decompose(const Node& original, const Node& node, const Recording& rec);
 };
 
 Recording Differentiator::State::record(const Node& node, const c10::OperatorHandle& op,
@@ -429,6 +467,7 @@ Recording Differentiator::State::record(const Node& node, const c10::OperatorHan
     inputValues.push_back(v);
   }
   if (outs.empty() || inputs.empty()) return rec;
+  rec.leafReadTwice = anyLeafReadTwice(outs, rec.leaves);
   std::vector<at::Tensor> inputGrads;
   try {
     inputGrads = torch::autograd::grad(outs, inputs, grads, /*retain_graph=*/false, /*create_graph=*/false,
@@ -500,6 +539,30 @@ void Differentiator::State::replaceByForwardCalls(const Node& original, const No
   w.forgetForward();  // everything it made now exists in the forward
 }
 
+// The node's calls in its place, as replaceByForwardCalls writes them;
+// returns them in program order.
+std::vector<const Node*> Differentiator::State::decompose(const Node& original, const Node& node,
+                                                          const Recording& rec) {
+  CallWriter w(g, meta, node);
+  for (const auto& [t, v] : rec.leaves) w.bind(t, v);
+  TensorMap<ValueId> results;
+  for (size_t k = 0; k < rec.outputs.size() && k < node.outputs.size(); ++k) {
+    if (!rec.outputs[k].defined() || node.outputs[k] == kNoValue) continue;
+    results.bind(rec.outputs[k], node.outputs[k]);
+    if (!w.known(rec.outputs[k])) w.bind(rec.outputs[k], node.outputs[k]);
+  }
+  w.offerForward(rec.forward);
+  const size_t position = g.indexOf(original);
+  const Node* before = position > 0 ? &g.nodes()[position - 1] : nullptr;
+  const Node* next = position + 1 < g.nodes().size() ? &g.nodes()[position + 1] : nullptr;
+  replaceByForwardCalls(original, node, rec, w, results);
+  const size_t first = before ? g.indexOf(*before) + 1 : 0;
+  const size_t end = next ? g.indexOf(*next) : g.nodes().size();
+  std::vector<const Node*> calls;
+  for (size_t i = first; i < end; ++i) calls.push_back(&g.nodes()[i]);
+  return calls;
+}
+
 Differentiator::Differentiator(Graph& graph) : state_(std::make_unique<State>(graph)) { state_->propagateStrides(); }
 
 Differentiator::~Differentiator() = default;
@@ -513,6 +576,23 @@ std::vector<Contribution> Differentiator::differentiate(const Node& original, co
   const Recording rec = state_->record(node, *op, outGrads, needsGrad);
   if (rec.inputGrads.empty()) return {};
   return state_->emit(original, node, rec, backwardMeta);
+}
+
+std::vector<const Node*> Differentiator::decomposeIfInputReadTwice(const Node& original,
+                                                                   const std::vector<ValueId>& outGrads,
+                                                                   const std::function<bool(ValueId)>& needsGrad) {
+  // Taken for the composites known to give an input two gradients whose
+  // parts are element-wise ops and reductions. LSTM and GRU (their weights
+  // read at every time step) are not: their parts view and transpose the
+  // input, which the forward's rewriting does not yet rebuild right.
+  static const std::set<std::string> taken = {"aten::rms_norm"};
+  const Node node = original;
+  if (!taken.count(node.op)) return {};
+  auto op = findOperator(node);
+  if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return {};
+  const Recording rec = state_->record(node, *op, outGrads, needsGrad);
+  if (!rec.leafReadTwice || rec.forward.empty()) return {};
+  return state_->decompose(original, node, rec);
 }
 
 std::vector<std::string> derivativeSources() {

@@ -42,6 +42,17 @@ class Differentiator {
   std::vector<Contribution> differentiate(const Node& node, const std::vector<ValueId>& outGrads,
                                           const std::function<bool(ValueId)>& needsGrad, const NodeMeta& backwardMeta);
 
+  // For a composite op (CompositeImplicitAutograd: autograd differentiates
+  // the ops it calls) whose backward gives one of its inputs gradients along
+  // two or more paths (rms_norm reads its input in pow and in mul): replaces
+  // `node` in the forward by the calls its op is made of and returns them in
+  // program order, so that each is differentiated on its own and the
+  // input's gradients are added to the others it receives one at a time,
+  // as eager's engine adds them as they arrive. Otherwise returns nothing
+  // and leaves `node` as it is. Taken for rms_norm only (see the .cpp).
+  std::vector<const Node*> decomposeIfInputReadTwice(const Node& node, const std::vector<ValueId>& outGrads,
+                                                     const std::function<bool(ValueId)>& needsGrad);
+
  private:
   struct State;
   std::unique_ptr<State> state_;
