@@ -10,10 +10,10 @@
 // fan-out accumulates with aten::add, one gradient at a time in the order
 // eager's engine adds them: the last reader's first. A composite op whose
 // backward gives one input gradients along two paths (rms_norm) is replaced
-// by its parts first, so that each part's gradient is added in its turn. With --micro-batches N it
-// differentiates loss / N (the micro-batches pass then repeats forward and
-// backward). Does not reduce gradients across ranks
-// (grad-sync) or update parameters (optimizer).
+// by its parts first, so that each part's gradient is added in its turn.
+// With --micro-batches N it differentiates loss / N (the micro-batches pass
+// then repeats forward and backward). Does not reduce gradients across
+// ranks (grad-sync) or update parameters (optimizer).
 #include "spmd/ir/builder.h"
 #include "spmd/ir/printer.h"
 #include "spmd/passes/derivatives.h"

@@ -190,11 +190,12 @@ class ZeroDropout final : public RewritePattern {
                                         "aten::feature_alpha_dropout"}) {}
   MatchResult matchAndRewrite(Graph& g, const Node& dropout) override {
     const auto& a = dropout.args;
+    const ValueId out = dropout.outputs[0];
     if (a.size() != 3 || a[0].kind != Arg::Kind::Value || !isScalar(a[1]) || scalarOf(a[1]) != 0.0 ||
-        g.users(dropout.outputs[0]).empty()) {
+        (g.users(out).empty() && !g.isGraphOutput(out))) {
       return MatchResult::skip();
     }
-    g.replaceAllUsesWith(dropout.outputs[0], a[0].value);
+    g.replaceAllUsesWith(out, a[0].value);
     return MatchResult::success();
   }
 };
