@@ -4,9 +4,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include <atomic>
+#include <map>
+#include <set>
 
 namespace spmd {
 namespace {
@@ -75,6 +79,31 @@ std::vector<RecordedCall> DispatchTrace::take() {
   std::vector<RecordedCall> calls;
   calls.swap(calls_);
   return calls;
+}
+
+bool anyInputReadTwice(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs) {
+  std::map<const torch::autograd::Node*, int> edgesInto;  // by each input's gradient accumulator
+  for (const at::Tensor& input : inputs) edgesInto[torch::autograd::impl::grad_accumulator(input).get()] = 0;
+  std::vector<torch::autograd::Node*> work;
+  std::set<torch::autograd::Node*> seen;
+  for (const at::Tensor& out : outputs) {
+    if (out.defined() && out.grad_fn()) work.push_back(out.grad_fn().get());
+  }
+  while (!work.empty()) {
+    torch::autograd::Node* fn = work.back();
+    work.pop_back();
+    if (!seen.insert(fn).second) continue;
+    for (const torch::autograd::Edge& e : fn->next_edges()) {
+      if (!e.function) continue;
+      auto it = edgesInto.find(e.function.get());
+      if (it == edgesInto.end()) {
+        work.push_back(e.function.get());
+      } else if (++it->second >= 2) {
+        return true;
+      }
+    }
+  }
+  return false;
 }
 
 }  // namespace spmd

@@ -19,13 +19,10 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
@@ -346,38 +343,6 @@ class CallWriter {
 
 }  // namespace
 
-// Whether a leaf of `leaves` receives gradients along two or more edges of
-// the autograd graph that `outputs` were made with: the engine then adds the
-// leaf's gradients one at a time as they arrive (rms_norm reads its input in
-// pow and in mul).
-bool anyLeafReadTwice(const std::vector<at::Tensor>& outputs,
-                      const std::vector<std::pair<at::Tensor, ValueId>>& leaves) {
-  std::map<const torch::autograd::Node*, int> edgesInto;
-  for (const auto& [leaf, v] : leaves) {
-    if (leaf.requires_grad()) edgesInto[torch::autograd::impl::grad_accumulator(leaf).get()] = 0;
-  }
-  std::vector<torch::autograd::Node*> work;
-  std::set<torch::autograd::Node*> seen;
-  for (const at::Tensor& out : outputs) {
-    if (out.defined() && out.grad_fn()) work.push_back(out.grad_fn().get());
-  }
-  while (!work.empty()) {
-    torch::autograd::Node* fn = work.back();
-    work.pop_back();
-    if (!seen.insert(fn).second) continue;
-    for (const torch::autograd::Edge& e : fn->next_edges()) {
-      if (!e.function) continue;
-      auto it = edgesInto.find(e.function.get());
-      if (it != edgesInto.end()) {
-        if (++it->second >= 2) return true;
-      } else {
-        work.push_back(e.function.get());
-      }
-    }
-  }
-  return false;
-}
-
 struct Differentiator::State {
   explicit State(Graph& graph) : g(graph) {}
 
@@ -467,7 +432,7 @@ Recording Differentiator::State::record(const Node& node, const c10::OperatorHan
     inputValues.push_back(v);
   }
   if (outs.empty() || inputs.empty()) return rec;
-  rec.leafReadTwice = anyLeafReadTwice(outs, rec.leaves);
+  rec.leafReadTwice = anyInputReadTwice(outs, inputs);
   std::vector<at::Tensor> inputGrads;
   try {
     inputGrads = torch::autograd::grad(outs, inputs, grads, /*retain_graph=*/false, /*create_graph=*/false,

@@ -38,6 +38,12 @@ struct RecordedCall {
 using RecordingKeyHandler = bool (*)(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 RecordingKeyHandler setRecordingKeyHandler(RecordingKeyHandler handler);
 
+// Whether one of `inputs` (tensors requiring grad) receives gradients along
+// two or more edges of the autograd graph `outputs` were made with: the
+// engine then adds its gradients one at a time as they arrive (rms_norm
+// reads its input in pow and in mul).
+bool anyInputReadTwice(const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs);
+
 class DispatchTrace {
  public:
   DispatchTrace();
