@@ -304,6 +304,24 @@ std::string keptForBackwardLine(const Graph& graph, const MemoryPlan& plan) {
 
 }  // namespace
 
+ValueId memoryBaseOf(const Graph& graph, ValueId v) {
+  for (const Node* p = graph.producer(v); p; p = graph.producer(v)) {
+    const auto& outs = p->outputs;
+    const size_t k = static_cast<size_t>(std::find(outs.begin(), outs.end(), v) - outs.begin());
+    const ValueId base = outputAliasing(*p).at(k).base;
+    if (base == kNoValue) break;
+    v = base;
+  }
+  return v;
+}
+
+bool makesViewsOnly(const Node& node) {
+  const std::vector<OutputAliasing> aliasing = outputAliasing(node);
+  return !aliasing.empty() && std::all_of(aliasing.begin(), aliasing.end(), [](const OutputAliasing& a) {
+    return a.base != kNoValue && !a.ownsMemory;
+  });
+}
+
 std::string printMemoryPlan(const Graph& graph, const MemoryPlan& plan) {
   const double savedPercent =
       plan.unplannedBytes == 0 ? 0.0 : 100.0 * (plan.unplannedBytes - plan.peakBytes) / plan.unplannedBytes;

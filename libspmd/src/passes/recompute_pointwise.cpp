@@ -34,6 +34,7 @@
 // than kMaxRegionNodes ops (kept). Ops of other iterations of an unrolled
 // graph are left alone.
 #include "pointwise_groups.h"
+#include "spmd/analysis/memory_plan.h"
 #include "spmd/ops/op_traits.h"
 #include "spmd/passes/pass.h"
 #include "spmd/support/diagnostic.h"
@@ -56,37 +57,16 @@ bool isPlain(const Node& n, NodeRole role) { return n.meta.role == role && n.met
 bool isForward(const Node& n) { return isPlain(n, NodeRole::Forward); }
 bool isBackward(const Node& n) { return isPlain(n, NodeRole::Backward); }
 
-// Whether the op's result is a view of its first argument, never a copy.
-bool isPureView(const Node& n) {
-  static const std::set<std::string> plainViews = {"aten::view", "aten::t", "aten::unsqueeze", "aten::squeeze",
-                                                   "aten::view_as", "aten::alias"};
-  return plainViews.count(n.op) || hasTrait(n.op, OpTrait::StridedView) ||
-         hasTrait(n.op, OpTrait::ViewOfFirstArgument);
-}
-
-// Whether the op's result may share its first argument's memory.
-bool isViewLike(const Node& n) { return isPureView(n) || hasTrait(n.op, OpTrait::MayCopyOrAlias); }
-
 // A forward element-wise op that a generated kernel computes and that draws
 // nothing at random (the same op on the same inputs gives the same bits), or
 // a view, which costs nothing to make again (GPT-2's Conv1D flattens the
 // GELU's result before its GEMM, and the backward reads that view).
 bool isRecomputable(const Graph& g, const Node& n) {
   if (!isForward(n) || n.outputs.size() != 1 || hasTrait(n.op, OpTrait::Random)) return false;
-  if (isPureView(n)) return !n.args.empty() && n.args[0].kind == Arg::Kind::Value;
+  if (makesViewsOnly(n)) return !n.args.empty() && n.args[0].kind == Arg::Kind::Value;
   if (!hasPointwiseDtypes(g, n)) return false;
   auto steps = translatePointwise(n);
   return steps && !drawsMask(*steps);
-}
-
-// The value whose memory `v` is a view of (itself when it owns its memory).
-ValueId viewBase(const Graph& g, ValueId v) {
-  for (const Node* p = g.producer(v); p && isViewLike(*p) && !p->args.empty() &&
-                                      p->args[0].kind == Arg::Kind::Value;
-       p = g.producer(v)) {
-    v = p->args[0].value;
-  }
-  return v;
 }
 
 bool readInBackward(const Graph& g, ValueId v) {
@@ -245,11 +225,11 @@ class RecomputePointwisePass final : public Pass {
     int64_t before = 0, after = 0, computed = 0;
     std::set<ValueId> memory;  // distinct memory the backward reads now
     for (ValueId v : read) {
-      const ValueId base = viewBase(g, v);
+      const ValueId base = memoryBaseOf(g, v);
       if (members.count(g.producer(base)) && memory.insert(base).second) before += bytes(g.value(base));
       if (keep.count(v)) continue;
       recomputed.push_back(v);
-      if (!isPureView(*g.producer(v))) ++computed;
+      if (!makesViewsOnly(*g.producer(v))) ++computed;
     }
     for (ValueId v : keep) after += members.count(g.producer(v)) ? bytes(g.value(v)) : extraBytesToKeep(g, v);
     if (computed == 0) {
@@ -284,7 +264,7 @@ class RecomputePointwisePass final : public Pass {
     for (const Node* n : region) {
       const ValueId v = n->outputs[0];
       const int k = index.at(v);
-      const int64_t cost = isPureView(*n) ? MinCut::kInfinite : g.readBeyondNodes(v) ? 0 : bytes(g.value(v));
+      const int64_t cost = makesViewsOnly(*n) ? MinCut::kInfinite : g.readBeyondNodes(v) ? 0 : bytes(g.value(v));
       cut.addEdge(2 * k, 2 * k + 1, cost);
       forEachTensorArg(*n, [&](ValueId a) { cut.addEdge(2 * index.at(a) + 1, 2 * k, MinCut::kInfinite); });
     }
@@ -333,7 +313,7 @@ class RecomputePointwisePass final : public Pass {
   // backward that nothing keeps alive now: none for graph inputs and for
   // memory the backward reads anyway, else the memory `f` views.
   static int64_t extraBytesToKeep(const Graph& g, ValueId f) {
-    const ValueId base = viewBase(g, f);
+    const ValueId base = memoryBaseOf(g, f);
     if (!g.producer(base) || readInBackward(g, f) || readInBackward(g, base) || g.readBeyondNodes(base)) return 0;
     return bytes(g.value(base));
   }

@@ -44,6 +44,12 @@ struct ModelStateBytes {
 };
 ModelStateBytes modelStateBytes(const Graph& graph);
 
+// The value whose memory `v` shares, as the plan resolves views and results
+// that may be views (reshape, contiguous): `v` itself when it owns its memory.
+ValueId memoryBaseOf(const Graph& graph, ValueId v);
+// Whether every result of `node` is a view of an argument, never a copy.
+bool makesViewsOnly(const Node& node);
+
 // The plan for `graph`, executed in node order; sizes are rounded up to 512
 // bytes as CUDA's caching allocator rounds them. Deterministic. The graph
 // must verify (every op resolves to a schema).
