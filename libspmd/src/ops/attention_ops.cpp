@@ -29,6 +29,7 @@
 #include <torch/version.h>
 
 #include <map>
+#include <numeric>
 #include <tuple>
 
 namespace spmd {
@@ -377,6 +378,38 @@ at::Tensor sumHeads(const at::Tensor& grad, int64_t groups) {
   return grad.unflatten(1, {grad.size(1) / groups, groups}).sum(2);
 }
 
+// The strides ATen's cuDNN attention gives a result of `shape` laid out
+// like `like` (its alloc_with_matching_layout): the dimensions filled in the
+// order of like's strides, the smallest first. For a q/k/v split out of a
+// packed projection that is the projection's row order, not [b, h, t, d].
+std::vector<int64_t> matchingStrides(const at::Tensor& like, at::IntArrayRef shape) {
+  std::vector<int64_t> order(shape.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto key = [&](int64_t d) { return like.stride(d) == 0 ? INT64_MAX : like.stride(d); };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key(a) < key(b); });
+  std::vector<int64_t> strides(shape.size());
+  int64_t next = 1;
+  for (int64_t d : order) {
+    strides[d] = next;
+    next *= shape[d];
+  }
+  return strides;
+}
+
+at::Tensor emptyMatching(const at::Tensor& like, at::IntArrayRef shape) {
+  return at::empty_strided(shape, matchingStrides(like, shape), like.options());
+}
+
+// `result` in the layout emptyMatching gives (what the meta function says),
+// copied there only where this LibTorch's kernel chose another.
+at::Tensor matchingLayout(const at::Tensor& result, const at::Tensor& like) {
+  const std::vector<int64_t> want = matchingStrides(like, result.sizes());
+  bool same = true;
+  for (int64_t d = 0; d < result.dim(); ++d) same = same && (result.size(d) == 1 || result.stride(d) == want[d]);
+  if (same) return result;
+  return at::empty_strided(result.sizes(), want, result.options()).copy_(result);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
     const at::Tensor& q, const at::Tensor& key, const at::Tensor& value, const c10::optional<at::Tensor>& mask,
     double scale, bool causal, double dropoutP, c10::string_view kernel) {
@@ -401,7 +434,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttention(
                                            {"scale", scale}});
   const auto [seed, offset] = rngResults(kernel);
   auto tensorAt = [&](size_t i) { return i < r.size() && r[i].isTensor() ? r[i].toTensor() : at::Tensor(); };
-  return {tensorAt(0), tensorAt(1), tensorAt(seed), tensorAt(offset)};
+  const at::Tensor out = kernel == "cudnn" ? matchingLayout(tensorAt(0), q) : tensorAt(0);
+  return {out, tensorAt(1), tensorAt(seed), tensorAt(offset)};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
@@ -427,6 +461,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
          {"max_k", k.size(-2)},        {"dropout_p", dropoutP},      {"is_causal", causal},
          {"scale", scale},             {"grad_input_mask", c10::List<bool>({true, true, true, false})}});
     grads = {r.at(0).toTensor(), r.at(1).toTensor(), r.at(2).toTensor()};
+    if (kernel == "cudnn") {
+      grads = {matchingLayout(std::get<0>(grads), q), matchingLayout(std::get<1>(grads), k),
+               matchingLayout(std::get<2>(grads), v)};
+    }
   }
   if (groupsOf(q, key) != 1 && groups == 1) {  // the kernel's own: contiguous, as the meta function says
     return {std::get<0>(grads), std::get<1>(grads).contiguous(), std::get<2>(grads).contiguous()};
@@ -435,14 +473,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackward(
 }
 
 // Shapes for the verifier (ATen's attention kernels have no meta kernels in
-// C++): what each kernel returns for dense 4-D inputs.
+// C++): what each kernel returns for dense 4-D inputs; cuDNN's results in
+// the layout of the tensor each is like (emptyMatching), which fusedAttention
+// and its backward hold to.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fusedAttentionMeta(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>&, double, bool,
     double, c10::string_view kernel) {
   TORCH_CHECK(q.dim() == 4, "spmd::fused_attention: query must be [batch, heads, length, head size]");
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
   const auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor out = at::empty({b, h, t, v.size(-1)}, q.options());
+  at::Tensor out = kernel == "cudnn" ? emptyMatching(q, {b, h, t, v.size(-1)}) : at::empty({b, h, t, v.size(-1)}, q.options());
   at::Tensor lse = kernel == "gemm"        ? at::empty({b, h, t, k.size(-2)}, f32)  // the probabilities
                    : kernel == "efficient" ? at::empty({b, h, (t + 31) / 32 * 32}, f32)
                                            : at::empty({b, h, t}, f32);
@@ -462,6 +502,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackwardMeta(
     const at::Tensor dkTransposed = at::empty({k.size(0), k.size(1), k.size(3), k.size(2)}, k.options());
     return {at::empty(q.sizes(), q.options()), dkTransposed.transpose(-2, -1), at::empty(v.sizes(), v.options())};
   }
+  if (kernel == "cudnn") return {emptyMatching(q, q.sizes()), emptyMatching(k, k.sizes()), emptyMatching(v, v.sizes())};
   return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
 }
 

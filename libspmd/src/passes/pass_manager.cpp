@@ -50,6 +50,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createLinearReluPass, "linear-relu"},
       {"cat-views", "a cat of reshaped [..., H, D] tensors (attention's q/k/v gradient) reads them itself, without their copies; spmd-lower runs it for --device cuda",
        createCatViewsPass},
+      {"copies-to-views", "contiguous copies of views that a stack or cuDNN attention could read in place (nn.MultiheadAttention's q/k/v and their gradients) as views; spmd-lower runs it for --device cuda",
+       createCopiesToViewsPass},
       {"cast-before-view", "a 16-bit cast of a reshape that nothing else reads made before the reshape, so the kernel that made the value writes it cast; spmd-lower runs it for --device cuda",
        createCastBeforeViewPass},
       {"recompute-pointwise", "an element-wise result of the forward that the backward reads computed again in the backward from what its region read, when that keeps fewer bytes; spmd-lower runs it for --device cuda",

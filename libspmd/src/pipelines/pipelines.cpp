@@ -71,6 +71,7 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   if (cuda) names.push_back("dce");
   if (cuda) names.push_back("eager-batch-norm");
   if (cuda) names.push_back("cat-views");
+  if (cuda) names.push_back("copies-to-views");
   if (cuda) names.push_back("dce");
   if (cuda && o.generateKernels) names.push_back("cast-before-view");
   if (cuda && o.generateKernels) names.push_back("dce");
