@@ -15,8 +15,11 @@
 // writing the fp32 rows and a copy reading them back. GPT-2 has four such
 // casts a layer. The values are the same, bit for bit: a cast is element by
 // element, and it keeps a dense input's strides, so the reshape sees the
-// layout it saw. A reshape of a strided view such as a slice or an expand
-// is left alone (no kernel makes such a value, so none could take the cast
+// layout it saw. A transpose or permute between the op and the cast (torch's
+// MultiheadAttention transposes its batch-first input to [length, batch,
+// d] after the LayerNorm) is taken the same way: the cast keeps the dense
+// value's strides, so the permuted view reads the same layout. A reshape
+// of a strided view such as a slice or an expand is left alone (no kernel makes such a value, so none could take the cast
 // in).
 //
 // An upcast from bf16 or f16 that only a reshape reads moves the other way,
@@ -53,10 +56,15 @@ struct Ops {
   OpName view = OpName::known("aten::view");
   OpName unsafe_view = OpName::known("aten::_unsafe_view");
   OpName reshape = OpName::known("aten::reshape");
+  OpName transpose = OpName::known("aten::transpose.int");
+  OpName permute = OpName::known("aten::permute");
+  OpName t = OpName::known("aten::t");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
 bool isReshape(const Node& n) { return n.is(ops().view) || n.is(ops().unsafe_view) || n.is(ops().reshape); }
+// A transpose or permute: the same elements in another order, a view of any tensor.
+bool isPermutation(const Node& n) { return n.is(ops().transpose) || n.is(ops().permute) || n.is(ops().t); }
 
 // A 16-bit dtype autocast casts down to.
 bool isNarrowFloat(c10::ScalarType t) { return t == c10::ScalarType::BFloat16 || t == c10::ScalarType::Half; }
@@ -80,7 +88,8 @@ class CastBeforeReshape final : public RewritePattern {
     if (!isNarrowFloat(to) || !isCastTo(cast, to)) return MatchResult::skip();
     const ValueId reshaped = cast.args[0].value;
     const Node* reshape = g.producer(reshaped);
-    if (!reshape || !isReshape(*reshape) || reshape->args.size() != 2 || reshape->args[0].kind != Arg::Kind::Value ||
+    if (!reshape || !(isReshape(*reshape) || isPermutation(*reshape)) || reshape->args.empty() ||
+        reshape->args[0].kind != Arg::Kind::Value ||
         g.soleReader(reshaped) != &cast || g.readBeyondNodes(reshaped)) {
       return MatchResult::skip();
     }
@@ -91,7 +100,9 @@ class CastBeforeReshape final : public RewritePattern {
     b.setInsertionPoint(cast);
     b.setMeta(cast.meta);
     const ValueId narrowed = b.cast(source, to, g.value(source).name + suffixOf(to));
-    b.replace(cast, reshape->op, {Arg::tensor(narrowed), reshape->args[1]});
+    std::vector<Arg> args = reshape->args;
+    args[0] = Arg::tensor(narrowed);
+    b.replace(cast, reshape->qualifiedName(), args);
     return MatchResult::success();
   }
 };
@@ -145,7 +156,7 @@ class CastBeforeViewPass final : public Pass {
     IdentityReshape identity;
     const RewriteCounts counts = applyPatternsGreedily(g, {&cast, &identity, &upcast}, nullptr);
     if (counts.applied[0]) {
-      count("16-bit cast(s) of a reshape made before it, where the value's kernel can write them", counts.applied[0]);
+      count("16-bit cast(s) of a reshape or transpose made before it, where the value's kernel can write them", counts.applied[0]);
     }
     if (counts.applied[1]) count("reshape(s) to the shape they had read through", counts.applied[1]);
     if (counts.applied[2]) count("upcast(s) from 16 bits made after the reshape that read them", counts.applied[2]);
