@@ -497,12 +497,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fusedAttentionBackwardMeta(
     const at::Tensor&, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     double, bool, double, c10::string_view kernel) {
-  if (groupsOf(q, k) != 1) return {at::empty_like(q), at::empty(k.sizes(), k.options()), at::empty(v.sizes(), v.options())};
+  const bool cudnn = kernel == "cudnn";
+  if (groupsOf(q, k) != 1) {
+    return {cudnn ? emptyMatching(q, q.sizes()) : at::empty_like(q), at::empty(k.sizes(), k.options()),
+            at::empty(v.sizes(), v.options())};
+  }
   if (kernel == "gemm") {
     const at::Tensor dkTransposed = at::empty({k.size(0), k.size(1), k.size(3), k.size(2)}, k.options());
     return {at::empty(q.sizes(), q.options()), dkTransposed.transpose(-2, -1), at::empty(v.sizes(), v.options())};
   }
-  if (kernel == "cudnn") return {emptyMatching(q, q.sizes()), emptyMatching(k, k.sizes()), emptyMatching(v, v.sizes())};
+  if (cudnn) return {emptyMatching(q, q.sizes()), emptyMatching(k, k.sizes()), emptyMatching(v, v.sizes())};
   return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
 }
 

@@ -52,6 +52,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createCatViewsPass},
       {"copies-to-views", "contiguous copies of views that a stack or cuDNN attention could read in place (nn.MultiheadAttention's q/k/v and their gradients) as views; spmd-lower runs it for --device cuda",
        createCopiesToViewsPass},
+      {"repeat-kv-to-gqa", "k and v repeated to q's heads before cuDNN's attention (transformers' repeat_kv) read as grouped-query heads, their gradients' sums the kernel's; spmd-lower runs it for --device cuda",
+       createRepeatKvToGqaPass},
       {"cast-before-view", "a 16-bit cast of a reshape that nothing else reads made before the reshape, so the kernel that made the value writes it cast; spmd-lower runs it for --device cuda",
        createCastBeforeViewPass},
       {"recompute-pointwise", "an element-wise result of the forward that the backward reads computed again in the backward from what its region read, when that keeps fewer bytes; spmd-lower runs it for --device cuda",

@@ -69,6 +69,8 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   std::vector<std::string> names = {"slice-grads"};
   if (cuda) names.push_back("attention-to-fused-kernel");
   if (cuda) names.push_back("dce");
+  if (cuda) names.push_back("repeat-kv-to-gqa");
+  if (cuda) names.push_back("dce");
   if (cuda) names.push_back("eager-batch-norm");
   if (cuda) names.push_back("cat-views");
   if (cuda) names.push_back("copies-to-views");

@@ -1,7 +1,8 @@
 // ir/view_pieces.h against ATen: a view of x.contiguous(), remade by the
 // recipe from a strided x, holds the same elements; where the recipe says
-// nothing can be made, none is. And copies-to-views, which rests on it: the
-// interpreter runs graphs with and without it, to the same bits.
+// nothing can be made, none is. And the passes that change layouts around
+// attention: the interpreter runs graphs with and without each, copies-to-
+// views to the same bits, repeat-kv-to-gqa to within the gradients' rounding.
 #include "spmd/ir/parser.h"
 #include "spmd/ir/view_pieces.h"
 #include "spmd/passes/pass.h"
@@ -216,5 +217,58 @@ TEST_CASE("copies-to-views: cuDNN attention reads the packed projection's heads 
   REQUIRE(at::hasCUDA());
   requireSameValues(runWithAndWithout(kPackedAttention, at::kBFloat16, at::kCUDA));
   requireSameValues(runWithAndWithout(kHeadGradients, at::kBFloat16, at::kCUDA));
+}
+
+// transformers' repeat_kv before cuDNN's attention (B 2, 4 query heads, 2
+// kv heads, L 64, D 32), k upcast in the backward as autocast leaves it.
+const char* kRepeatedKv = R"(graph
+  input %q: bf16[2,4,64,32] data
+  input %k: f32[2,2,64,32] data
+  input %v: bf16[2,2,64,32] data
+  input %g: bf16[2,4,64,32] data
+  %ku: f32[2,2,1,64,32] = aten::unsqueeze(%k, 2)
+  %ke: f32[2,2,2,64,32] = aten::expand(%ku, [2, 2, 2, 64, 32], False)
+  %kr: f32[2,4,64,32] = aten::reshape(%ke, [2, 4, 64, 32])
+  %kb: bf16[2,4,64,32] = aten::_to_copy(%kr, torch.bfloat16, None, None, None, False, None)
+  %vu: bf16[2,2,1,64,32] = aten::unsqueeze(%v, 2)
+  %ve: bf16[2,2,2,64,32] = aten::expand(%vu, [2, 2, 2, 64, 32], False)
+  %vr: bf16[2,4,64,32] = aten::reshape(%ve, [2, 4, 64, 32])
+  %o: bf16[2,4,64,32], %lse: f32[2,4,64], %seed: i64[], %off: i64[] = spmd::fused_attention(%q, %kb, %vr, None, 0.125, True, 0.0, "cudnn")
+  %dq: bf16[2,4,64,32], %dk: bf16[2,4,64,32], %dv: bf16[2,4,64,32] = spmd::fused_attention_backward(%g, %q, %kb, %vr, None, %o, %lse, %seed, %off, 0.125, True, 0.0, "cudnn")
+  %dk32: f32[2,4,64,32] = aten::_to_copy(%dk, torch.float32, None, None, None, False, None)
+  %dkv: f32[2,2,2,64,32] = aten::view(%dk32, [2, 2, 2, 64, 32])
+  %dks: f32[2,2,1,64,32] = aten::sum.dim_IntList(%dkv, [2], True, None)
+  %dkk: f32[2,2,64,32] = aten::squeeze.dim(%dks, 2)
+  %dvv: bf16[2,2,2,64,32] = aten::view(%dv, [2, 2, 2, 64, 32])
+  %dvs: bf16[2,2,1,64,32] = aten::sum.dim_IntList(%dvv, [2], True, None)
+  %dvk: bf16[2,2,64,32] = aten::squeeze.dim(%dvs, 2)
+  return (%o, %dq, %dkk, %dvk)
+)";
+
+TEST_CASE("repeat-kv-to-gqa: cuDNN attention on grouped heads equals it on their repeats", "[passes][cuda]") {
+  REQUIRE(at::hasCUDA());
+  const Graph repeated = parseListing(kRepeatedKv);
+  Graph grouped = repeated;
+  runPasses(grouped, {"repeat-kv-to-gqa", "dce"}, PipelineOptions{}, DebugOptions{});
+  int expands = 0;
+  for (const Node& n : grouped.nodes()) expands += n.op == "aten::expand";
+  CHECK(expands == 0);
+  at::manual_seed(3);
+  std::map<std::string, at::Tensor> inputs;
+  for (const auto& in : repeated.inputs()) {
+    const Value& v = repeated.value(in.value);
+    inputs[v.name] = at::randn(v.shape, at::TensorOptions().dtype(v.dtype).device(at::kCUDA));
+  }
+  const std::vector<at::Tensor> a = Interpreter(repeated).run(inputs).outputs, b = Interpreter(grouped).run(inputs).outputs;
+  REQUIRE(a.size() == b.size());
+  // The output and dq: the same bits (each query head reads its kv head's
+  // values). dk and dv: summed in fp32 inside the kernel and rounded once,
+  // where the repeats' gradients were rounded to bf16 and then summed.
+  CHECK(at::equal(a[0], b[0]));
+  CHECK(at::equal(a[1], b[1]));
+  for (size_t k = 2; k < a.size(); ++k) {
+    INFO("output " << k);
+    CHECK(at::allclose(a[k].to(at::kFloat), b[k].to(at::kFloat), 2e-2, 2e-2));
+  }
 }
 #endif
