@@ -12,7 +12,9 @@
 // node outside the group reads the group's values before it (the fused node
 // takes the place of its last member). An op that reads the values of two
 // or more such groups merges them, where the merged group may still end at
-// it (a * b - c * d is one kernel). Single ops stay as they are, but for
+// it (a * b - c * d is one kernel). An op none of whose producers' groups
+// it can join joins a group that reads one of its inputs too (siblings:
+// the kernel reads that input once). Single ops stay as they are, but for
 // dropout-mask-in-kernel's spmd::dropout_mul (whose mask only a generated kernel
 // draws) and a cast from bf16 or f16 up to f32 of at least kLoneCastElements
 // elements over a densely laid-out input (autocast's weight gradients, cast
@@ -30,6 +32,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -46,6 +49,9 @@ struct Ops {
   OpName reshape = OpName::known("aten::reshape");
 };
 const Ops& ops() { return opTable<Ops>(); }
+
+// How far below a sibling group an op may be to move up and join it.
+constexpr size_t kSiblingReach = 16;
 
 // The smallest lone upcast worth a generated kernel (smaller ones are
 // launch-bound either way).
@@ -142,13 +148,88 @@ class PointwiseFuser {
         mergeIfItCanEndAt(chosen, it->second, n);
       }
     });
+    const Node* node = &n;
+    if (chosen < 0) chosen = siblingGroupFor(node, shape);
     if (chosen < 0) {
       chosen = static_cast<int>(groups_.size());
       groups_.push_back(Group{{}, {}, shape});
     }
-    groups_[chosen].members.push_back({&n, std::move(*steps)});
-    groups_[chosen].nodes.insert(&n);
-    groupOf_[&n] = chosen;
+    groups_[chosen].members.push_back({node, std::move(*steps)});
+    groups_[chosen].nodes.insert(node);
+    groupOf_[node] = chosen;
+    forEachTensorArg(*node, [&](ValueId v) { readBy_[v].push_back(chosen); });
+  }
+
+  // A group that reads one of n's inputs too, over the same iteration,
+  // that n, read by no element-wise op, can join though neither reads the
+  // other (siblings: the kernel reads the shared input once): the group may
+  // end at n, or n, whose inputs
+  // are all there by the group's last member (or views of values that are,
+  // which move up with it) and which is at most kSiblingReach nodes after
+  // it, moves up to just after that member. That
+  // is a recomputed forward value beside the backward op that reads what it
+  // was computed from (GELU's recomputation for the next GEMM's weight
+  // gradient and GELU's backward both read the GEMM's output), a few nodes
+  // apart. Returns the group, or -1; `n` is where it is now.
+  int siblingGroupFor(const Node*& n, const std::vector<int64_t>& shape) {
+    if (!readOnlyByOtherOps(*n)) return -1;  // it may join its readers' group instead
+    int found = -1;
+    const Node* after = nullptr;
+    std::vector<const Node*> alongside;  // views n reads, moved up before it
+    forEachTensorArg(*n, [&](ValueId v) {
+      auto readers = readBy_.find(v);
+      if (found >= 0 || readers == readBy_.end()) return;
+      for (int index : readers->second) {
+        const Group& group = groups_[index];
+        if (group.members.empty() || group.shape != shape || !sameSchedule(*group.members.front().node, *n)) continue;
+        if (canEndGroupAt(g_, group.members, group.nodes, *n)) {
+          found = index;
+          return;
+        }
+        const Node* last = group.members.back().node;
+        if (std::optional<std::vector<const Node*>> views = movesUpTo(*n, *last)) {
+          found = index;
+          after = last;
+          alongside = *views;
+          return;
+        }
+      }
+    });
+    if (!after) return found;
+    for (const Node* view : alongside) after = &g_.insertAfter(*after, g_.extract(*view));
+    n = &g_.insertAfter(*after, g_.extract(*n));
+    return found;
+  }
+
+  // Whether no element-wise op reads `n`'s result (a GEMM does, through a
+  // view, say): then n would be no other group's member.
+  bool readOnlyByOtherOps(const Node& n) {
+    for (ValueId out : n.outputs) {
+      for (const Node* reader : g_.users(out)) {
+        if (hasPointwiseDtypes(g_, *reader) && translatePointwise(*reader)) return false;
+      }
+    }
+    return true;
+  }
+
+  // The nodes to move up with `n` so that it can follow `anchor` (views of
+  // values defined by then, which `n` reads), or nullopt where it cannot:
+  // not close below it, or an input made later by anything but such a view.
+  std::optional<std::vector<const Node*>> movesUpTo(const Node& n, const Node& anchor) {
+    const size_t at = g_.indexOf(anchor), from = g_.indexOf(n);
+    if (from <= at || from - at > kSiblingReach) return std::nullopt;
+    std::vector<const Node*> views;
+    bool ready = true;
+    forEachTensorArg(n, [&](ValueId v) {
+      const Node* p = g_.producer(v);
+      if (!p || g_.indexOf(*p) <= at) return;
+      const bool earlyView = p->is(ops().view) && p->args[0].kind == Arg::Kind::Value &&
+                             (!g_.producer(p->args[0].value) || g_.indexOf(*g_.producer(p->args[0].value)) <= at);
+      if (earlyView) views.push_back(p);
+      ready = ready && earlyView;
+    });
+    if (!ready) return std::nullopt;
+    return views;
   }
 
   // An op that reads two groups' values joins both: `other` is merged into
@@ -166,7 +247,10 @@ class PointwiseFuser {
     std::sort(merged.members.begin(), merged.members.end(), [&](const Candidate& a, const Candidate& b) {
       return g_.indexOf(*a.node) < g_.indexOf(*b.node);
     });
-    for (const Node* m : from.nodes) groupOf_[m] = into;
+    for (const Node* m : from.nodes) {
+      groupOf_[m] = into;
+      forEachTensorArg(*m, [&](ValueId v) { readBy_[v].push_back(into); });
+    }
     groups_[into] = std::move(merged);
     groups_[other] = Group{};
   }
@@ -174,6 +258,7 @@ class PointwiseFuser {
   Graph& g_;
   std::vector<Group> groups_;
   std::map<const Node*, int> groupOf_;
+  std::map<ValueId, std::vector<int>> readBy_;  // value -> the groups whose members read it
   int fusedOps_ = 0;
 };
 
