@@ -35,8 +35,9 @@
 // GEMM's result, flattened rows, on its way back to [batch, length, d]).
 //
 // A reshape to the shape its input already has (autograd records them, as
-// around a LayerNorm's incoming gradient) goes too, its readers reading the
-// input: it gives the same sizes and strides, and it stood between a cast
+// around a LayerNorm's incoming gradient), and a slice of a whole dimension
+// (what x[:, :, None] records around transformers' repeat_kv), go too, their
+// readers reading the input: it gives the same sizes and strides, and it stood between a cast
 // and the kernel that takes the cast in (layer-norm-to-kernel's backward).
 // Kept where it is read beyond the nodes (an output or a state update).
 #include "cast_match.h"
@@ -59,6 +60,7 @@ struct Ops {
   OpName transpose = OpName::known("aten::transpose.int");
   OpName permute = OpName::known("aten::permute");
   OpName t = OpName::known("aten::t");
+  OpName slice = OpName::known("aten::slice.Tensor");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
@@ -132,12 +134,22 @@ class UpcastAfterReshape final : public RewritePattern {
   }
 };
 
+// Whether `n` is a slice from the start of a dimension with step 1 (then,
+// keeping its input's shape, it is the whole of it: the same view).
+bool slicesFromStart(const Node& n) {
+  return n.is(ops().slice) && n.args.size() == 5 &&
+         (n.args[2].kind == Arg::Kind::None || (n.args[2].kind == Arg::Kind::Int && n.args[2].i == 0)) &&
+         n.args[4].kind == Arg::Kind::Int && n.args[4].i == 1;
+}
+
 class IdentityReshape final : public RewritePattern {
  public:
-  IdentityReshape() : RewritePattern("identity-reshape", {"aten::view", "aten::_unsafe_view", "aten::reshape"}) {}
+  IdentityReshape()
+      : RewritePattern("identity-reshape", {"aten::view", "aten::_unsafe_view", "aten::reshape", "aten::slice.Tensor"}) {}
 
   MatchResult matchAndRewrite(Graph& g, const Node& reshape) override {
     if (reshape.args.empty() || reshape.args[0].kind != Arg::Kind::Value) return MatchResult::skip();
+    if (reshape.is(ops().slice) && !slicesFromStart(reshape)) return MatchResult::skip();
     const ValueId in = reshape.args[0].value, out = reshape.outputs[0];
     if (g.value(in).shape != g.value(out).shape || g.value(in).dtype != g.value(out).dtype || g.readBeyondNodes(out) ||
         g.users(out).empty()) {
@@ -158,7 +170,7 @@ class CastBeforeViewPass final : public Pass {
     if (counts.applied[0]) {
       count("16-bit cast(s) of a reshape or transpose made before it, where the value's kernel can write them", counts.applied[0]);
     }
-    if (counts.applied[1]) count("reshape(s) to the shape they had read through", counts.applied[1]);
+    if (counts.applied[1]) count("reshape(s) and whole slice(s) gone, their readers reading what they viewed", counts.applied[1]);
     if (counts.applied[2]) count("upcast(s) from 16 bits made after the reshape that read them", counts.applied[2]);
     return counts.total() > 0;
   }
