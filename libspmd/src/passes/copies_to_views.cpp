@@ -166,7 +166,7 @@ bool isStack(const Node& n) {
 }
 
 // 1. clone(permutation of stack(xs, d)) -> stack(xs', d').
-bool stackIntoLayout(Graph& g, const std::vector<at::Tensor>&, const Node& copy) {
+bool stackIntoLayout(Graph& g, const Node& copy) {
   // Up from the copy through single-reader views to a stack.
   const Node* n = g.producer(copy.args[0].value);
   while (n && !isStack(*n)) {
@@ -213,7 +213,7 @@ bool stackIntoLayout(Graph& g, const std::vector<at::Tensor>&, const Node& copy)
 }
 
 // 2. stack(views of contiguous copies) -> view(stack(views of what they copied)).
-bool stackOfCopies(Graph& g, const std::vector<at::Tensor>&, const Node& stack) {
+bool stackOfCopies(Graph& g, const Node& stack) {
   std::vector<const Node*> copies;
   std::vector<ViewRecipe> recipes;
   for (ValueId x : stack.args[0].values) {
@@ -253,7 +253,7 @@ bool stackOfCopies(Graph& g, const std::vector<at::Tensor>&, const Node& stack) 
 
 // Whether `reader` reads `v` only where cuDNN's fused attention takes a
 // strided tensor: q, k and v, and the output's gradient.
-bool cudnnAttentionReads(const Graph& g, const Node& reader, ValueId v) {
+bool cudnnAttentionReads(const Node& reader, ValueId v) {
   std::vector<std::string_view> names;
   if (reader.is(ops().attention)) names = {"query", "key", "value"};
   else if (reader.is(ops().attentionBackward)) names = {"grad", "query", "key", "value"};
@@ -268,14 +268,13 @@ bool cudnnAttentionReads(const Graph& g, const Node& reader, ValueId v) {
     const Arg& a = argument(reader, name);
     if (a.kind == Arg::Kind::Value && a.value == v) ++allowed;
   }
-  (void)g;
   return reads > 0 && reads == allowed;
 }
 
 // 3. A contiguous copy only cuDNN attention reads, through views -> views of
 // what it copied.
 bool attentionReadsInPlace(Graph& g, const std::vector<at::Tensor>& meta, const Node& copy) {
-  const at::Tensor& x = meta[copy.args[0].value];
+  const at::Tensor& x = meta[copy.args[0].value];  // its strides: the verifier's
   if (!x.defined() || x.dim() == 0 || x.stride(-1) != 1) return false;
   // The views reached from the copy, and the values attention reads.
   std::vector<ValueId> frontier = {copy.outputs[0]}, reads;
@@ -287,7 +286,7 @@ bool attentionReadsInPlace(Graph& g, const std::vector<at::Tensor>& meta, const 
     for (const Node* r : g.users(v)) {
       if (isPureView(*r) && r->args[0].value == v) {
         frontier.insert(frontier.end(), r->outputs.begin(), r->outputs.end());
-      } else if (cudnnAttentionReads(g, *r, v)) {
+      } else if (cudnnAttentionReads(*r, v)) {
         readByAttention = true;
       } else {
         return false;
@@ -315,17 +314,25 @@ bool attentionReadsInPlace(Graph& g, const std::vector<at::Tensor>& meta, const 
   return true;  // the copy and its views: dce's
 }
 
-// Runs `rewrite` on every node `matches` picks, with the meta tensors of the
-// graph as it was; returns how many it rewrote.
+// The nodes `matches` picks that something reads, in program order (a
+// pass before may have left nodes it no longer reads; dce follows this one).
+template <typename Match>
+std::vector<const Node*> liveMatches(const Graph& g, Match matches) {
+  std::vector<const Node*> picked;
+  for (const Node* n : snapshot(g.nodes())) {
+    const bool read = std::any_of(n->outputs.begin(), n->outputs.end(),
+                                  [&](ValueId v) { return v != kNoValue && (!g.users(v).empty() || g.readBeyondNodes(v)); });
+    if (read && matches(*n)) picked.push_back(n);
+  }
+  return picked;
+}
+
+// Each sweep decides on the graph the one before left; returns how many
+// nodes `rewrite` rewrote.
 template <typename Match, typename Rewrite>
 int rewriteEach(Graph& g, Match matches, Rewrite rewrite) {
-  const std::vector<at::Tensor> meta = metaValues(g);
-  std::vector<const Node*> candidates;
-  for (const Node* n : snapshot(g.nodes())) {
-    if (matches(*n)) candidates.push_back(n);
-  }
   int rewritten = 0;
-  for (const Node* n : candidates) rewritten += rewrite(g, meta, *n) ? 1 : 0;
+  for (const Node* n : liveMatches(g, matches)) rewritten += rewrite(g, *n) ? 1 : 0;
   return rewritten;
 }
 
@@ -334,7 +341,9 @@ class CopiesToViewsPass final : public Pass {
   bool run(Graph& g, DiagnosticEngine&) override {
     const int layouts = rewriteEach(g, isContiguousCopy, stackIntoLayout);
     const int stacks = rewriteEach(g, isStack, stackOfCopies);
-    const int attentions = rewriteEach(g, isContiguousCopy, attentionReadsInPlace);
+    const std::vector<at::Tensor> meta = metaValues(g);
+    const int attentions = rewriteEach(
+        g, isContiguousCopy, [&](Graph& graph, const Node& copy) { return attentionReadsInPlace(graph, meta, copy); });
     count("stack(s) written in the order a copy made of them", layouts);
     count("stack(s) of copies reading what was copied", stacks);
     count("copies cuDNN attention reads as views instead", attentions);
