@@ -160,17 +160,17 @@ class PointwiseFuser {
     forEachTensorArg(*node, [&](ValueId v) { readBy_[v].push_back(chosen); });
   }
 
-  // A group that reads one of n's inputs too, over the same iteration,
-  // that n, read by no element-wise op, can join though neither reads the
-  // other (siblings: the kernel reads the shared input once): the group may
-  // end at n, or n, whose inputs
-  // are all there by the group's last member (or views of values that are,
-  // which move up with it) and which is at most kSiblingReach nodes after
-  // it, moves up to just after that member. That
-  // is a recomputed forward value beside the backward op that reads what it
-  // was computed from (GELU's recomputation for the next GEMM's weight
-  // gradient and GELU's backward both read the GEMM's output), a few nodes
-  // apart. Returns the group, or -1; `n` is where it is now.
+  // A group that reads one of n's inputs too, over the same iteration, that
+  // n, read by no element-wise op, can join though neither reads the other
+  // (siblings: the kernel reads the shared input once). The group may end at
+  // n; or n moves up to just after the group's last member, when it is at
+  // most kSiblingReach nodes below it and its inputs are there by then (or
+  // are views of values that are, which move up with it). That is a
+  // recomputed forward value beside the backward op that reads what it was
+  // computed from, a few nodes apart (GELU's recomputation for the next
+  // GEMM's weight gradient, and GELU's backward: both read the GEMM's
+  // output). Returns the group, or -1; `n` is then where the node is now.
+  // The nodes moved are behind the caller's walk already.
   int siblingGroupFor(const Node*& n, const std::vector<int64_t>& shape) {
     if (!readOnlyByOtherOps(*n)) return -1;  // it may join its readers' group instead
     int found = -1;
