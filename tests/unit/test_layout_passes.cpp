@@ -4,6 +4,7 @@
 // attention: the interpreter runs graphs with and without each, copies-to-
 // views to the same bits, repeat-kv-to-gqa to within the gradients' rounding.
 #include "spmd/ir/parser.h"
+#include "spmd/ir/verify.h"
 #include "spmd/ir/view_pieces.h"
 #include "spmd/passes/pass.h"
 #include "spmd/runtime/interpreter.h"
@@ -207,6 +208,18 @@ TEST_CASE("copies-to-views: attention's head gradients stacked without their cop
   for (c10::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     INFO(c10::toString(dtype));
     requireSameValues(runWithAndWithout(kHeadGradients, dtype, at::kCPU));
+  }
+}
+
+TEST_CASE("copies-to-views: the packed projection's copy goes, the graph verifying", "[passes]") {
+  // The rewrite itself needs no GPU: the attention reads views of %sq.
+  Graph g = listingIn(kPackedAttention, at::kBFloat16);
+  runPasses(g, {"copies-to-views", "dce"}, PipelineOptions{}, DebugOptions{});
+  CHECK(copiesIn(g) == 0);
+  CHECK(verifyGraph(g).empty());
+  for (const Node& n : g.nodes()) {
+    if (n.op != "spmd::fused_attention") continue;
+    for (size_t k = 0; k < 3; ++k) CHECK(g.producer(n.args[k].value)->op == "aten::permute");
   }
 }
 

@@ -127,8 +127,9 @@ std::optional<ViewRecipe> recipeFor(const Graph& g, const Node& copy, ValueId vi
 }
 
 // The recipe's views of `x`, in the view's shape where it is viewable (no
-// split), in its finer shape otherwise.
-ValueId applyRecipe(GraphBuilder& b, ValueId x, const ViewRecipe& r, const std::vector<int64_t>& viewShape) {
+// split), in its finer shape otherwise. `viewShape` is a copy: the graph's
+// values move as the builder adds some.
+ValueId applyRecipe(GraphBuilder& b, ValueId x, const ViewRecipe& r, const std::vector<int64_t> viewShape) {
   for (const ViewStep& s : r.steps) {
     x = s.select ? b.call("aten::select.int", {Arg::tensor(x), Arg::ofInt(s.dim), Arg::ofInt(s.index)}, "select")
                  : b.call("aten::unflatten.int", {Arg::tensor(x), Arg::ofInt(s.dim), intsArg(s.sizes)}, "unflatten");
@@ -177,7 +178,7 @@ bool stackIntoLayout(Graph& g, const Node& copy) {
   const Node& stack = *n;
   const at::Tensor e = replayViews(g, stack.outputs[0], copy.args[0].value);
   if (!e.defined()) return false;
-  const std::vector<int64_t>& stacked = g.value(stack.outputs[0]).shape;
+  const std::vector<int64_t> stacked = g.value(stack.outputs[0]).shape;
   const std::optional<std::vector<int64_t>> walks =
       permutationOfContiguous(stacked, e.sizes().vec(), e.strides().vec(), e.storage_offset());
   const int64_t d = stackDim(g, stack);

@@ -190,7 +190,10 @@ bool rewrite(Graph& g, const Node& attention) {
       b.setMeta(sum->meta);
       b.setInsertionPoint(*sum);
       ValueId summed = grad;
-      if (cast) summed = b.cast(summed, g.value(cast->outputs[0]).dtype, g.value(cast->outputs[0]).name);
+      if (cast) {
+        const std::string name = g.value(cast->outputs[0]).name;  // a copy: the builder adds values
+        summed = b.cast(summed, g.value(cast->outputs[0]).dtype, name);
+      }
       b.replace(*sum, "aten::unsqueeze", {Arg::tensor(summed), Arg::ofInt(2)});
     }
   }
@@ -200,10 +203,14 @@ bool rewrite(Graph& g, const Node& attention) {
 class RepeatKvToGqaPass final : public Pass {
  public:
   bool run(Graph& g, DiagnosticEngine&) override {
-    int rewritten = 0;
+    // The attentions first: a rewrite replaces nodes after its attention
+    // (the sums), which a walk over every node would meet freed.
+    std::vector<const Node*> attentions;
     for (const Node* n : snapshot(g.nodes())) {
-      if (n->is(ops().attention)) rewritten += rewrite(g, *n) ? 1 : 0;
+      if (n->is(ops().attention)) attentions.push_back(n);
     }
+    int rewritten = 0;
+    for (const Node* n : attentions) rewritten += rewrite(g, *n) ? 1 : 0;
     count("attention(s) read k and v as grouped-query heads instead of their repeats", rewritten);
     return rewritten > 0;
   }
