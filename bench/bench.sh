@@ -441,8 +441,19 @@ if [ "${ALLREDUCE:-1}" = 1 ]; then
     [ "$n" -gt 1 ] || continue
     lg=$WORK/logs/allreduce.$n.log
     if no_time_for allreduce "" "$n" "" "bench/allreduce.py"; then continue; fi
-    if bounded "$TIMEOUT" "$PY" bench/allreduce.py --nproc "$n" --device "$DEVICE" \
-        --sizes-mb "${ALLREDUCE_MB:-25,256,1024}" > "$WORK/logs/allreduce.$n.json" 2> "$lg"; then
+    # A second try after a failure: PyTorch's Gloo all-reduce on CPU ranks has hung
+    # once in a CI run (cut off at the timeout; 3.6 s when run again alone).
+    ran=0
+    : > "$lg"
+    for attempt in 1 2; do
+      if bounded "$TIMEOUT" "$PY" bench/allreduce.py --nproc "$n" --device "$DEVICE" \
+          --sizes-mb "${ALLREDUCE_MB:-25,256,1024}" > "$WORK/logs/allreduce.$n.json" 2>> "$lg"; then
+        ran=1
+        break
+      fi
+      log "all_reduce, $n GPU(s): attempt $attempt failed (see $lg)"
+    done
+    if [ "$ran" = 1 ]; then
       grep '"kind": "allreduce"' "$WORK/logs/allreduce.$n.json" >> "$RESULTS"
       log "all_reduce, $n GPU(s): $(tail -n 1 "$WORK/logs/allreduce.$n.json" | cut -c1-160)"
     else
