@@ -441,8 +441,8 @@ if [ "${ALLREDUCE:-1}" = 1 ]; then
     [ "$n" -gt 1 ] || continue
     lg=$WORK/logs/allreduce.$n.log
     if no_time_for allreduce "" "$n" "" "bench/allreduce.py"; then continue; fi
-    # A second try after a failure: PyTorch's Gloo all-reduce on CPU ranks has hung
-    # once in a CI run (cut off at the timeout; 3.6 s when run again alone).
+    # A second try after a failure: PyTorch's Gloo all-reduce on 2 CPU ranks has been
+    # seen to hang until the timeout, where a run again alone took 3.6 s.
     ran=0
     : > "$lg"
     for attempt in 1 2; do

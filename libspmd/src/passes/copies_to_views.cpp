@@ -39,15 +39,14 @@
 #include "spmd/analysis/memory_plan.h"
 #include "spmd/ir/boxing.h"
 #include "spmd/ir/builder.h"
-#include "spmd/ops/dispatch.h"
 #include "spmd/ir/rewrite.h"
 #include "spmd/ir/verify.h"
 #include "spmd/ir/view_pieces.h"
+#include "spmd/ops/dispatch.h"
 #include "spmd/passes/pass.h"
 
-#include <ATen/core/Tensor.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/Tensor.h>
 #include <c10/core/MemoryFormat.h>
 
 #include <algorithm>
