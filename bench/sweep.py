@@ -3,6 +3,7 @@ pipeline against eager PyTorch: does each one train, and if not, why.
 
   python3 bench/sweep.py BIN_DIR OUT_DIR [--tier ci|families|all] [--device cpu|cuda]
       [--format pt2 --format pt] [--only NAME ...] [--jobs N] [--timeout S] [--table FILE] [--list]
+  python3 bench/sweep.py --merge SWEEP.json [SWEEP.json ...] [--table FILE]
 
 Models (each built from a seeded small configuration, dropout and stochastic
 depth 0, wrapped so that forward returns the training loss):
@@ -588,7 +589,39 @@ def put_table(path, text):
         f.write(head + begin + "\n" + text + end + tail)
 
 
+def merge(paths, table_file):
+    """One table from the sweep.json files of several runs of one machine
+    (a device call's time limit cuts a sweep into parts): a later file's row
+    of a model and format replaces an earlier one's, except by 'not run'."""
+    env, rows = None, {}
+    for path in paths:
+        try:
+            with open(path) as f:
+                run = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"sweep.py: error: {path}: {first_line(e)}")
+        if env and (run["machine"], run["versions"]) != (env["machine"], env["versions"]):
+            raise SystemExit(f"sweep.py: error: {path}: another machine or other versions than {paths[0]}'s")
+        env = env or {k: v for k, v in run.items() if k != "results"}
+        for r in run["results"]:
+            key = (r["name"], r["format"])
+            if r["result"] != "not run" or key not in rows:
+                rows[key] = r
+    text = table(env, list(rows.values()), done=not any(r["result"] == "not run" for r in rows.values()))
+    if table_file:
+        put_table(table_file, text)
+    print(text, end="")
+    return 1 if any(r["result"] == "failed" for r in rows.values()) else 0
+
+
 def main(argv):
+    if argv and argv[0] == "--merge":
+        files = [a for a in argv[1:] if a != "--table"]
+        table_file = argv[argv.index("--table") + 1] if "--table" in argv[:-1] else None
+        files = [f for f in files if f != table_file]
+        if not files:
+            raise SystemExit("sweep.py: error: --merge takes the sweep.json files to merge")
+        return merge(files, table_file)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bin_dir")
     p.add_argument("out_dir")

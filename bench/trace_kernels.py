@@ -8,7 +8,12 @@ kernels, Triton's, ATen's others, copies) and by kernel, slowest first.
 A trace names its step count under "spmd" (both writers put it there). Device time is the sum of
 the kernels' own durations: where streams overlap it is more than the wall time. --json also writes
 the sums a step to FILE ({"steps", "device", "device_ms", "kernels" (kernels and copies), "by_kind":
-{kind: {"ms", "calls"}}}), which bench.sh records as the step's device time."""
+{kind: {"ms", "calls"}}}), which bench.sh records as the step's device time.
+
+Host-to-device copies on a stream other than the one that ran most of the work are listed as
+"overlapped upload" and left out of the device time: they are spmd-run's copies of the next step's
+batch, which run on a copy engine while the step computes (torch_step.py keeps its batch on the
+device and copies nothing)."""
 import argparse
 import collections
 import json
@@ -32,10 +37,20 @@ def kind_of(name):
     return "other ATen/CUDA"
 
 
+OVERLAPPED_UPLOAD = "overlapped upload"
+
+
 def device_events(trace):
-    for event in trace.get("traceEvents", []):
-        if event.get("ph") == "X" and event.get("cat") in DEVICE_CATEGORIES:
-            yield event["name"], float(event.get("dur", 0.0))
+    """(name, microseconds, kind) of each device event."""
+    events = [(e["name"], float(e.get("dur", 0.0)), (e.get("pid"), e.get("tid"))) for e in trace.get("traceEvents", [])
+              if e.get("ph") == "X" and e.get("cat") in DEVICE_CATEGORIES]
+    busy = collections.Counter()
+    for _, us, stream in events:
+        busy[stream] += us
+    main_stream = busy.most_common(1)[0][0] if busy else None
+    for name, us, stream in events:
+        upload = name.startswith("Memcpy HtoD") and stream != main_stream
+        yield name, us, OVERLAPPED_UPLOAD if upload else kind_of(name)
 
 
 def table(rows, steps, total, top):
@@ -58,18 +73,23 @@ def step_count(trace, source):
 def sums(trace):
     """({kernel name: [us, calls]}, {kind: [us, calls]}) over the whole trace."""
     by_name, by_kind = collections.defaultdict(lambda: [0.0, 0]), collections.defaultdict(lambda: [0.0, 0])
-    for name, us in device_events(trace):
-        for acc in (by_name[name], by_kind[kind_of(name)]):
+    for name, us, kind in device_events(trace):
+        for acc in (by_name[name] if kind != OVERLAPPED_UPLOAD else by_name[kind + ": " + name], by_kind[kind]):
             acc[0] += us
             acc[1] += 1
     return by_name, by_kind
 
 
+def step_totals(by_kind):
+    """Microseconds and launches of the step's own work (overlapped uploads left out)."""
+    own = [v for kind, v in by_kind.items() if kind != OVERLAPPED_UPLOAD]
+    return sum(us for us, _ in own), sum(calls for _, calls in own)
+
+
 def summarize(trace, top, source):
     steps = step_count(trace, source)
     by_name, by_kind = sums(trace)
-    total = sum(us for us, _ in by_name.values())
-    launches = sum(calls for _, calls in by_name.values())
+    total, launches = step_totals(by_kind)
     head = ["# %s: %d steps on %s; a step: %.3f ms of device time in %.1f kernels and copies"
             % (source, steps, trace["spmd"].get("device", "?"), total / steps / 1e3, launches / steps)]
     return "\n".join(head + ["# by kind"] + table(by_kind, steps, total, top) + ["# by kernel"]
@@ -80,9 +100,9 @@ def per_step(trace, source):
     """The sums a step, for results.jsonl: device milliseconds and kernels (and copies), in all and by kind."""
     steps = step_count(trace, source)
     _, by_kind = sums(trace)
-    return {"steps": steps, "device": trace["spmd"].get("device"),
-            "device_ms": sum(us for us, _ in by_kind.values()) / steps / 1e3,
-            "kernels": sum(calls for _, calls in by_kind.values()) / steps,
+    total, launches = step_totals(by_kind)
+    return {"steps": steps, "device": trace["spmd"].get("device"), "device_ms": total / steps / 1e3,
+            "kernels": launches / steps,
             "by_kind": {kind: {"ms": us / steps / 1e3, "calls": calls / steps}
                         for kind, (us, calls) in by_kind.items()}}
 

@@ -6,6 +6,11 @@
 #include "spmd/support/diagnostic.h"
 
 #include <ATen/ATen.h>
+#ifdef SPMD_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <map>
 
@@ -113,7 +118,62 @@ const at::Tensor& StepData::permutation(int64_t epoch, int64_t rows) const {
   return permutation_;
 }
 
+struct StepData::SideStream {
+#ifdef SPMD_WITH_CUDA
+  explicit SideStream(at::Device d) : stream(c10::cuda::getStreamFromPool(false, d.index())) {}
+  c10::cuda::CUDAStream stream;
+  at::cuda::CUDAEvent copied;  // recorded after the prefetched step's copies
+#else
+  explicit SideStream(at::Device) {}
+#endif
+};
+
 StepData::~StepData() = default;
+
+void StepData::prefetch(int step) {
+  if (!device_.is_cuda()) return;  // the CPU has no copy to overlap
+  if (next_.valid()) next_.get();  // one step ahead at most
+  if (!side_) side_ = std::make_unique<SideStream>(device_);
+  prefetched_ = step;
+  next_ = std::async(std::launch::async, [this, step] { return uploadAhead(step); });
+}
+
+TensorMap StepData::forStep(int step) {
+  if (next_.valid()) {
+    const int made = prefetched_;
+    TensorMap inputs = next_.get();
+    if (made == step) {
+      handOver(inputs);
+      return inputs;
+    }
+  }
+  return inputsOf(step);
+}
+
+// On the worker thread: the host's part now, the copies queued on the side
+// stream (their device memory comes from that stream's pool).
+TensorMap StepData::uploadAhead(int step) const {
+#ifdef SPMD_WITH_CUDA
+  c10::cuda::CUDAStreamGuard onSide(side_->stream);
+  TensorMap inputs = inputsOf(step);
+  side_->copied.record(side_->stream);
+  return inputs;
+#else
+  return inputsOf(step);
+#endif
+}
+
+// The step's stream waits for the side stream's copies, and the allocator
+// learns that it uses their memory (so that it is not reused under it).
+void StepData::handOver(const TensorMap& inputs) const {
+#ifdef SPMD_WITH_CUDA
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+  side_->copied.block(current);
+  for (const auto& [name, t] : inputs) t.record_stream(current);
+#else
+  (void)inputs;
+#endif
+}
 
 void StepData::checkTokenInputs() const {
   const std::vector<const Value*> inputs = dataInputs(graph_);
@@ -128,7 +188,7 @@ void StepData::checkTokenInputs() const {
   }
 }
 
-TensorMap StepData::forStep(int step) const {
+TensorMap StepData::inputsOf(int step) const {
   TensorMap inputs;
   at::Generator gen = at::detail::createCPUGenerator(seed_ * 1000003 + rank_.rank * 7919 + step);
   if (tokens_) {
@@ -144,7 +204,7 @@ TensorMap StepData::forStep(int step) const {
     for (const Value* v : dataInputs(graph_)) {
       auto opts = at::TensorOptions().dtype(v->dtype);
       at::Tensor t = c10::isFloatingType(v->dtype) ? at::randn(v->shape, gen, opts) : at::randint(0, 2, v->shape, gen, opts);
-      inputs[v->name] = t.to(device_);
+      inputs[v->name] = onDevice(t, device_);
     }
     return inputs;
   }

@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,10 +49,19 @@ class StepData {
   StepData(const Graph& g, const DataSource& source, uint64_t seed, const RankInfo& rank, at::Device device);
   ~StepData();
 
-  // Step `step`'s data inputs on the device.
-  TensorMap forStep(int step) const;
+  // Step `step`'s data inputs on the device: the ones prefetch(step) made,
+  // once the current stream has waited for their copy, or made now.
+  TensorMap forStep(int step);
+
+  // On CUDA: makes step `step`'s inputs on a worker thread, through pinned
+  // staging buffers and a copy on a side stream, so that the next step's
+  // batch is read and uploaded while the current one computes (at most one
+  // step ahead; a step's inputs follow from the step and the seed alone, so
+  // prefetched inputs are the ones forStep would make). Elsewhere nothing.
+  void prefetch(int step);
 
  private:
+  struct SideStream;
   struct Input {
     std::string name;
     at::Tensor all;  // [S, G, ...]
@@ -59,6 +69,9 @@ class StepData {
   // --shuffle: the permutation of epoch `epoch`'s S * G rows (the last asked for is kept).
   const at::Tensor& permutation(int64_t epoch, int64_t rows) const;
   void checkTokenInputs() const;
+  TensorMap inputsOf(int step) const;
+  TensorMap uploadAhead(int step) const;
+  void handOver(const TensorMap& inputs) const;
 
   const Graph& graph_;
   uint64_t seed_;
@@ -70,6 +83,9 @@ class StepData {
   bool shuffle_ = false;
   mutable int64_t permutationEpoch_ = -1;
   mutable at::Tensor permutation_;
+  std::unique_ptr<SideStream> side_;  // CUDA: prefetch's stream and its copy's event
+  int prefetched_ = -1;               // the step next_ makes
+  std::future<TensorMap> next_;       // last: joined before the members it reads go
 };
 
 }  // namespace spmd

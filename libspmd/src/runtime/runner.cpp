@@ -225,7 +225,7 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
   if (start >= steps) {
     throw Diagnostic("--steps", "the checkpoint is at step " + std::to_string(start) + " already: ask for more steps");
   }
-  const StepData data(g, DataSource{o.dataFile, o.tokens, o.tokenDtype, o.shuffle}, seed, info, device.device());
+  StepData data(g, DataSource{o.dataFile, o.tokens, o.tokenDtype, o.shuffle}, seed, info, device.device());
   std::optional<Evaluation> evaluation;
   if (!o.evalArtifact.empty()) {
     evaluation.emplace(EvalOptions{o.evalArtifact, o.evalStep, o.evalEvery, o.evalSteps,
@@ -274,6 +274,8 @@ void runTraining(const Artifact& artifact, const std::optional<RankInfo>& rankIn
     // A checkpoint or an evaluation reads finished state: each ends a segment.
     const Iteration iteration = iterationOf(step, start, steps, {every, evaluation ? o.evalEvery : 0});
     const std::vector<at::Tensor> outputs = plans->at(iteration).run(state, inputs, comm.get(), afterNode);
+    // The next batch is read and uploaded while this step computes.
+    if (step + 1 < steps) data.prefetch(step + 1);
     device.synchronize();
     StepReport report;
     report.step = step + 1;
