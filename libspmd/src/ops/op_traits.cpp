@@ -88,6 +88,7 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"spmd::gather_start", kCollective},
       {"spmd::gather_wait", kCollective},
       {"spmd::dropout_seed", kRandom},
+      {"spmd::flat_cat", kOwn},
       {"spmd::fused_adam", kOwn},
   };
   return table;

@@ -81,6 +81,7 @@ void ensureSpmdOpsRegistered() {
   ensureLayerNormOpsRegistered();
   ensureColumnSumOpsRegistered();
   ensureDropoutOpsRegistered();
+  ensureFlatCatOpsRegistered();
 }
 
 }  // namespace spmd

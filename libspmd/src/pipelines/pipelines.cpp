@@ -88,6 +88,8 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   if (cuda && o.cudagraphs) names.push_back("embedding-grad");
   if (o.fuse) names.push_back("optimizer-to-foreach");
   if (cuda) names.push_back("align-gemms");
+  if (cuda) names.push_back("pack-buckets");
+  if (cuda) names.push_back("dce");
   if (cuda && o.fuse && o.generateKernels) names.push_back("dropout-mask-in-kernel");
   if (cuda && o.fuse && o.generateKernels) names.push_back("recompute-pointwise");
   if (cuda && o.fuse && o.generateKernels) names.push_back("dce");

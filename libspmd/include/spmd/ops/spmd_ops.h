@@ -41,6 +41,9 @@
 //   spmd::column_sum        the sum over every dimension but the last (a bias's
 //                           gradient) as generated kernels on CUDA (spmd-lower's
 //                           column-sum-to-kernel; ops/column_sum_ops.cpp).
+//   spmd::flat_cat          tensors' elements one after the other, converted to
+//                           a dtype as they are copied (a bucket's packing:
+//                           spmd-lower's pack-buckets; ops/flat_cat_ops.cpp).
 //   spmd::fused             a group of pointwise ops as one generated kernel
 //                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
 //   spmd::dropout_seed      a seed for a dropout mask, and
@@ -61,6 +64,7 @@ void ensureCrossEntropyOpsRegistered();    // ops/cross_entropy_ops.cpp
 void ensureLayerNormOpsRegistered();       // ops/layer_norm_ops.cpp
 void ensureColumnSumOpsRegistered();       // ops/column_sum_ops.cpp
 void ensureDropoutOpsRegistered();         // ops/dropout_ops.cpp
+void ensureFlatCatOpsRegistered();         // ops/flat_cat_ops.cpp
 
 // The arguments of spmd::attention by position; spmd::attention_backward's
 // are the same after its first (the gradient).
