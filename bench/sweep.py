@@ -88,7 +88,8 @@ TIMM = {
 TIMM_SIZE = {"levit": 224, "swin": 224, "efficientformer": 224}
 
 _LM = dict(vocab_size=VOCAB)
-# transformers: (config class, model class, kind, config arguments, attention).
+# transformers: (config class, model class, kind, config arguments, attention: "sdpa" unless
+# given; "eager" where transformers 5 has no SDPA path for the architecture).
 HF = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", "lm",
              dict(n_layer=2, n_embd=64, n_head=2, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
@@ -97,7 +98,7 @@ HF = {
                       max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)),
     "gptj": ("GPTJConfig", "GPTJForCausalLM", "lm",
              dict(n_layer=2, n_embd=64, n_head=4, rotary_dim=8, n_positions=64, resid_pdrop=0.0, embd_pdrop=0.0,
-                  attn_pdrop=0.0)),
+                  attn_pdrop=0.0), "eager"),
     "opt": ("OPTConfig", "OPTForCausalLM", "lm",
             dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, ffn_dim=128, word_embed_proj_dim=64,
                  max_position_embeddings=64, dropout=0.0, attention_dropout=0.0)),
@@ -139,7 +140,8 @@ HF = {
                      attention_probs_dropout_prob=0.0)),
     "deberta_v2": ("DebertaV2Config", "DebertaV2ForMaskedLM", "mlm",
                    dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2,
-                        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+                        max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+                   "eager"),
     "t5": ("T5Config", "T5ForConditionalGeneration", "seq2seq",
            dict(num_layers=2, d_model=64, d_ff=128, num_heads=4, d_kv=16, dropout_rate=0.0, decoder_start_token_id=0,
                 pad_token_id=0)),
@@ -162,7 +164,7 @@ HF = {
              dict(image_size=32, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 2], window_size=4,
                   num_labels=10, drop_path_rate=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
     "convnext": ("ConvNextConfig", "ConvNextForImageClassification", "image",
-                 dict(hidden_sizes=[16, 32], depths=[1, 1], num_labels=10, drop_path_rate=0.0)),
+                 dict(hidden_sizes=[16, 32], depths=[1, 1], num_labels=10, drop_path_rate=0.0), "eager"),
 }
 TOKENS = 16  # sequence length of the language models
 
