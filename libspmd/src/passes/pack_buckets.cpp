@@ -40,7 +40,6 @@ struct Ops {
   OpName reshapeAlias = OpName::known("aten::_reshape_alias");
   OpName unsafeView = OpName::known("aten::_unsafe_view");
   OpName flatten = OpName::known("aten::flatten.using_ints");
-  OpName cat = OpName::known("aten::cat");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
