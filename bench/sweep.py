@@ -378,7 +378,19 @@ class StageError(Exception):
         self.stage, self.line = stage, line
 
 
+# The file where a worker notes the stage it is in (its model's folder's
+# "at"), so that a model cut off by --timeout can be reported with the stage.
+_AT = None
+
+
+def mark(stage):
+    if _AT:
+        with open(_AT, "w") as f:
+            f.write(stage)
+
+
 def run_tool(cmd, stage, timeout, stdin=None, env=None, times=None):
+    mark("running " + stage)
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, env=env)
@@ -441,9 +453,12 @@ def check(entry, bin_dir, work, device, formats, timeout, progress=None):
     """The results of one model, one per format (each also to `progress`
     as it comes)."""
     torch, _ = torch_modules()
+    global _AT
     folder = os.path.join(work, entry["name"])
     os.makedirs(folder, exist_ok=True)
+    _AT = os.path.join(folder, "at")
     base = {"name": entry["name"], "library": entry["library"], "family": entry["family"]}
+    mark("building the model")
     try:
         model, inputs = build(entry)
     except Exception as e:  # noqa: BLE001 - the model cannot be built here: reported
@@ -459,6 +474,7 @@ def check(entry, bin_dir, work, device, formats, timeout, progress=None):
         row = dict(base, format=fmt, params=params, inputs={n: s for n, (_, s, _) in inputs.items()}, times=times)
         started = time.monotonic()
         source = os.path.join(folder, "model." + fmt)
+        mark("writing its ." + fmt)
         try:
             write_format(model, example, fmt, source)
             times["write"] = round(time.monotonic() - started, 1)
@@ -470,6 +486,7 @@ def check(entry, bin_dir, work, device, formats, timeout, progress=None):
         try:
             ours = pipeline(bin_dir, source, specs, folder, device, timeout, times)
             if eager is None:
+                mark("training it in eager")
                 begun = time.monotonic()
                 eager = train_eager(copy.deepcopy(model), data, inputs, device)
                 floor = train_eager(nudged(model), data, inputs, device)
@@ -702,6 +719,10 @@ def finished(entry, result, formats, exitcode, late, timeout):
         with open(result) as f:
             rows = json.load(f)
     why = f"timed out after {timeout}s" if late else f"the worker ended with exit code {exitcode}"
+    at = os.path.join(os.path.dirname(result), entry["name"], "at")
+    if os.path.exists(at):
+        with open(at) as f:
+            why += f" while {f.read().strip()}"
     done = {r["format"] for r in rows}
     return rows + [dict(name=entry["name"], library=entry["library"], family=entry["family"], format=f,
                         result="failed", stage="sweep", why=why) for f in formats if f not in done]
