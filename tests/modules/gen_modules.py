@@ -384,6 +384,22 @@ class IndexGather(nn.Module):
         return rows.sum() + (cols * cols).sum()
 
 
+class IndexConstant(nn.Module):
+    """Indexing with Python lists, as Falcon's multi-query attention splits
+    its fused q/k/v (`fused[..., [-2], :]`): traced, each list becomes a
+    tensor constant (a 2-D one here too)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+
+    def forward(self, x):
+        h = self.fc(x).view(x.size(0), 4, 2)
+        key = h[..., [-2], :]
+        grid = h[:, torch.tensor([[0, 3], [1, 1]])]
+        return (key * key).sum() + grid.sum() * 0.5
+
+
 # ---- inputs -----------------------------------------------------------------
 
 
@@ -472,6 +488,7 @@ MODULES = [
      lambda: TinyResNet(2, 6, 3), [f32("x", 2, 2, 12, 12), f32("y", 2, 3)]),
     ("index_gather", "script", IndexGather, [f32("x", 4, 6)]),
     ("index_gather_traced", "trace", IndexGather, [f32("x", 4, 6)]),
+    ("index_constant_traced", "trace", IndexConstant, [f32("x", 4, 6)]),
     ("inplace_select", "script", InPlaceOnSelect, [f32("x", 4, 5)]),
     ("inplace_view", "script", InPlaceOnView, [f32("x", 4, 5)]),
     ("inplace_view_traced", "trace", InPlaceOnView, [f32("x", 4, 5)]),

@@ -282,24 +282,8 @@ class Converter {
     const c10::ScalarType dtype = pythonNumber ? wrappedNumberDtype(user, v, t) : t.scalar_type();
     const auto made = scalarTensors_.find({v, dtype});
     if (made != scalarTensors_.end()) return made->second;
-    Node node;
-    node.op = "aten::scalar_tensor";
-    node.meta.source = sourceOf(user);
-    const bool integral = !c10::isFloatingType(t.scalar_type()) && t.scalar_type() != c10::ScalarType::Bool;
-    node.args.push_back(integral ? Arg::ofInt(t.item<int64_t>())
-                        : t.scalar_type() == c10::ScalarType::Bool ? Arg::ofBool(t.item<bool>())
-                                                                   : Arg::ofFloat(t.item<double>()));
-    Arg dtypeArg;
-    dtypeArg.kind = Arg::Kind::DType;
-    dtypeArg.i = static_cast<int64_t>(dtype);
-    node.args.push_back(dtypeArg);
-    node.args.push_back(Arg::none());  // layout
-    node.args.push_back(Arg::none());  // device
-    node.args.push_back(Arg::none());  // pin_memory
-    ValueId id = newValue("scalar_tensor", dtype, {});
-    node.outputs.push_back(id);
+    ValueId id = elementTensor(user, t, dtype);
     scalarTensors_[{v, dtype}] = id;
-    graph_.addNode(std::move(node));
     return id;
   }
 
@@ -315,6 +299,68 @@ class Converter {
     return t.scalar_type();
   }
 
+  // A traced tensor constant of a few elements (an index list such as
+  // `x[..., [-2], :]` traces to one) as nodes: its elements as 0-dim
+  // tensors, stacked and shaped. Larger constants are refused: they are
+  // weights the model should hold as buffers.
+  static constexpr int64_t kMaxConstantElements = 64;
+
+  ValueId smallConstant(const jit::Node* user, const at::Tensor& constant) {
+    const at::Tensor flat = constant.contiguous().reshape({-1});
+    Node stack;
+    stack.op = "aten::stack";
+    stack.meta.source = sourceOf(user);
+    Arg elements;
+    elements.kind = Arg::Kind::Values;
+    for (int64_t i = 0; i < flat.numel(); ++i) {
+      elements.values.push_back(elementTensor(user, flat[i], constant.scalar_type()));
+    }
+    stack.args.push_back(std::move(elements));
+    stack.args.push_back(Arg::ofInt(0));
+    ValueId stacked = newValue("constant", constant.scalar_type(), {flat.numel()});
+    stack.outputs.push_back(stacked);
+    graph_.addNode(std::move(stack));
+    if (constant.dim() == 1) return stacked;
+    Node view;
+    view.op = "aten::view";
+    view.meta.source = sourceOf(user);
+    view.args.push_back(Arg::tensor(stacked));
+    Arg shape;
+    shape.kind = Arg::Kind::Ints;
+    shape.ints = constant.sizes().vec();
+    view.args.push_back(std::move(shape));
+    ValueId shaped = newValue("constant", constant.scalar_type(), constant.sizes().vec());
+    view.outputs.push_back(shaped);
+    graph_.addNode(std::move(view));
+    return shaped;
+  }
+
+  // One element of a constant as an aten::scalar_tensor of `dtype`.
+  ValueId elementTensor(const jit::Node* user, const at::Tensor& element, c10::ScalarType dtype) {
+    Node node;
+    node.op = "aten::scalar_tensor";
+    node.meta.source = sourceOf(user);
+    node.args.push_back(scalarArg(element));
+    Arg dtypeArg;
+    dtypeArg.kind = Arg::Kind::DType;
+    dtypeArg.i = static_cast<int64_t>(dtype);
+    node.args.push_back(dtypeArg);
+    node.args.push_back(Arg::none());  // layout
+    node.args.push_back(Arg::none());  // device
+    node.args.push_back(Arg::none());  // pin_memory
+    ValueId id = newValue("scalar_tensor", dtype, {});
+    node.outputs.push_back(id);
+    graph_.addNode(std::move(node));
+    return id;
+  }
+
+  static Arg scalarArg(const at::Tensor& t) {
+    const bool integral = !c10::isFloatingType(t.scalar_type()) && t.scalar_type() != c10::ScalarType::Bool;
+    return integral ? Arg::ofInt(t.item<int64_t>())
+           : t.scalar_type() == c10::ScalarType::Bool ? Arg::ofBool(t.item<bool>())
+                                                      : Arg::ofFloat(t.item<double>());
+  }
+
   ValueId tensorValue(const jit::Node* n, const jit::Value* v) {
     auto it = values_.find(v);
     if (it != values_.end()) return it->second;
@@ -327,8 +373,17 @@ class Converter {
       if (constant && constant->isTensor() && constant->toTensor().dim() == 0) {
         return scalarTensor(n, v, constant->toTensor());
       }
-      throw Diagnostic(describe(n), std::string(n->kind().toQualString()) +
-                                        " uses a tensor constant; register it as a buffer instead");
+      if (constant && constant->isTensor() && constant->toTensor().numel() <= kMaxConstantElements &&
+          constant->toTensor().numel() > 0) {
+        auto made = constants_.find(v);
+        if (made == constants_.end()) made = constants_.emplace(v, smallConstant(n, constant->toTensor())).first;
+        return made->second;
+      }
+      throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + " uses a tensor constant of " +
+                                        std::to_string(constant && constant->isTensor() ? constant->toTensor().numel()
+                                                                                         : 0) +
+                                        " elements (at most " + std::to_string(kMaxConstantElements) +
+                                        " are taken); register it as a buffer instead");
     }
     throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + " uses a value made by unsupported '" +
                                       v->node()->kind().toQualString() + "'");
@@ -399,6 +454,8 @@ class Converter {
   std::unordered_map<const jit::Value*, ValueId> values_;
   // The aten::scalar_tensor nodes made of 0-dim constants, by constant and dtype.
   std::map<std::pair<const jit::Value*, c10::ScalarType>, ValueId> scalarTensors_;
+  // The nodes made of larger constants (smallConstant), by constant.
+  std::unordered_map<const jit::Value*, ValueId> constants_;
   ShapeFolder folder_{graph_, values_};
   ViewTable views_;
   std::unordered_map<ValueId, std::string> producers_;

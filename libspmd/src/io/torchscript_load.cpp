@@ -20,6 +20,8 @@
 
 #include <cstring>
 #include <set>
+#include <sstream>
+#include <string>
 #include <utility>
 
 namespace spmd {
@@ -116,15 +118,32 @@ class UnreadReach {
   std::set<const c10::ivalue::Object*> visited_;
 };
 
+// The first line of a load error that says something, with the place in the
+// module's code it names, if any: the TorchScript compiler's reports begin
+// with an empty line and name the code's file and line further down.
+std::string loadErrorLine(const std::string& what) {
+  std::istringstream lines(what);
+  std::string line, first, place;
+  while (std::getline(lines, line)) {
+    const size_t text = line.find_first_not_of(" \t");
+    if (text == std::string::npos) continue;
+    if (first.empty()) {
+      first = line.substr(text);
+    } else if (place.empty() && line.compare(text, 6, "File \"") == 0) {
+      place = line.substr(text);
+    }
+  }
+  if (first.empty()) return "no reason given";
+  return place.empty() ? first : first + " (" + place + ")";
+}
+
 jit::Module importModule(std::shared_ptr<ModuleReadAdapter> adapter) {
   try {
     return jit::load(std::move(adapter));
   } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    throw Diagnostic("", "not a loadable TorchScript module: " + what.substr(0, what.find('\n')));
+    throw Diagnostic("", "not a loadable TorchScript module: " + loadErrorLine(e.what_without_backtrace()));
   } catch (const std::exception& e) {  // the TorchScript compiler's ErrorReport for damaged code, say
-    const std::string what = e.what();
-    throw Diagnostic("", "not a loadable TorchScript module: " + what.substr(0, what.find('\n')));
+    throw Diagnostic("", "not a loadable TorchScript module: " + loadErrorLine(e.what()));
   }
 }
 
