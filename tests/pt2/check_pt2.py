@@ -18,8 +18,9 @@ and checks with BIN/spmd-inspect, spmd-expand and spmd-split that:
   scalar, a joint program's input mutation, a newer schema major version, a
   cut file;
 * a `torch.no_grad()` block (the higher-order op wrap_with_set_grad_enabled,
-  tests/pt2/fixtures/no_grad.pt2 from make_no_grad_fixture.py) trains as
-  eager PyTorch trains it;
+  tests/pt2/fixtures/no_grad.pt2 from make_program_fixtures.py) trains as
+  eager PyTorch trains it, and so does a mask made under torch.vmap
+  (vmap.pt2, likewise);
 * `python3 -m spmd_export --format pt2` writes a .pt2 spmd reads, and refuses
   a model that does not return the loss.
 
@@ -200,6 +201,9 @@ def main():
         # A torch.no_grad() block (wrap_with_set_grad_enabled, torch 2.14's
         # export): trained as eager PyTorch trains it, no gradient through it.
         check("a no_grad block trains as in eager", trains_like_eager(tool, a.python, tmp, "no_grad"))
+        # A torch.vmap (transformers' mask functions; torch 2.14's export
+        # keeps it as torch._functorch.predispatch calls): trained as eager.
+        check("a vmap-made mask trains as in eager", trains_like_eager(tool, a.python, tmp, "vmap"))
 
         # Refusals, one line each, with no output left.
         out = os.path.join(tmp, "out.json")

@@ -102,6 +102,30 @@ at::Tensor metaTensor(const ser::TensorMeta& meta, const std::string& name);
 // a joint program's gradients, an effect token).
 void refuseUnsupportedOutputs(const ser::GraphSignature& signature);
 
+// ---- vmap regions (export_vmap.cpp) -----------------------------------------
+
+// The vmap levels a program has entered (its torch._functorch.predispatch
+// calls), entered again through functorch's C++ vmap while it is traced;
+// whatever is still entered when this goes (a program that failed inside a
+// vmap) is left.
+class VmapLevels {
+ public:
+  VmapLevels() = default;
+  VmapLevels(const VmapLevels&) = delete;
+  VmapLevels& operator=(const VmapLevels&) = delete;
+  ~VmapLevels();
+  void push(int64_t batchSize, const std::string& randomness, const std::string& where);
+  void pop(const std::string& where);
+  bool entered() const { return !levels_.empty(); }
+  at::Tensor addBatchDim(const at::Tensor& t, int64_t dim, int64_t recordedLevel, const std::string& where);
+  at::Tensor removeBatchDim(const at::Tensor& t, int64_t recordedLevel, int64_t batchSize, int64_t outDim,
+                            const std::string& where);
+
+ private:
+  int64_t level(int64_t recorded, const std::string& where) const;
+  std::vector<int64_t> levels_;
+};
+
 // ---- tracing the program (export_trace.cpp) ---------------------------------
 
 // Placeholders whose names are aliases of one tensor are one graph input,

@@ -86,6 +86,7 @@ class ProgramRunner {
   std::string describe(const ser::Node& node, size_t index) const;
   void runSymbolic(const ser::Node& node, const std::string& where);
   void runGradModeRegion(const ser::Node& node, const std::string& where);
+  void runVmapCall(const ser::Node& node, const std::string& call, const std::string& where);
   int64_t symInt(const ser::SymIntArgument& a, const std::string& where) const;
   std::vector<int64_t> symInts(const std::vector<ser::SymIntArgument>& list, const std::string& where) const;
   c10::IValue argument(const ser::Argument& a, const c10::Argument& formal, const std::string& where) const;
@@ -98,6 +99,7 @@ class ProgramRunner {
   MetaFallbackScope& metaFallback_;
   std::unordered_map<std::string, c10::IValue> values_;  // tensors, tensor lists
   std::unordered_map<std::string, int64_t> symInts_;
+  VmapLevels vmap_;
 };
 
 std::string ProgramRunner::describe(const ser::Node& node, size_t index) const {
@@ -348,6 +350,44 @@ std::string firstLine(const std::string& text) { return text.substr(0, text.find
 //   SDPA, whose result it lays out as the fused kernels do), so a view may
 //   meet strides it cannot view on the meta device: a reshape, which copies
 //   only there, computes the same.
+// A torch._functorch.predispatch call (entering or leaving a vmap, moving a
+// tensor in or out of one), made through functorch's C++ vmap (VmapLevels).
+void ProgramRunner::runVmapCall(const ser::Node& node, const std::string& call, const std::string& where) {
+  const auto& in = node.get_inputs();
+  auto integer = [&](size_t i) {
+    if (i >= in.size() || in[i].get_arg().tag() != Tag::AS_INT) {
+      throw Diagnostic(where, call + " without its argument " + std::to_string(i) + " as an integer");
+    }
+    return in[i].get_arg().get_as_int();
+  };
+  auto input = [&](size_t i) {
+    if (i >= in.size() || in[i].get_arg().tag() != Tag::AS_TENSOR) {
+      throw Diagnostic(where, call + " without its argument " + std::to_string(i) + " as a tensor");
+    }
+    return tensor(in[i].get_arg().get_as_tensor().get_name(), where);
+  };
+  auto result = [&](const at::Tensor& t) {
+    const auto& out = node.get_outputs();
+    if (out.size() != 1 || out[0].tag() != Tag::AS_TENSOR) throw Diagnostic(where, call + " without a tensor result");
+    values_[out[0].get_as_tensor().get_name()] = t;
+  };
+  try {
+    if (call == "lazy_load_decompositions") return;  // Python's decomposition tables: nothing to trace
+    if (call == "_vmap_increment_nesting") {
+      if (in.size() < 2 || in[1].get_arg().tag() != Tag::AS_STRING) throw Diagnostic(where, call + " without its randomness");
+      return vmap_.push(integer(0), in[1].get_arg().get_as_string(), where);
+    }
+    if (call == "_vmap_decrement_nesting") return vmap_.pop(where);
+    if (call == "_add_batch_dim") return result(vmap_.addBatchDim(input(0), integer(1), integer(2), where));
+    if (call == "_remove_batch_dim") {
+      return result(vmap_.removeBatchDim(input(0), integer(1), integer(2), integer(3), where));
+    }
+  } catch (const c10::Error& e) {
+    throw Diagnostic(where, firstLine(e.what_without_backtrace()));
+  }
+  throw Diagnostic(where, "'torch._functorch.predispatch." + call + "' is no vmap call spmd knows");
+}
+
 c10::OperatorHandle ProgramRunner::operatorThatRuns(const c10::OperatorHandle& op, const jit::Stack& stack) {
   jit::Stack probe = stack;
   c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);
@@ -373,6 +413,11 @@ void ProgramRunner::run(const ser::Node& node, size_t index) {
                                 "': spmd takes programs of ATen ops (no cond, while_loop, map, ...)");
   }
   if (target.rfind("_operator.", 0) == 0) return runSymbolic(node, where);
+  const std::string functorch = "torch._functorch.predispatch.";
+  if (target.rfind(functorch, 0) == 0) return runVmapCall(node, target.substr(functorch.size()), where);
+  // A check of what export saw, with no results: functorch has no batching
+  // rule for it, and the batched ops keep dtype, device and layout anyway.
+  if (target == "torch.ops.aten._assert_tensor_metadata.default" && vmap_.entered()) return;
   const std::optional<c10::OperatorName> name = operatorNameOf(target);
   const auto op = name ? c10::Dispatcher::singleton().findSchema(*name) : std::nullopt;
   if (!op) throw Diagnostic(where, "'" + target + "' is no operator this LibTorch has");
