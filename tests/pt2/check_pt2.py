@@ -19,8 +19,10 @@ and checks with BIN/spmd-inspect, spmd-expand and spmd-split that:
   cut file;
 * a `torch.no_grad()` block (the higher-order op wrap_with_set_grad_enabled,
   tests/pt2/fixtures/no_grad.pt2 from make_program_fixtures.py) trains as
-  eager PyTorch trains it, and so does a mask made under torch.vmap
-  (vmap.pt2, likewise);
+  eager PyTorch trains it, and so do a mask made under torch.vmap
+  (vmap.pt2, likewise) and a mixture of experts through transformers'
+  grouped GEMM op (experts.pt2); ATen's _grouped_mm (experts_aten.pt2) is
+  read;
 * `python3 -m spmd_export --format pt2` writes a .pt2 spmd reads, and refuses
   a model that does not return the loss.
 
@@ -204,6 +206,15 @@ def main():
         # A torch.vmap (transformers' mask functions; torch 2.14's export
         # keeps it as torch._functorch.predispatch calls): trained as eager.
         check("a vmap-made mask trains as in eager", trains_like_eager(tool, a.python, tmp, "vmap"))
+        # Mixtures of experts (transformers' grouped_mm experts): its
+        # custom op trains as in eager; ATen's _grouped_mm, which this
+        # LibTorch may lack, is read as the same spmd op.
+        check("experts through transformers' grouped_mm_fallback train as in eager",
+              trains_like_eager(tool, a.python, tmp, "experts"))
+        aten_experts = run([tool["spmd-expand"], os.path.join(FIXTURES, "experts_aten.pt2"), "--optimizer", "sgd",
+                            "--lr", "0.1"])
+        check("ATen's _grouped_mm is read as spmd::grouped_mm", aten_experts.returncode == 0 and
+              aten_experts.stdout.count("spmd::grouped_mm") >= 2, aten_experts.stderr)
 
         # Refusals, one line each, with no output left.
         out = os.path.join(tmp, "out.json")

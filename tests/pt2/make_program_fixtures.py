@@ -9,11 +9,16 @@ than CI's (torch >= 2.8: Debian unstable's python3-torch), with their oracles:
   as transformers' create_causal_mask makes it when a model passes a mask
   function of its own (Falcon, Gemma 3): the program keeps the vmap as
   torch._functorch.predispatch calls. One function's result does not vary
-  along its vmap (the expanded case).
+  along its vmap (the expanded case);
+- experts: a mixture of experts routed as transformers routes its grouped_mm
+  experts, through transformers' custom op grouped_mm_fallback (defined here
+  under its name and schema); experts_aten, the same with ATen's _grouped_mm
+  (in bf16, as the CPU takes it), written without an oracle: check_pt2.py
+  checks that it is read.
 
   make_program_fixtures.py OUTDIR [NAME ...]     (all when none is named)
 
-For each NAME: OUTDIR/NAME.pt2, the program; NAME.data.pt, 2 steps' batches
+For each NAME: OUTDIR/NAME.pt2, the program; with an oracle, NAME.data.pt, 2 steps' batches
 {x, y}; NAME.expected.pt, the parameters after 2 steps of
 torch.optim.SGD(lr=0.1) in eager PyTorch on those batches (check_pt2.py
 trains the program with spmd and compares).
@@ -60,15 +65,79 @@ class VmapMask(nn.Module):
         return F.mse_loss(self.out(h.transpose(0, 1).reshape(t, 8)), y)
 
 
-# name: (model, what its program must hold)
+@torch.library.custom_op("transformers::grouped_mm_fallback", mutates_args=())
+def grouped_mm_fallback(input: torch.Tensor, weight: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """transformers' own grouped GEMM (integrations/moe.py), under its name and schema."""
+    out = input.new_zeros(input.size(0), weight.size(2))
+    start = 0
+    for e, end in enumerate(offs.tolist()):
+        out[start:end] = input[start:end] @ weight[e]
+        start = end
+    return out
+
+
+@grouped_mm_fallback.register_fake
+def _(input, weight, offs):
+    return input.new_empty(input.size(0), weight.size(2))
+
+
+def _grouped_mm_fallback_backward(ctx, grad):
+    input, weight = ctx.saved_tensors
+    grad_input, grad_weight = torch.zeros_like(input), torch.zeros_like(weight)
+    start = 0
+    for e, end in enumerate(ctx.offs.tolist()):
+        grad_input[start:end] = grad[start:end] @ weight[e].T
+        grad_weight[e] = input[start:end].T @ grad[start:end]
+        start = end
+    return grad_input, grad_weight, None
+
+
+def _grouped_mm_fallback_context(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.offs = inputs[2]
+
+
+grouped_mm_fallback.register_autograd(_grouped_mm_fallback_backward, setup_context=_grouped_mm_fallback_context)
+
+
+class Experts(nn.Module):
+    """A mixture of 4 experts, 2 a token, routed as transformers' grouped_mm
+    experts route (sort by expert, histc, cumsum offsets), through
+    transformers' custom op; with `aten`, the up projection through ATen's
+    _grouped_mm instead (which takes bf16 only on the CPU)."""
+
+    def __init__(self, aten=False):
+        super().__init__()
+        self.aten = aten
+        self.router = nn.Linear(8, 4)
+        self.up = nn.Parameter(torch.randn(4, 8, 16) * 0.3)
+        self.down = nn.Parameter(torch.randn(4, 16, 8) * 0.3)
+
+    def forward(self, x, y):
+        weights, experts = torch.topk(self.router(x).softmax(-1), 2)
+        ids, order = torch.sort(experts.reshape(-1))
+        rows = x[order // 2]
+        offs = torch.cumsum(torch.histc(ids.float(), bins=4, min=0, max=3), 0, dtype=torch.int32)
+        if self.aten:
+            h = torch._grouped_mm(rows.bfloat16(), self.up.bfloat16(), offs).float()
+        else:
+            h = grouped_mm_fallback(rows, self.up, offs)
+        out = grouped_mm_fallback(F.gelu(h), self.down, offs) * weights.reshape(-1)[order].unsqueeze(-1)
+        mixed = torch.zeros_like(x).index_add(0, order // 2, out)
+        return F.mse_loss(mixed, y)
+
+
+# name: (model, what its program must hold, whether eager's training is written beside it)
 FIXTURES = {
-    "no_grad": (NoGradBlock, "wrap_with_set_grad_enabled"),
-    "vmap": (VmapMask, "_vmap_increment_nesting"),
+    "no_grad": (NoGradBlock, "wrap_with_set_grad_enabled", True),
+    "vmap": (VmapMask, "_vmap_increment_nesting", True),
+    "experts": (Experts, "grouped_mm_fallback", True),
+    "experts_aten": (lambda: Experts(aten=True), "_grouped_mm", False),
 }
 
 
 def write(out, name):
-    make, marker = FIXTURES[name]
+    make, marker, oracle = FIXTURES[name]
     torch.manual_seed(0)
     model = make()
     data = {"x": torch.randn(2, 4, 8), "y": torch.randn(2, 4, 8)}
@@ -76,6 +145,8 @@ def write(out, name):
     if not any(marker in str(n.target) for n in program.graph.nodes):
         sys.exit(f"make_program_fixtures.py: error: torch {torch.__version__} exports no {marker} for {name}")
     torch.export.save(program, os.path.join(out, name + ".pt2"))
+    if not oracle:
+        return
     torch.save(data, os.path.join(out, name + ".data.pt"))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for s in range(2):

@@ -57,6 +57,18 @@ TEST_CASE("inferOnMeta takes a scope of its own", "[meta]") {
   CHECK_THROWS_AS(reluOnMeta(), c10::Error);
 }
 
+// floor_divide has no meta kernel; zero-filled integer stand-ins would
+// divide by zero (transformers' experts divide a sort's indices by top-k).
+TEST_CASE("an integer division on meta tensors takes stand-ins that divide", "[meta]") {
+  auto divide = findOperator("aten::floor_divide", "");
+  REQUIRE(divide);
+  const auto results = inferOnMeta(*divide, {metaTensor(at::kLong, {6}), metaTensor(at::kLong, {})});
+  REQUIRE(results.size() == 1);
+  CHECK(results[0].is_meta());
+  CHECK(results[0].scalar_type() == at::kLong);
+  CHECK(results[0].sizes() == at::IntArrayRef({6}));
+}
+
 // Convolutions on meta tensors (LibTorch's meta kernels) give the shapes and memory formats the CPU kernels give, plain,
 // strided, grouped, transposed and channels-last.
 TEST_CASE("convolution on meta tensors has the CPU's shapes", "[meta]") {

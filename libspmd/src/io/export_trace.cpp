@@ -20,6 +20,7 @@
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <unordered_map>
@@ -247,6 +248,27 @@ std::optional<c10::OperatorName> operatorNameOf(const std::string& target) {
   return c10::OperatorName(rest.substr(0, first) + "::" + rest.substr(first + 1, last - first - 1), overload);
 }
 
+// An op spmd runs in place of one the linked LibTorch lacks, with the
+// program's argument names it renames.
+struct Substitute {
+  const char* target;
+  const char* op;
+  std::map<std::string, std::string> renamed;
+};
+
+// Grouped GEMMs of mixtures of experts: transformers' own custom op, and
+// ATen's _grouped_mm (torch 2.8 and later) where this LibTorch has none.
+const Substitute* substituteFor(const std::string& target) {
+  static const std::vector<Substitute> substitutes = {
+      {"torch.ops.transformers.grouped_mm_fallback.default", "spmd::grouped_mm", {}},
+      {"torch.ops.aten._grouped_mm.default", "spmd::grouped_mm", {{"self", "input"}, {"mat2", "weight"}}},
+  };
+  for (const Substitute& s : substitutes) {
+    if (target == s.target) return &s;
+  }
+  return nullptr;
+}
+
 // Arithmetic on symbolic sizes (_operator.mul(sym_size_int, 4)).
 void ProgramRunner::runSymbolic(const ser::Node& node, const std::string& where) {
   const std::string op = node.get_target().substr(std::string("_operator.").size());
@@ -419,11 +441,22 @@ void ProgramRunner::run(const ser::Node& node, size_t index) {
   // rule for it, and the batched ops keep dtype, device and layout anyway.
   if (target == "torch.ops.aten._assert_tensor_metadata.default" && vmap_.entered()) return;
   const std::optional<c10::OperatorName> name = operatorNameOf(target);
-  const auto op = name ? c10::Dispatcher::singleton().findSchema(*name) : std::nullopt;
+  auto op = name ? c10::Dispatcher::singleton().findSchema(*name) : std::nullopt;
+  const Substitute* substitute = op ? nullptr : substituteFor(target);
+  if (substitute) op = c10::Dispatcher::singleton().findSchema({substitute->op, ""});
   if (!op) throw Diagnostic(where, "'" + target + "' is no operator this LibTorch has");
   const c10::FunctionSchema& schema = op->schema();
   std::unordered_map<std::string, const ser::Argument*> byName;
-  for (const auto& named : node.get_inputs()) byName[named.get_name()] = &named.get_arg();
+  for (const auto& named : node.get_inputs()) {
+    if (!substitute) {
+      byName[named.get_name()] = &named.get_arg();
+      continue;
+    }
+    // The substitute takes what the original's defaults leave out (an absent bias, out_dtype).
+    if (named.get_arg().tag() == Tag::AS_NONE) continue;
+    auto renamed = substitute->renamed.find(named.get_name());
+    byName[renamed == substitute->renamed.end() ? named.get_name() : renamed->second] = &named.get_arg();
+  }
   jit::Stack stack;
   for (const c10::Argument& formal : schema.arguments()) {
     auto it = byName.find(formal.name());

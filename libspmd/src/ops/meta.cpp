@@ -34,18 +34,22 @@ std::vector<at::Tensor> toMeta(const std::vector<at::Tensor>& results) {
   return meta;
 }
 
-// Zero-filled CPU tensors in place of meta ones: valid indices and
-// probabilities for any op.
-c10::IValue zerosOnCpu(const c10::IValue& v) {
-  return mapTensors(v, [](const at::Tensor& t) {
-    return t.defined() && t.is_meta() ? at::zeros_like(t, at::TensorOptions().device(at::kCPU)) : t;
+// CPU tensors filled with `fill` in place of meta ones. Zeros are valid
+// indices and probabilities for any op, but no integer divisor: an op they
+// make divide by zero (floor_divide by a number the trace made a tensor,
+// as transformers' experts do) runs again on ones (dividedByZero).
+c10::IValue filledOnCpu(const c10::IValue& v, int fill = 0) {
+  return mapTensors(v, [fill](const at::Tensor& t) {
+    return t.defined() && t.is_meta() ? at::full_like(t, fill, at::TensorOptions().device(at::kCPU)) : t;
   });
 }
 
-// zerosOnCpu, and a meta device argument becomes the CPU.
-c10::IValue metaToCpu(const c10::IValue& v) {
+bool dividedByZero(const std::exception& e) { return std::string(e.what()).find("ZeroDivisionError") != std::string::npos; }
+
+// filledOnCpu, and a meta device argument becomes the CPU.
+c10::IValue metaToCpu(const c10::IValue& v, int fill) {
   if (v.isDevice() && v.toDevice().is_meta()) return c10::Device(at::kCPU);
-  return zerosOnCpu(v);
+  return filledOnCpu(v, fill);
 }
 
 c10::IValue cpuToMeta(const c10::IValue& v) {
@@ -75,8 +79,18 @@ void runFullSizeOnCpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* s
   const size_t argc = schema.arguments().size();
   const std::vector<c10::IValue> args(stack->end() - argc, stack->end());
   checkStandInBudget(op, args);
-  for (auto it = stack->end() - argc; it != stack->end(); ++it) *it = metaToCpu(*it);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  const size_t base = stack->size() - argc;
+  auto runOn = [&](int fill) {
+    stack->resize(base);
+    for (const c10::IValue& arg : args) stack->push_back(metaToCpu(arg, fill));
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  };
+  try {
+    runOn(0);
+  } catch (const c10::Error& e) {
+    if (!dividedByZero(e)) throw;
+    runOn(1);
+  }
   const size_t retc = schema.returns().size();
   for (size_t k = 0; k < retc; ++k) {
     c10::IValue& out = (*stack)[stack->size() - retc + k];
@@ -133,10 +147,18 @@ std::vector<at::Tensor> inferOnMeta(const c10::OperatorHandle& op, const std::ve
     // No meta kernel even so (or one that reads data).
     checkStandInBudget(op, stack);
     TimedPhase phase(phaseTimesEnabled() ? "shape inference on CPU tensors: " + op.schema().operator_name().name : "");
-    std::vector<c10::IValue> onCpu;
-    onCpu.reserve(stack.size());
-    for (const c10::IValue& v : stack) onCpu.push_back(zerosOnCpu(v));
-    return toMeta(callOperator(op, std::move(onCpu)));
+    auto onCpu = [&](int fill) {
+      std::vector<c10::IValue> filled;
+      filled.reserve(stack.size());
+      for (const c10::IValue& v : stack) filled.push_back(filledOnCpu(v, fill));
+      return filled;
+    };
+    try {
+      return toMeta(callOperator(op, onCpu(0)));
+    } catch (const std::exception& e) {
+      if (!dividedByZero(e)) throw;
+      return toMeta(callOperator(op, onCpu(1)));
+    }
   }
 }
 

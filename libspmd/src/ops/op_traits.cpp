@@ -89,6 +89,9 @@ const std::map<std::string, uint32_t>& traitTable() {
       {"spmd::gather_wait", kCollective},
       {"spmd::dropout_seed", kRandom},
       {"spmd::flat_cat", kOwn},
+      // Each reads its offsets on the host.
+      {"spmd::grouped_mm", kHostSync},
+      {"spmd::grouped_mm_weight_grad", kHostSync},
       {"spmd::fused_adam", kOwn},
   };
   return table;

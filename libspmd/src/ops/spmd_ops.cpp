@@ -82,6 +82,7 @@ void ensureSpmdOpsRegistered() {
   ensureColumnSumOpsRegistered();
   ensureDropoutOpsRegistered();
   ensureFlatCatOpsRegistered();
+  ensureGroupedMmOpsRegistered();
 }
 
 }  // namespace spmd

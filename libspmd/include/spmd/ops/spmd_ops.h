@@ -44,6 +44,10 @@
 //   spmd::flat_cat          tensors' elements one after the other, converted to
 //                           a dtype as they are copied (a bucket's packing:
 //                           spmd-lower's pack-buckets; ops/flat_cat_ops.cpp).
+//   spmd::grouped_mm        a mixture of experts' per-expert products over rows
+//                           sorted by expert (ATen's _grouped_mm, transformers'
+//                           grouped_mm_fallback), differentiated by itself and
+//   spmd::grouped_mm_weight_grad  each expert's input^T @ grad (ops/grouped_mm_ops.cpp).
 //   spmd::fused             a group of pointwise ops as one generated kernel
 //                           (spmd-lower's fuse-pointwise; ops/fused_kernels.h).
 //   spmd::dropout_seed      a seed for a dropout mask, and
@@ -65,6 +69,7 @@ void ensureLayerNormOpsRegistered();       // ops/layer_norm_ops.cpp
 void ensureColumnSumOpsRegistered();       // ops/column_sum_ops.cpp
 void ensureDropoutOpsRegistered();         // ops/dropout_ops.cpp
 void ensureFlatCatOpsRegistered();         // ops/flat_cat_ops.cpp
+void ensureGroupedMmOpsRegistered();       // ops/grouped_mm_ops.cpp
 
 // The arguments of spmd::attention by position; spmd::attention_backward's
 // are the same after its first (the gradient).
