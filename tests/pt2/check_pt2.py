@@ -21,8 +21,9 @@ and checks with BIN/spmd-inspect, spmd-expand and spmd-split that:
   tests/pt2/fixtures/no_grad.pt2 from make_program_fixtures.py) trains as
   eager PyTorch trains it, and so do a mask made under torch.vmap
   (vmap.pt2, likewise) and a mixture of experts through transformers'
-  grouped GEMM op (experts.pt2); ATen's _grouped_mm (experts_aten.pt2) is
-  read;
+  grouped GEMM op (experts.pt2); ATen's _grouped_mm (experts_aten.pt2 and
+  its TorchScript trace experts_aten.pt, which LibTorch before 2.8 could not
+  load) is read;
 * `python3 -m spmd_export --format pt2` writes a .pt2 spmd reads, and refuses
   a model that does not return the loss.
 
@@ -215,6 +216,10 @@ def main():
                             "--lr", "0.1"])
         check("ATen's _grouped_mm is read as spmd::grouped_mm", aten_experts.returncode == 0 and
               aten_experts.stdout.count("spmd::grouped_mm") >= 2, aten_experts.stderr)
+        traced_experts = run([tool["spmd-expand"], os.path.join(FIXTURES, "experts_aten.pt"), "--input",
+                              "x:f32[4,8]", "--input", "y:f32[4,8]", "--optimizer", "sgd", "--lr", "0.1"])
+        check("a TorchScript trace calling aten::_grouped_mm is read", traced_experts.returncode == 0 and
+              "_grouped_mm" in traced_experts.stdout, traced_experts.stderr)
 
         # Refusals, one line each, with no output left.
         out = os.path.join(tmp, "out.json")

@@ -13,8 +13,9 @@ than CI's (torch >= 2.8: Debian unstable's python3-torch), with their oracles:
 - experts: a mixture of experts routed as transformers routes its grouped_mm
   experts, through transformers' custom op grouped_mm_fallback (defined here
   under its name and schema); experts_aten, the same with ATen's _grouped_mm
-  (in bf16, as the CPU takes it), written without an oracle: check_pt2.py
-  checks that it is read.
+  (in bf16, as the CPU takes it), written without an oracle, and as a
+  TorchScript trace too (experts_aten.pt): check_pt2.py checks that both
+  are read.
 
   make_program_fixtures.py OUTDIR [NAME ...]     (all when none is named)
 
@@ -103,8 +104,8 @@ grouped_mm_fallback.register_autograd(_grouped_mm_fallback_backward, setup_conte
 class Experts(nn.Module):
     """A mixture of 4 experts, 2 a token, routed as transformers' grouped_mm
     experts route (sort by expert, histc, cumsum offsets), through
-    transformers' custom op; with `aten`, the up projection through ATen's
-    _grouped_mm instead (which takes bf16 only on the CPU)."""
+    transformers' custom op; with `aten`, through ATen's _grouped_mm instead
+    (which takes bf16 only on the CPU)."""
 
     def __init__(self, aten=False):
         super().__init__()
@@ -118,26 +119,28 @@ class Experts(nn.Module):
         ids, order = torch.sort(experts.reshape(-1))
         rows = x[order // 2]
         offs = torch.cumsum(torch.histc(ids.float(), bins=4, min=0, max=3), 0, dtype=torch.int32)
-        if self.aten:
-            h = torch._grouped_mm(rows.bfloat16(), self.up.bfloat16(), offs).float()
-        else:
-            h = grouped_mm_fallback(rows, self.up, offs)
-        out = grouped_mm_fallback(F.gelu(h), self.down, offs) * weights.reshape(-1)[order].unsqueeze(-1)
+        def grouped(a, w):
+            if self.aten:
+                return torch._grouped_mm(a.bfloat16(), w.bfloat16(), offs).float()
+            return grouped_mm_fallback(a, w, offs)
+
+        out = grouped(F.gelu(grouped(rows, self.up)), self.down) * weights.reshape(-1)[order].unsqueeze(-1)
         mixed = torch.zeros_like(x).index_add(0, order // 2, out)
         return F.mse_loss(mixed, y)
 
 
-# name: (model, what its program must hold, whether eager's training is written beside it)
+# name: (model, what its program must hold, whether eager's training is
+# written beside it, whether a TorchScript trace is too)
 FIXTURES = {
-    "no_grad": (NoGradBlock, "wrap_with_set_grad_enabled", True),
-    "vmap": (VmapMask, "_vmap_increment_nesting", True),
-    "experts": (Experts, "grouped_mm_fallback", True),
-    "experts_aten": (lambda: Experts(aten=True), "_grouped_mm", False),
+    "no_grad": (NoGradBlock, "wrap_with_set_grad_enabled", True, False),
+    "vmap": (VmapMask, "_vmap_increment_nesting", True, False),
+    "experts": (Experts, "grouped_mm_fallback", True, False),
+    "experts_aten": (lambda: Experts(aten=True), "_grouped_mm", False, True),
 }
 
 
 def write(out, name):
-    make, marker, oracle = FIXTURES[name]
+    make, marker, oracle, traced = FIXTURES[name]
     torch.manual_seed(0)
     model = make()
     data = {"x": torch.randn(2, 4, 8), "y": torch.randn(2, 4, 8)}
@@ -145,6 +148,8 @@ def write(out, name):
     if not any(marker in str(n.target) for n in program.graph.nodes):
         sys.exit(f"make_program_fixtures.py: error: torch {torch.__version__} exports no {marker} for {name}")
     torch.export.save(program, os.path.join(out, name + ".pt2"))
+    if traced:
+        torch.jit.trace(model, (data["x"][0], data["y"][0])).save(os.path.join(out, name + ".pt"))
     if not oracle:
         return
     torch.save(data, os.path.join(out, name + ".data.pt"))

@@ -134,9 +134,35 @@ at::Tensor groupedMmAutograd(const at::Tensor& input, const at::Tensor& weight, 
   return GroupedMmFunction::apply(input, weight, offs);
 }
 
+// aten::_grouped_mm for a 2-D input and 3-D weights with offsets, the form
+// transformers' experts call, as spmd::grouped_mm.
+at::Tensor atenGroupedMm(const at::Tensor& self, const at::Tensor& mat2, const std::optional<at::Tensor>& offs,
+                         const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> outDtype) {
+  TORCH_CHECK(offs && !bias && (!outDtype || *outDtype == self.scalar_type()),
+              "aten::_grouped_mm: spmd takes a 2-D input and 3-D weights with offsets, no bias and no other "
+              "result dtype (this LibTorch has no _grouped_mm of its own)");
+  return callGroupedMm(self, mat2, *offs);
+}
+
+// LibTorch before 2.8 has no aten::_grouped_mm, which a TorchScript trace of
+// transformers' experts calls (it would not load): there it is defined once,
+// as spmd::grouped_mm, dispatched through it so that autograd and the meta
+// device see spmd's op. A LibTorch that has one keeps its own.
+void defineAtenGroupedMm() {
+  if (c10::Dispatcher::singleton().findSchema({"aten::_grouped_mm", ""})) return;
+  static torch::Library library(torch::Library::FRAGMENT, "aten", std::nullopt, __FILE__, __LINE__);
+  library.def(
+      "_grouped_mm(Tensor self, Tensor mat2, Tensor? offs=None, Tensor? bias=None, ScalarType? out_dtype=None) "
+      "-> Tensor");
+  library.impl("_grouped_mm", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(atenGroupedMm));
+}
+
 }  // namespace
 
-void ensureGroupedMmOpsRegistered() {}
+void ensureGroupedMmOpsRegistered() {
+  static const bool defined = (defineAtenGroupedMm(), true);
+  (void)defined;
+}
 
 }  // namespace spmd
 
