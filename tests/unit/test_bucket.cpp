@@ -89,16 +89,19 @@ TEST_CASE("ignored parameters are never bucketed", "[bucket]") {
 }
 
 // A bucket of autocast's gradients: bf16 ones (one read through a
-// transpose) cast to f32 and an f32 one, packed by a cat.
+// transpose) cast to f32 and a run of f32 ones (flat_cat's one cat_out),
+// packed by a cat.
 constexpr const char* kUpcastBucket = R"(graph
   input %gw: bf16[5,7] data
   input %gb: bf16[7] data
   input %gn: f32[6] data
+  input %gm: f32[3,2] data
   %tw: bf16[7,5] = aten::t(%gw)
   %cw: f32[7,5] = aten::_to_copy(%tw, torch.float32, None, None, None, False, None)
   %rw: f32[35] = aten::reshape(%cw, [35])
   %cb: f32[7] = aten::_to_copy(%gb, torch.float32, None, None, None, False, None)
-  %bucket: f32[48] = aten::cat([%rw, %cb, %gn], 0)
+  %rm: f32[6] = aten::reshape(%gm, [6])
+  %bucket: f32[54] = aten::cat([%rw, %cb, %gn, %rm], 0)
   return (%bucket)
 )";
 
@@ -125,4 +128,5 @@ TEST_CASE("pack-buckets: flat_cat packs the bucket's bits from the 16-bit gradie
   CHECK(at::equal(want, got));
   // The reference by hand: the transpose's elements in row-major order first.
   CHECK(at::equal(got.narrow(0, 0, 35), inputs.at("gw").t().reshape({35}).to(at::kFloat)));
+  CHECK(at::equal(got.narrow(0, 48, 6), inputs.at("gm").reshape({6})));
 }
