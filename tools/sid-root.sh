@@ -38,14 +38,19 @@ make_root() {
   mv "$SID.part" "$SID"
 }
 
-# build/sid-bin/TOOL runs build/TOOL inside the trixie root, in the caller's folder.
-write_wrappers() {
-  mkdir -p "$PROJECT/build/sid-bin"
+# build/sid-bin/TOOL runs TOOL inside the trixie root, in the caller's
+# folder: build/TOOL as it was when the run began (a hard link in
+# build/sid-bin/PID/, named by SPMD_SID_TOOLS, which a rebuild meanwhile
+# leaves alone).
+write_wrappers() {  # SNAPSHOT
+  local snapshot=$1
+  mkdir -p "$snapshot"
   for tool in $TOOLS; do
+    ln -f "$PROJECT/build/$tool" "$snapshot/$tool" 2> /dev/null || cp "$PROJECT/build/$tool" "$snapshot/$tool"
     cat > "$PROJECT/build/sid-bin/$tool" << EOF
 #!/bin/sh
 exec /usr/sbin/chroot /trixie /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root LANG=C.UTF-8 \\
-  OMP_NUM_THREADS="\${OMP_NUM_THREADS:-1}" sh -c 'cd "\$0" && exec "\$@"' "\$PWD" "$PROJECT/build/$tool" "\$@"
+  OMP_NUM_THREADS="\${OMP_NUM_THREADS:-1}" sh -c 'cd "\$0" && exec "\$@"' "\$PWD" "\$SPMD_SID_TOOLS/$tool" "\$@"
 EOF
     chmod +x "$PROJECT/build/sid-bin/$tool"
   done
@@ -55,10 +60,11 @@ run() {
   [ -x "$SID/usr/bin/python3" ] || die "no root in $SID: run 'tools/sid-root.sh deps' first"
   [ -x "$TRIXIE/usr/bin/apt-get" ] || die "no trixie root in $TRIXIE: run 'make deps' first"
   [ "$(id -u)" = 0 ] || die "entering $SID needs root"
-  write_wrappers
+  local snapshot="$PROJECT/build/sid-bin/$$"
+  write_wrappers "$snapshot"
   local inner='
     set -e
-    sid=$1; trixie=$2; project=$3; shift 3
+    sid=$1; trixie=$2; project=$3; tools=$4; shift 4
     for r in "$sid" "$trixie"; do
       mount --rbind /dev "$r/dev"
       mount -t proc proc "$r/proc"
@@ -68,10 +74,13 @@ run() {
     done
     mkdir -p "$sid/trixie"
     mount --rbind "$trixie" "$sid/trixie"
-    exec chroot "$sid" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 \
+    exec chroot "$sid" /usr/bin/env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 SPMD_SID_TOOLS="$tools" \
       sh -c "cd \"\$0\" && exec \"\$@\"" "$project" "$@"
   '
-  unshare --mount --propagation private -- sh -c "$inner" sh "$SID" "$TRIXIE" "$PROJECT" "$@"
+  local status=0
+  unshare --mount --propagation private -- sh -c "$inner" sh "$SID" "$TRIXIE" "$PROJECT" "$snapshot" "$@" || status=$?
+  rm -rf "$snapshot"
+  return $status
 }
 
 case "${1:-}" in
