@@ -223,6 +223,64 @@ TEST_CASE("copies-to-views: the packed projection's copy goes, the graph verifyi
   }
 }
 
+// Two convolutions, a residual add between them, and the first one's
+// backward, as autodiff writes them: channels-last converts each 4-D
+// argument once (the cast that only convolutions read writes channels-last
+// itself), and the interpreter gets the same values, laid out channels-last.
+constexpr const char* kConvolutions = R"(graph
+  input %x: f32[2,3,8,8] data
+  input %w: f32[4,3,3,3] data
+  input %w2: f32[4,4,3,3] data
+  input %g: f32[2,4,8,8] data
+  %wc: f32[4,3,3,3] = aten::_to_copy(%w, torch.float32, None, None, None, False, None)
+  %y: f32[2,4,8,8] = aten::conv2d(%x, %wc, None, [1, 1], [1, 1], [1, 1], 1)
+  %r: f32[2,4,8,8] = aten::relu(%y)
+  %z: f32[2,4,8,8] = aten::conv2d(%r, %w2, None, [1, 1], [1, 1], [1, 1], 1)
+  %s: f32[2,4,8,8] = aten::add.Tensor(%z, %y, 1)
+  %gx: f32[2,3,8,8], %gw: f32[4,3,3,3], _ = aten::convolution_backward(%g, %x, %wc, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False])
+  return (%s, %gx, %gw)
+)";
+
+TEST_CASE("channels-last: convolutions read channels-last tensors and compute the same", "[passes]") {
+  const Graph plain = parseListing(kConvolutions);
+  Graph laid = plain;
+  PipelineOptions options;
+  options.lower.memoryFormat = "channels-last";
+  runPasses(laid, {"channels-last", "dce"}, options, DebugOptions{});
+  CHECK(verifyGraph(laid).empty());
+  int conversions = 0, castsToChannelsLast = 0;
+  for (const Node& n : laid.nodes()) {
+    conversions += n.op == "aten::contiguous";
+    castsToChannelsLast += n.op == "aten::_to_copy" && n.args[6].kind == Arg::Kind::MemoryFormat &&
+                           n.args[6].i == static_cast<int64_t>(c10::MemoryFormat::ChannelsLast);
+  }
+  // %x, %r, %w2 and %g converted, once each; %wc cast channels-last.
+  CHECK(conversions == 4);
+  CHECK(castsToChannelsLast == 1);
+  // auto takes a graph of two forward convolutions; contiguous none.
+  Graph automatic = plain, untouched = plain;
+  options.lower.memoryFormat = "auto";
+  runPasses(automatic, {"channels-last", "dce"}, options, DebugOptions{});
+  CHECK(automatic.nodes().size() == laid.nodes().size());
+  options.lower.memoryFormat = "contiguous";
+  runPasses(untouched, {"channels-last"}, options, DebugOptions{});
+  CHECK(untouched.nodes().size() == plain.nodes().size());
+
+  at::manual_seed(7);
+  std::map<std::string, at::Tensor> inputs;
+  for (const auto& in : plain.inputs()) {
+    const Value& v = plain.value(in.value);
+    inputs[v.name] = at::randn(v.shape, at::TensorOptions().dtype(v.dtype));
+  }
+  const std::vector<at::Tensor> a = Interpreter(plain).run(inputs).outputs, b = Interpreter(laid).run(inputs).outputs;
+  REQUIRE(a.size() == b.size());
+  CHECK(b[0].is_contiguous(at::MemoryFormat::ChannelsLast));
+  for (size_t k = 0; k < a.size(); ++k) {
+    INFO("output " << k);
+    CHECK(at::allclose(a[k], b[k], 1e-5, 1e-5));
+  }
+}
+
 #ifdef SPMD_WITH_CUDA
 // GPU only: cuDNN's attention on views of the packed projection, and its
 // gradients, against the graph with the copies.

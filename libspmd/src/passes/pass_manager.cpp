@@ -52,6 +52,8 @@ const std::vector<PassInfo>& registeredPasses() {
        createCatViewsPass},
       {"pack-buckets", "a bucket's cat of upcast 16-bit gradients as spmd::flat_cat, which reads them in 16 bits and writes each once; spmd-lower runs it for --device cuda",
        createPackBucketsPass},
+      {"channels-last", "2-D convolutions and their backward read their tensors in channels-last order (cuDNN's NHWC kernels, no transposes), converted once where first read; spmd-lower runs it for --device cuda (--memory-format)",
+       createChannelsLastPass},
       {"copies-to-views", "contiguous copies of views that a stack or cuDNN attention could read in place (nn.MultiheadAttention's q/k/v and their gradients) as views; spmd-lower runs it for --device cuda",
        createCopiesToViewsPass},
       {"repeat-kv-to-gqa", "k and v repeated to q's heads before cuDNN's attention (transformers' repeat_kv) read as grouped-query heads, their gradients' sums the kernel's; spmd-lower runs it for --device cuda",

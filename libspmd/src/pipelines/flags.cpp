@@ -192,6 +192,11 @@ void addLowerFlags(CLI::App& app, LowerOptions& options) {
                  "(unfused); one that cannot take an attention gives way to auto's choice")
       ->check(CLI::IsMember({"auto", "efficient", "flash", "cudnn", "gemm", "math"}))
       ->capture_default_str();
+  app.add_option("--memory-format", options.memoryFormat,
+                 "CUDA: the memory order of 2-D convolutions' tensors: auto (channels-last for a graph of 2 or more "
+                 "2-D convolutions), channels-last, or contiguous")
+      ->check(CLI::IsMember({"auto", "channels-last", "contiguous"}))
+      ->capture_default_str();
 }
 
 void addInputSpecFlag(CLI::App& app, std::vector<std::string>& specs) {

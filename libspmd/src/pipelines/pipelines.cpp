@@ -72,6 +72,7 @@ std::vector<std::string> lowerPipeline(const PipelineOptions& options) {
   if (cuda) names.push_back("repeat-kv-to-gqa");
   if (cuda) names.push_back("dce");
   if (cuda) names.push_back("eager-batch-norm");
+  if (cuda) names.push_back("channels-last");
   if (cuda) names.push_back("cat-views");
   if (cuda) names.push_back("copies-to-views");
   if (cuda) names.push_back("dce");

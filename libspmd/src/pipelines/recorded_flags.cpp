@@ -93,6 +93,7 @@ void lowerWords(const LowerOptions& l, Words& out) {
   if (!l.fuse) out.push_back({"--no-fuse"});
   if (!l.generateKernels) out.push_back({"--no-generated-kernels"});
   out.push_back({"--attention-kernel", l.attentionKernel});
+  if (l.memoryFormat != "auto") out.push_back({"--memory-format", l.memoryFormat});
 }
 
 }  // namespace

@@ -78,6 +78,9 @@ struct LowerOptions {
   // --attention-kernel: ATen's fused attention kernel for spmd::attention on
   // CUDA: auto (by dtype and head size), efficient, flash, cudnn, or math.
   std::string attentionKernel = "auto";
+  // --memory-format: convolutions' layout on CUDA: auto (channels-last for a
+  // graph of 2 or more 2-D convolutions), channels-last, or contiguous.
+  std::string memoryFormat = "auto";
 };
 
 struct PipelineOptions {

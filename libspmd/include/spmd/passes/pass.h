@@ -117,6 +117,7 @@ std::unique_ptr<Pass> createFuseColumnSumPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createLinearReluPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCatViewsPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createPackBucketsPass(const PipelineOptions& options);
+std::unique_ptr<Pass> createChannelsLastPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCopiesToViewsPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createRepeatKvToGqaPass(const PipelineOptions& options);
 std::unique_ptr<Pass> createCastBeforeViewPass(const PipelineOptions& options);
