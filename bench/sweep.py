@@ -2,8 +2,9 @@
 pipeline against eager PyTorch: does each one train, and if not, why.
 
   python3 bench/sweep.py BIN_DIR OUT_DIR [--tier ci|families|all] [--device cpu|cuda]
-      [--format pt2 --format pt] [--only NAME ...] [--jobs N] [--timeout S] [--table FILE] [--list]
-  python3 bench/sweep.py --merge SWEEP.json [SWEEP.json ...] [--table FILE]
+      [--format pt2 --format pt] [--only NAME ...] [--jobs N] [--timeout S] [--table FILE [--section NAME]]
+      [--list]
+  python3 bench/sweep.py --merge SWEEP.json [SWEEP.json ...] [--table FILE [--section NAME]]
 
 Models (each built from a seeded small configuration, dropout and stochastic
 depth 0, wrapped so that forward returns the training loss):
@@ -38,7 +39,8 @@ carries the model (the floor). A file's result is one of
 Writes OUT_DIR/sweep.json and OUT_DIR/sweep.md (the table, with date,
 commit, machine and library versions), rewritten as results come; --table
 FILE puts the table between FILE's `<!-- sweep:begin -->` and
-`<!-- sweep:end -->` lines. Prints a line per model and format. Exits 1 when
+`<!-- sweep:end -->` lines (with --section NAME, `<!-- sweep:NAME:begin -->` and
+`<!-- sweep:NAME:end -->`: one file may hold the tables of several runs). Prints a line per model and format. Exits 1 when
 any file failed, else 0.
 """
 import argparse
@@ -605,11 +607,13 @@ def table(env, rows, done):
     return "\n".join(lines) + "\n"
 
 
-def put_table(path, text):
-    """`text` between the file's sweep markers."""
+def put_table(path, text, section=None):
+    """`text` between the file's sweep markers (`<!-- sweep:begin -->`, or
+    with a section `<!-- sweep:SECTION:begin -->`, and their ends)."""
     with open(path) as f:
         content = f.read()
-    begin, end = "<!-- sweep:begin -->", "<!-- sweep:end -->"
+    name = f"sweep:{section}" if section else "sweep"
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in content or end not in content:
         raise SystemExit(f"sweep.py: error: {path}: no '{begin}' ... '{end}' section")
     head, rest = content.split(begin, 1)
@@ -618,7 +622,7 @@ def put_table(path, text):
         f.write(head + begin + "\n" + text + end + tail)
 
 
-def merge(paths, table_file):
+def merge(paths, table_file, section=None):
     """One table from the sweep.json files of several runs of one machine
     (a device call's time limit cuts a sweep into parts): a later file's row
     of a model and format replaces an earlier one's, except by 'not run'."""
@@ -638,19 +642,19 @@ def merge(paths, table_file):
                 rows[key] = r
     text = table(env, list(rows.values()), done=not any(r["result"] == "not run" for r in rows.values()))
     if table_file:
-        put_table(table_file, text)
+        put_table(table_file, text, section)
     print(text, end="")
     return 1 if any(r["result"] == "failed" for r in rows.values()) else 0
 
 
 def main(argv):
     if argv and argv[0] == "--merge":
-        files = [a for a in argv[1:] if a != "--table"]
         table_file = argv[argv.index("--table") + 1] if "--table" in argv[:-1] else None
-        files = [f for f in files if f != table_file]
+        section = argv[argv.index("--section") + 1] if "--section" in argv[:-1] else None
+        files = [a for a in argv[1:] if a not in ("--table", "--section", table_file, section)]
         if not files:
             raise SystemExit("sweep.py: error: --merge takes the sweep.json files to merge")
-        return merge(files, table_file)
+        return merge(files, table_file, section)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("bin_dir")
     p.add_argument("out_dir")
@@ -663,6 +667,8 @@ def main(argv):
     p.add_argument("--budget", type=int, default=0,
                    help="start no model after this many seconds (0: no limit); the rest are listed as not run")
     p.add_argument("--table", metavar="FILE", help="also put the table into FILE's sweep section")
+    p.add_argument("--section", metavar="NAME",
+                   help="with --table: the section marked sweep:NAME:begin and sweep:NAME:end")
     p.add_argument("--list", action="store_true", help="print the models and exit")
     a = p.parse_args(argv)
     os.environ.setdefault("PYTORCH_TENSOREXPR", "0")
@@ -713,7 +719,7 @@ def main(argv):
             with open(os.path.join(out, "sweep.json"), "w") as f:
                 json.dump(dict(env, results=rows), f, indent=1)
     if a.table:
-        put_table(a.table, table(env, rows, done=not any(r["result"] == "not run" for r in rows)))
+        put_table(a.table, table(env, rows, done=not any(r["result"] == "not run" for r in rows)), a.section)
     failed = [r for r in rows if r["result"] == "failed"]
     print(f"{sum(r['result'] == 'trains' for r in rows)} train, {sum(r['result'] == 'refused' for r in rows)} "
           f"refused, {len(failed)} failed, {sum(r['result'] == 'not made' for r in rows)} not made; "
