@@ -6,7 +6,7 @@
 # Issues #6 and #14's (the MLPs and gpt on 1 and 2 GPUs): OUT=/some/dir bash bench/bench.sh
 # Builds spmd against python3's torch (build-gpu, as README's "Building against
 # another LibTorch"), writes the models of bench/models.py (mlp, mlp4096, gpt, llama,
-# hf_gpt2, hf_llama, hf_mistral, vit_b_16, resnet50; the transformers and torchvision ones need
+# hf_gpt2, hf_llama, hf_mistral, vit_b_16, resnet50, convnext_tiny; the transformers and torchvision ones need
 # those packages), compiles each with spmd's pipeline once per precision, times
 # spmd-run beside DDP eager, torch.compile(DDP) and torch.compile(DDP,
 # mode="max-autotune-no-cudagraphs") (bench/torch_step.py) on 1 and 2 GPUs, sums the
@@ -86,8 +86,8 @@ TRACE_STEPS=3                # traced steps (torch_step.py's PROFILED_STEPS); sp
 TINY=${TINY:-0}
 # Timed steps and warm-up per model: few for hf_llama, whose steps vary little and whose
 # run's time goes to start-up and compiling.
-declare -A STEPS=([mlp]=300 [mlp4096]=50 [gpt]=30 [llama]=30 [hf_gpt2]=30 [hf_llama]=10 [hf_mistral]=30 [vit_b_16]=30 [resnet50]=30)
-declare -A WARMUP=([mlp]=30 [mlp4096]=10 [gpt]=5 [llama]=5 [hf_gpt2]=5 [hf_llama]=3 [hf_mistral]=5 [vit_b_16]=5 [resnet50]=5)
+declare -A STEPS=([mlp]=300 [mlp4096]=50 [gpt]=30 [llama]=30 [hf_gpt2]=30 [hf_llama]=10 [hf_mistral]=30 [vit_b_16]=30 [resnet50]=30 [convnext_tiny]=30)
+declare -A WARMUP=([mlp]=30 [mlp4096]=10 [gpt]=5 [llama]=5 [hf_gpt2]=5 [hf_llama]=3 [hf_mistral]=5 [vit_b_16]=5 [resnet50]=5 [convnext_tiny]=5)
 if [ "${QUICK:-0}" = 1 ]; then
   for m in "${!STEPS[@]}"; do STEPS[$m]=5 WARMUP[$m]=2; done
 fi

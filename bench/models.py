@@ -2,21 +2,22 @@
 
   python3 bench/models.py OUTDIR [--tiny] [--model NAME]... [--data-ranks 1,2]
 
-For each model (mlp, mlp4096, gpt, llama, hf_gpt2, hf_llama, vit_b_16, resnet50; all by
+For each model (mlp, mlp4096, gpt, llama, hf_gpt2, hf_llama, vit_b_16, resnet50, convnext_tiny; all by
 default) writes OUTDIR/NAME.pt (scripted with torch.jit.script, or traced with example
 inputs where scripting fails or the model is written for eager PyTorch: gpt (tests/zoo's
 nanoGPT) and llama (tests/zoo's LLaMA) traced on one sample, transformers' GPT2LMHeadModel
 and LlamaForCausalLM and torchvision's vit_b_16 on the whole batch; weights seeded with
 torch.manual_seed(0), as samples/generate.py makes the samples), NAME.inputs (the --input
 flags), NAME.optim (spmd-expand's optimizer flags: Adam for the MLPs, gpt and llama, AdamW
-for hf_gpt2, hf_llama and vit_b_16, SGD with momentum for resnet50) and, for each N in
+for hf_gpt2, hf_llama, vit_b_16 and convnext_tiny, SGD with momentum for resnet50) and, for each N in
 --data-ranks, NAME.dataN.pt: one batch for N ranks in spmd-run's data contract ({input:
 [1, N*B, ...]}, floats normal, integers (token ids, class labels) uniform in [0, high) as
 torch_step.py draws them). Prints one JSON line per model ({"kind": "model", ...,
 "export_s": seconds to build, script or trace and save it}) on stdout for results.jsonl.
 --tiny shrinks the models for smoke tests on CPU (resnet50: torchvision's resnet18, 10
-classes, 32x32 images, batch 2; vit_b_16: a 2-layer VisionTransformer on 32x32 images).
-resnet50 and vit_b_16 need torchvision, hf_gpt2 and hf_llama transformers (5.x; built
+classes, 32x32 images, batch 2; vit_b_16: a 2-layer VisionTransformer on 32x32 images;
+convnext_tiny: 10 classes, 32x32 images, batch 2).
+resnet50, vit_b_16 and convnext_tiny need torchvision, hf_gpt2 and hf_llama transformers (5.x; built
 from a config, nothing downloaded), each imported only when its model is built.
 torch_step.py builds the same modules, and the same optimizers, from here.
 """
@@ -172,6 +173,15 @@ def resnet_bench(name, arch, classes, size, batch, about):
     return Bench(name, about, make, image_inputs(classes, size, batch), 0.1, "sgd", 0.9)
 
 
+def convnext_bench(name, classes, size, batch, about):
+    """torchvision's convnext_tiny(num_classes=classes), stochastic depth 0 (so that both systems
+    train the same network each step), on batch x 3 x size x size images, AdamW lr 1e-3."""
+    def make():
+        import torchvision  # only this model needs it
+        return Classifier(torchvision.models.convnext_tiny(num_classes=classes, stochastic_depth_prob=0.0))
+    return Bench(name, about, make, image_inputs(classes, size, batch), 1e-3, "adamw")
+
+
 def vit_bench(name, classes, size, batch, about, shape=None):
     """torchvision's vit_b_16(num_classes=classes, image_size=size) (dropout 0, its default), or,
     given shape (patch_size, num_layers, num_heads, hidden_dim, mlp_dim), its VisionTransformer of
@@ -216,6 +226,9 @@ def benches(tiny=False):
                                   dict(patch_size=16, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64)),
             "resnet50": resnet_bench("resnet50", "resnet18", 10, 32, 2,
                                      "torchvision resnet18, 10 classes, 3x32x32 images (tiny), loss = cross-entropy"),
+            "convnext_tiny": convnext_bench("convnext_tiny", 10, 32, 2,
+                                            "torchvision convnext_tiny, 10 classes, 3x32x32 images (tiny), "
+                                            "loss = cross-entropy"),
         }
     return {
         "mlp": mlp_bench("mlp", 10, 100, 1e-2, "the seeds' MLP: 10 x Linear(100,100)+ReLU, loss = sum"),
@@ -241,6 +254,9 @@ def benches(tiny=False):
                               "torchvision vit_b_16, 1000 classes, 3x224x224 images, loss = cross-entropy"),
         "resnet50": resnet_bench("resnet50", "resnet50", 1000, 224, 32,
                                  "torchvision resnet50, 1000 classes, 3x224x224 images, loss = cross-entropy"),
+        "convnext_tiny": convnext_bench("convnext_tiny", 1000, 224, 32,
+                                        "torchvision convnext_tiny (stochastic depth 0), 1000 classes, 3x224x224 "
+                                        "images, loss = cross-entropy"),
     }
 
 

@@ -402,6 +402,18 @@ TEST_CASE("a strided input is read in place through its strides", "[fused]") {
   CHECK_THROWS_AS(pointwiseKernelSource(p, {{at::kFloat, {4, 6}}, {at::kFloat, {4, 6}, {1}}}), std::invalid_argument);
 }
 
+// A convolution net's BatchNorm output, channels-last: its ReLU + residual
+// add keeps that layout (the meta run of ops with no C++ meta kernel, relu's,
+// takes spmd's fallback).
+TEST_CASE("a program's result takes its channels-last operands' layout", "[fused]") {
+  const PointwiseProgram p = parsePointwiseProgram("t0:f32 = relu(in0); t1:f32 = add(t0, in1); return t1");
+  const at::Tensor a = at::randn({2, 8, 4, 4}).contiguous(at::MemoryFormat::ChannelsLast);
+  const at::Tensor b = at::randn({2, 8, 4, 4}).contiguous(at::MemoryFormat::ChannelsLast);
+  const auto strides = fusedResultStrides(p, {a, b});
+  REQUIRE(strides.size() == 1);
+  CHECK(strides[0] == a.strides().vec());
+}
+
 TEST_CASE("a bias is read a vector at a time where its rows are whole vectors", "[fused]") {
   const PointwiseProgram p = parsePointwiseProgram("t0:bf16 = add(in0, in1); return t0");
   const std::string whole = pointwiseKernelSource(p, {{at::kBFloat16, {4, 32}}, {at::kBFloat16, {32}}});

@@ -4,6 +4,7 @@
 // compute. The CUDA kernel is in backend/fused_kernels_cuda.cpp.
 #include "spmd/ops/cuda_codegen.h"
 #include "spmd/ops/fused_kernels.h"
+#include "spmd/ops/meta.h"
 #include "spmd/ops/pointwise_program.h"
 #include "spmd/ops/spmd_ops.h"
 
@@ -202,6 +203,9 @@ std::vector<std::vector<int64_t>> fusedResultStrides(const PointwiseProgram& pro
   for (const at::Tensor& t : inputs) {
     onMeta.push_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)));
   }
+  // Some of the program's ops have no C++ meta kernel (relu on LibTorch 2.6:
+  // channels-last operands of a convolution net's ReLU come here).
+  MetaFallbackScope metaKernels;
   const std::vector<at::Tensor> temps = evaluateProgram(program, onMeta, shape);
   for (size_t r = 0; r < program.results.size(); ++r) {
     strides.push_back(denseStridesOf(temps[program.results[r]], resultShape(program, r, shape)));
