@@ -13,7 +13,8 @@ depth 0, wrapped so that forward returns the training loss):
   train-mode forward runs in eager (ViTs built for it), batch 4 (2 from 128 px);
 - timm (where importable): one small model of each family in TIMM;
 - transformers (where importable): the architectures in HF at small
-  configurations, called with labels for their own loss.
+  configurations (mixtures of experts among them), called with labels for
+  their own loss.
 Tiers: ci (a fixed few torchvision models the zoo does not hold: what CTest's
 sweep.ci runs on the CPU), families (torchvision's smallest variant of each
 family, and every timm and transformers entry), all (every torchvision
@@ -127,12 +128,48 @@ HF = {
     "falcon": ("FalconConfig", "FalconForCausalLM", "lm",
                dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, hidden_dropout=0.0,
                     attention_dropout=0.0)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "lm",
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=64)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "lm",
+               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8,
+                    query_pre_attn_scalar=16)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", "lm",
+               dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, max_position_embeddings=64, sliding_window=8,
+                    query_pre_attn_scalar=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", "lm",
+             dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, resid_pdrop=0.0,
+                  embd_pdrop=0.0, attention_dropout=0.0)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", "lm",
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)),
+    "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", "lm",
+                    dict(n_layer=2, n_embd=64, n_head=4, n_positions=64, multi_query=True, resid_pdrop=0.0,
+                         embd_pdrop=0.0, attn_pdrop=0.0)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", "lm",
+                  dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=64)),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", "lm",
+              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=32, num_attention_heads=4,
+                   num_key_value_heads=2, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+                   pad_token_id=0)),
     "bert": ("BertConfig", "BertForMaskedLM", "mlm",
              dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2,
                   max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
     "roberta": ("RobertaConfig", "RobertaForMaskedLM", "mlm",
                 dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2,
                      max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "xlm_roberta": ("XLMRobertaConfig", "XLMRobertaForMaskedLM", "mlm",
+                    dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=2,
+                         max_position_embeddings=66, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    "modernbert": ("ModernBertConfig", "ModernBertForMaskedLM", "mlm",
+                   dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                        max_position_embeddings=64, pad_token_id=0, global_attn_every_n_layers=2,
+                        local_attention=8)),
     "distilbert": ("DistilBertConfig", "DistilBertForMaskedLM", "mlm",
                    dict(n_layers=2, dim=64, n_heads=2, hidden_dim=128, max_position_embeddings=64, dropout=0.0,
                         attention_dropout=0.0)),
