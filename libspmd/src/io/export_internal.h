@@ -12,6 +12,7 @@
 #include <torch/csrc/utils/generated_serialization_types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -114,6 +115,12 @@ class VmapLevels {
   VmapLevels(const VmapLevels&) = delete;
   VmapLevels& operator=(const VmapLevels&) = delete;
   ~VmapLevels();
+  // Runs the program's call torch._functorch.predispatch.CALL of `node`
+  // (entering or leaving a vmap, moving a tensor in or out of one): its
+  // tensors by name from `tensorNamed`, its result to `bind`.
+  void run(const ser::Node& node, const std::string& call,
+           const std::function<at::Tensor(const std::string&)>& tensorNamed,
+           const std::function<void(const std::string&, const at::Tensor&)>& bind, const std::string& where);
   void push(int64_t batchSize, const std::string& randomness, const std::string& where);
   void pop(const std::string& where);
   bool entered() const { return !levels_.empty(); }

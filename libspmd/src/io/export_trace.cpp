@@ -372,42 +372,11 @@ std::string firstLine(const std::string& text) { return text.substr(0, text.find
 //   SDPA, whose result it lays out as the fused kernels do), so a view may
 //   meet strides it cannot view on the meta device: a reshape, which copies
 //   only there, computes the same.
-// A torch._functorch.predispatch call (entering or leaving a vmap, moving a
-// tensor in or out of one), made through functorch's C++ vmap (VmapLevels).
+// A torch._functorch.predispatch call, made through functorch's C++ vmap.
 void ProgramRunner::runVmapCall(const ser::Node& node, const std::string& call, const std::string& where) {
-  const auto& in = node.get_inputs();
-  auto integer = [&](size_t i) {
-    if (i >= in.size() || in[i].get_arg().tag() != Tag::AS_INT) {
-      throw Diagnostic(where, call + " without its argument " + std::to_string(i) + " as an integer");
-    }
-    return in[i].get_arg().get_as_int();
-  };
-  auto input = [&](size_t i) {
-    if (i >= in.size() || in[i].get_arg().tag() != Tag::AS_TENSOR) {
-      throw Diagnostic(where, call + " without its argument " + std::to_string(i) + " as a tensor");
-    }
-    return tensor(in[i].get_arg().get_as_tensor().get_name(), where);
-  };
-  auto result = [&](const at::Tensor& t) {
-    const auto& out = node.get_outputs();
-    if (out.size() != 1 || out[0].tag() != Tag::AS_TENSOR) throw Diagnostic(where, call + " without a tensor result");
-    values_[out[0].get_as_tensor().get_name()] = t;
-  };
-  try {
-    if (call == "lazy_load_decompositions") return;  // Python's decomposition tables: nothing to trace
-    if (call == "_vmap_increment_nesting") {
-      if (in.size() < 2 || in[1].get_arg().tag() != Tag::AS_STRING) throw Diagnostic(where, call + " without its randomness");
-      return vmap_.push(integer(0), in[1].get_arg().get_as_string(), where);
-    }
-    if (call == "_vmap_decrement_nesting") return vmap_.pop(where);
-    if (call == "_add_batch_dim") return result(vmap_.addBatchDim(input(0), integer(1), integer(2), where));
-    if (call == "_remove_batch_dim") {
-      return result(vmap_.removeBatchDim(input(0), integer(1), integer(2), integer(3), where));
-    }
-  } catch (const c10::Error& e) {
-    throw Diagnostic(where, firstLine(e.what_without_backtrace()));
-  }
-  throw Diagnostic(where, "'torch._functorch.predispatch." + call + "' is no vmap call spmd knows");
+  auto named = [&](const std::string& name) { return tensor(name, where); };
+  auto bind = [&](const std::string& name, const at::Tensor& t) { values_[name] = t; };
+  vmap_.run(node, call, named, bind, where);
 }
 
 c10::OperatorHandle ProgramRunner::operatorThatRuns(const c10::OperatorHandle& op, const jit::Stack& stack) {

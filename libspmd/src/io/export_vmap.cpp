@@ -25,6 +25,38 @@ VmapLevels::~VmapLevels() {
   }
 }
 
+void VmapLevels::run(const ser::Node& node, const std::string& call,
+                     const std::function<at::Tensor(const std::string&)>& tensorNamed,
+                     const std::function<void(const std::string&, const at::Tensor&)>& bind,
+                     const std::string& where) {
+  using Tag = ser::Argument::Tag;
+  const auto& in = node.get_inputs();
+  auto argument = [&](size_t i, Tag tag, const char* what) -> const ser::Argument& {
+    if (i >= in.size() || in[i].get_arg().tag() != tag) {
+      throw Diagnostic(where, call + " without its argument " + std::to_string(i) + " as " + what);
+    }
+    return in[i].get_arg();
+  };
+  auto integer = [&](size_t i) { return argument(i, Tag::AS_INT, "an integer").get_as_int(); };
+  auto input = [&](size_t i) { return tensorNamed(argument(i, Tag::AS_TENSOR, "a tensor").get_as_tensor().get_name()); };
+  auto result = [&](const at::Tensor& t) {
+    const auto& out = node.get_outputs();
+    if (out.size() != 1 || out[0].tag() != Tag::AS_TENSOR) throw Diagnostic(where, call + " without a tensor result");
+    bind(out[0].get_as_tensor().get_name(), t);
+  };
+  try {
+    if (call == "lazy_load_decompositions") return;  // Python's decomposition tables: nothing to trace
+    if (call == "_vmap_increment_nesting") return push(integer(0), argument(1, Tag::AS_STRING, "a string").get_as_string(), where);
+    if (call == "_vmap_decrement_nesting") return pop(where);
+    if (call == "_add_batch_dim") return result(addBatchDim(input(0), integer(1), integer(2), where));
+    if (call == "_remove_batch_dim") return result(removeBatchDim(input(0), integer(1), integer(2), integer(3), where));
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw Diagnostic(where, what.substr(0, what.find('\n')));
+  }
+  throw Diagnostic(where, "'torch._functorch.predispatch." + call + "' is no vmap call spmd knows");
+}
+
 void VmapLevels::push(int64_t batchSize, const std::string& randomness, const std::string& where) {
   functorch::RandomnessType type;
   if (randomness == "error") type = functorch::RandomnessType::Error;
