@@ -364,6 +364,13 @@ void ProgramRunner::bindOutputs(const ser::Node& node, jit::Stack& results) {
 
 std::string firstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// A torch._functorch.predispatch call, made through functorch's C++ vmap.
+void ProgramRunner::runVmapCall(const ser::Node& node, const std::string& call, const std::string& where) {
+  auto named = [&](const std::string& name) { return tensor(name, where); };
+  auto bind = [&](const std::string& name, const at::Tensor& t) { values_[name] = t; };
+  vmap_.run(node, call, named, bind, where);
+}
+
 // The op a node runs, tried first off the trace on the same arguments:
 // - core ATen has ops whose meta function is Python's alone
 //   (_native_batch_norm_legit_functional): such an op runs on CPU stand-ins
@@ -372,13 +379,6 @@ std::string firstLine(const std::string& text) { return text.substr(0, text.find
 //   SDPA, whose result it lays out as the fused kernels do), so a view may
 //   meet strides it cannot view on the meta device: a reshape, which copies
 //   only there, computes the same.
-// A torch._functorch.predispatch call, made through functorch's C++ vmap.
-void ProgramRunner::runVmapCall(const ser::Node& node, const std::string& call, const std::string& where) {
-  auto named = [&](const std::string& name) { return tensor(name, where); };
-  auto bind = [&](const std::string& name, const at::Tensor& t) { values_[name] = t; };
-  vmap_.run(node, call, named, bind, where);
-}
-
 c10::OperatorHandle ProgramRunner::operatorThatRuns(const c10::OperatorHandle& op, const jit::Stack& stack) {
   jit::Stack probe = stack;
   c10::impl::ExcludeDispatchKeyGuard untraced(c10::DispatchKey::Tracer);

@@ -379,11 +379,13 @@ class Converter {
         if (made == constants_.end()) made = constants_.emplace(v, smallConstant(n, constant->toTensor())).first;
         return made->second;
       }
+      const int64_t elements = constant && constant->isTensor() ? constant->toTensor().numel() : 0;
       throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + " uses a tensor constant of " +
-                                        std::to_string(constant && constant->isTensor() ? constant->toTensor().numel()
-                                                                                         : 0) +
-                                        " elements (at most " + std::to_string(kMaxConstantElements) +
-                                        " are taken); register it as a buffer instead");
+                                        std::to_string(elements) + " elements (" +
+                                        (elements == 0 ? std::string("an empty one is not taken")
+                                                       : "at most " + std::to_string(kMaxConstantElements) +
+                                                             " are taken") +
+                                        "); register it as a buffer instead");
     }
     throw Diagnostic(describe(n), std::string(n->kind().toQualString()) + " uses a value made by unsupported '" +
                                       v->node()->kind().toQualString() + "'");
