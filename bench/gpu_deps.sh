@@ -17,5 +17,5 @@ rm -rf "$d"; mkdir -p "$d/include" "$d/share/cmake"
 cp -r "$root/usr/include/CLI" "$root/usr/include/nlohmann" "$root/usr/include/toml++" "$d/include/"
 cp -r "$root/usr/share/cmake/CLI11" "$root/usr/share/cmake/nlohmann_json" "$d/share/cmake/"
 # The packaged configs point at /usr/include; point them at the carried copy.
-grep -rl "/usr/include" "$d/share/cmake" | xargs -r sed -i "s#/usr/include#\${CMAKE_CURRENT_LIST_DIR}/../../../include#g"
+{ grep -rl "/usr/include" "$d/share/cmake" || true; } | xargs -r sed -i "s#/usr/include#\${CMAKE_CURRENT_LIST_DIR}/../../../include#g"
 echo "ready: $d (carry it as .deps)"
