@@ -2,7 +2,7 @@
 pipeline against eager PyTorch: does each one train, and if not, why.
 
   python3 bench/sweep.py BIN_DIR OUT_DIR [--tier ci|families|all] [--device cpu|cuda]
-      [--format pt2 --format pt] [--only NAME ...] [--jobs N] [--timeout S] [--table FILE [--section NAME]]
+      [--format pt2 --format pt] [--only NAME ...] [--library LIB ...] [--jobs N] [--timeout S] [--table FILE [--section NAME]]
       [--list]
   python3 bench/sweep.py --merge SWEEP.json [SWEEP.json ...] [--table FILE [--section NAME]]
 
@@ -430,6 +430,9 @@ class StageError(Exception):
 # The file where a worker notes the stage it is in (its model's folder's
 # "at"), so that a model cut off by --timeout can be reported with the stage.
 _AT = None
+# spmd-run's threads on the CPU: OMP_NUM_THREADS as the sweep was started
+# with, else 1 (the worker sets OMP_NUM_THREADS for the other tools).
+_RUN_THREADS = os.environ.get("OMP_NUM_THREADS", "1")
 
 
 def mark(stage):
@@ -467,7 +470,7 @@ def pipeline(bin_dir, source, specs, folder, device, timeout, times):
     graph = run_tool([tool("spmd-split")], "spmd-split", timeout, stdin=graph, times=times)
     graph = run_tool([tool("spmd-unroll"), "--iters", str(STEPS)], "spmd-unroll", timeout, stdin=graph, times=times)
     run_tool([tool("spmd-lower"), "--device", device, "-o", step], "spmd-lower", timeout, stdin=graph, times=times)
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, OMP_NUM_THREADS=_RUN_THREADS)
     run_tool([tool("spmd-run"), step, "--device", device, "--steps", str(STEPS), "--data",
               os.path.join(folder, "data.pt"), "--save-params", ours], "spmd-run", timeout, env=env, times=times)
     return ours
@@ -575,6 +578,9 @@ def worker(entry, bin_dir, work, device, formats, timeout, threads, out):
     """One model in its own process: its results to `out` (JSON)."""
     import torch
     torch.set_num_threads(threads)
+    # The compiling tools too: JOBS workers whose tools each start a thread
+    # per core oversubscribe the machine many times over.
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     def save(results):
         with open(out, "w") as f:
             json.dump(results, f)
@@ -699,6 +705,8 @@ def main(argv):
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--format", action="append", choices=["pt2", "pt"], help="pt2 and pt unless given")
     p.add_argument("--only", action="append", default=[], metavar="NAME")
+    p.add_argument("--library", action="append", default=[], choices=["torchvision", "timm", "transformers"],
+                   help="only this library's entries (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="models at once (1)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per model (900)")
     p.add_argument("--budget", type=int, default=0,
@@ -709,7 +717,7 @@ def main(argv):
     p.add_argument("--list", action="store_true", help="print the models and exit")
     a = p.parse_args(argv)
     os.environ.setdefault("PYTORCH_TENSOREXPR", "0")
-    entries = plan(a.tier, a.only)
+    entries = [e for e in plan(a.tier, a.only) if not a.library or e["library"] in a.library]
     if a.list:
         print("\n".join(e["name"] for e in entries))
         return 0
@@ -733,6 +741,9 @@ def main(argv):
         while queue and len(running) < a.jobs:
             entry = queue.pop(0)
             result = os.path.join(work, entry["name"] + ".json")
+            os.makedirs(os.path.join(work, entry["name"]), exist_ok=True)
+            with open(os.path.join(work, entry["name"], "at"), "w") as f:
+                f.write("starting its worker")
             proc = ctx.Process(target=worker, args=(entry, bin_dir, work, a.device, formats, a.timeout, threads,
                                                     result))
             proc.start()
