@@ -8,7 +8,7 @@
 # no model started after DEADLINE - TIMEOUT s from the script's start (the
 # rest listed as not run; DEADLINE default 560, under the device's 600).
 #   OUT=/some/dir [TIER=families|all] [JOBS=8] [TIMEOUT=150] [DEADLINE=560] [ONLY="NAME ..."]
-#     [LIBRARIES="torchvision timm transformers"]
+#     [SWEEP_LIBRARIES="torchvision timm transformers"] (not LIBRARIES: nvcc reads that)
 #     bash bench/gpu_sweep.sh
 # Writes OUT/{cmake,build,unit}.log, OUT/sweep.log, OUT/sweep.md and
 # OUT/sweep.json (the models' folders are left on the machine).
@@ -34,7 +34,7 @@ grep -E "permuted|FAILED" -A3 "$OUT/unit.log" | head -30
 tail -n 3 "$OUT/unit.log"
 only=()
 for name in ${ONLY:-}; do only+=(--only "$name"); done
-for lib in ${LIBRARIES:-}; do only+=(--library "$lib"); done
+for lib in ${SWEEP_LIBRARIES:-}; do only+=(--library "$lib"); done
 SPMD_COMMIT=${SPMD_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} \
   python3 bench/sweep.py $B "$OUT/sweep" --device cuda --tier "${TIER:-families}" --jobs "${JOBS:-8}" \
   --timeout "${TIMEOUT:-150}" --budget $(( ${DEADLINE:-560} - ($(date +%s) - start) - ${TIMEOUT:-150} )) \
