@@ -29,7 +29,8 @@ trace (.pt) from the same weights, and each file goes through
 
 beside a copy of the eager model trained 3 steps by torch.optim.SGD on the
 same batches, and once more from weights one ulp up: how far rounding alone
-carries the model (the floor). A file's result is one of
+carries the model (the floor); on CUDA both in full fp32 (no TF32
+convolutions: spmd-run --no-cudnn-tf32). A file's result is one of
 - trains: the parameters within rtol 1e-3 / atol 1e-5 of eager's, or no
   farther off than FLOOR_MARGIN (4) times the floor;
 - refused: spmd-expand exits 1 with one line saying what it does not take;
@@ -471,8 +472,11 @@ def pipeline(bin_dir, source, specs, folder, device, timeout, times):
     graph = run_tool([tool("spmd-unroll"), "--iters", str(STEPS)], "spmd-unroll", timeout, stdin=graph, times=times)
     run_tool([tool("spmd-lower"), "--device", device, "-o", step], "spmd-lower", timeout, stdin=graph, times=times)
     env = dict(os.environ, OMP_NUM_THREADS=_RUN_THREADS)
+    # Full fp32 on both sides: TF32 convolutions round to 10 bits, and
+    # channels-last and NCHW convolutions take different cuDNN algorithms.
+    fp32 = ["--no-cudnn-tf32"] if device == "cuda" else []
     run_tool([tool("spmd-run"), step, "--device", device, "--steps", str(STEPS), "--data",
-              os.path.join(folder, "data.pt"), "--save-params", ours], "spmd-run", timeout, env=env, times=times)
+              os.path.join(folder, "data.pt"), "--save-params", ours, *fp32], "spmd-run", timeout, env=env, times=times)
     return ours
 
 
@@ -578,6 +582,7 @@ def worker(entry, bin_dir, work, device, formats, timeout, threads, out):
     """One model in its own process: its results to `out` (JSON)."""
     import torch
     torch.set_num_threads(threads)
+    torch.backends.cudnn.allow_tf32 = False  # as spmd-run --no-cudnn-tf32
     # The compiling tools too: JOBS workers whose tools each start a thread
     # per core oversubscribe the machine many times over.
     os.environ["OMP_NUM_THREADS"] = str(threads)

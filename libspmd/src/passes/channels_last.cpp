@@ -19,12 +19,20 @@
 // the optimizer, buckets and checkpoints see the tensors they did. Values
 // are the same up to the convolution algorithms cuDNN picks for the layout.
 //
+// A `view` that a channels-last value no longer allows (a classifier's
+// `x.view(n, -1)`, the backward of a reshape after a convolution) becomes
+// `reshape`, which copies where the strides require it, as eager does for a
+// channels-last tensor's reshape.
+//
 // `auto` (the default) converts a graph with at least kAutoConvolutions
 // 2-D convolutions (a convolution net, not a vision transformer's patch
 // embedding); `channels-last` any; `contiguous` none.
 #include "spmd/ir/builder.h"
 #include "spmd/ir/op_name.h"
+#include "spmd/ir/verify.h"
 #include "spmd/passes/pass.h"
+
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <map>
@@ -42,6 +50,8 @@ struct Ops {
   OpName convTranspose2d = OpName::known("aten::conv_transpose2d.input");
   OpName convolutionBackward = OpName::known("aten::convolution_backward");
   OpName toCopy = OpName::known("aten::_to_copy");
+  OpName view = OpName::known("aten::view");
+  OpName unsafeView = OpName::known("aten::_unsafe_view");
 };
 const Ops& ops() { return opTable<Ops>(); }
 
@@ -91,6 +101,35 @@ bool castOnlyConvolutionsRead(const Graph& g, ValueId v) {
   return true;
 }
 
+// Whether `n` is a view of a tensor whose strides (`meta`) it cannot view.
+bool viewTheStridesRefuse(const Graph& g, const std::vector<at::Tensor>& meta, const Node& n) {
+  if (!(n.is(ops().view) || n.is(ops().unsafeView)) || n.args.size() != 2) return false;
+  if (n.args[0].kind != Arg::Kind::Value || n.outputs.size() != 1) return false;
+  const at::Tensor& in = meta[n.args[0].value];
+  if (!in.defined() || in.is_contiguous()) return false;
+  try {
+    in.view(g.value(n.outputs[0]).shape);
+    return false;
+  } catch (const c10::Error&) {
+    return true;
+  }
+}
+
+// Views that the new layouts refuse, as reshapes; how many.
+int reshapeRefusedViews(Graph& g) {
+  const std::vector<at::Tensor> meta = metaValues(g);
+  std::vector<const Node*> refused;
+  for (const Node& n : g.nodes()) {
+    if (viewTheStridesRefuse(g, meta, n)) refused.push_back(&n);
+  }
+  for (const Node* n : refused) {
+    GraphBuilder b(g);
+    b.setMeta(n->meta);
+    b.replace(*n, "aten::reshape", {n->args[0], n->args[1]});
+  }
+  return static_cast<int>(refused.size());
+}
+
 class ChannelsLastPass final : public Pass {
  public:
   explicit ChannelsLastPass(std::string mode) : mode_(std::move(mode)) {}
@@ -134,6 +173,7 @@ class ChannelsLastPass final : public Pass {
     count("convolution(s) in channels-last memory order", static_cast<int64_t>(convolutions.size()));
     count("conversion(s) to channels-last", conversions);
     count("cast(s) writing channels-last", casts);
+    count("view(s) of channels-last values as reshapes", reshapeRefusedViews(g));
     return true;
   }
 
