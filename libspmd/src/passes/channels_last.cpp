@@ -115,6 +115,21 @@ bool viewTheStridesRefuse(const Graph& g, const std::vector<at::Tensor>& meta, c
   }
 }
 
+// The conversions whose input is already channels-last, gone (their readers
+// read the input); how many.
+int dropConversionsOfChannelsLast(Graph& g, const std::vector<const Node*>& conversions) {
+  const std::vector<at::Tensor> meta = metaValues(g);
+  int dropped = 0;
+  for (const Node* n : conversions) {
+    const at::Tensor& in = meta[n->args[0].value];
+    if (!in.defined() || !in.is_contiguous(c10::MemoryFormat::ChannelsLast)) continue;
+    g.replaceAllUsesWith(n->outputs[0], n->args[0].value);
+    g.erase(*n);
+    ++dropped;
+  }
+  return dropped;
+}
+
 // Views that the new layouts refuse, as reshapes; how many.
 int reshapeRefusedViews(Graph& g) {
   const std::vector<at::Tensor> meta = metaValues(g);
@@ -148,7 +163,8 @@ class ChannelsLastPass final : public Pass {
       return false;
     }
     std::map<ValueId, ValueId> converted;
-    int conversions = 0, casts = 0;
+    std::vector<const Node*> conversionNodes;
+    int casts = 0;
     for (const Node* n : convolutions) {
       for (size_t i : layoutArgs(g, *n)) {
         const ValueId v = n->args[i].value;
@@ -162,16 +178,18 @@ class ChannelsLastPass final : public Pass {
             GraphBuilder b(g);
             b.setMeta(n->meta);
             b.setInsertionPoint(*n);
-            ++conversions;
             it = converted.emplace(v, b.call("aten::contiguous", {Arg::tensor(v), channelsLast()},
                                              g.value(v).name + ".cl")).first;
+            conversionNodes.push_back(g.producer(it->second));
           }
         }
         if (it->second != v) g.setArg(*n, i, Arg::tensor(it->second));
       }
     }
     count("convolution(s) in channels-last memory order", static_cast<int64_t>(convolutions.size()));
-    count("conversion(s) to channels-last", conversions);
+    const int dropped = dropConversionsOfChannelsLast(g, conversionNodes);
+    count("conversion(s) to channels-last", static_cast<int64_t>(conversionNodes.size()) - dropped);
+    count("conversion(s) of values already channels-last left out", dropped);
     count("cast(s) writing channels-last", casts);
     count("view(s) of channels-last values as reshapes", reshapeRefusedViews(g));
     return true;
