@@ -167,6 +167,34 @@ TEST_CASE("optimizer updates run in place over their state, with the same result
   CHECK(Interpreter(fused).overwrittenInputs().empty());
 }
 
+// The cnn's BatchNorm running statistics reach the forward through
+// spmd::broadcast (DDP's buffer broadcast from rank 0), which they die at:
+// with Buffers::Reuse one rank's broadcast hands the state tensor on as it
+// is (no copy a step) and names it overwritten, and the states agree with
+// the reference semantics' (train() above compares every tensor).
+TEST_CASE("a one-rank broadcast of state the step replaces copies nothing", "[unroll]") {
+  const Graph cnn = trainStep("cnn", "sgd", 0.002);
+  Interpreter reuse(cnn, Interpreter::Buffers::Reuse);
+  const auto& written = reuse.overwrittenInputs();
+  int broadcasts = 0;
+  for (const Node& n : cnn.nodes()) {
+    if (n.op != "spmd::broadcast") continue;
+    ++broadcasts;
+    const std::string& name = cnn.value(n.args[0].value).name;
+    INFO(name);
+    CHECK(std::find(written.begin(), written.end(), name) != written.end());
+  }
+  REQUIRE(broadcasts > 0);
+  std::map<std::string, at::Tensor> inputs = initialState(cnn);
+  for (auto& [name, t] : batch(cnn, 0)) inputs[name] = t;
+  const RunResult kept = Interpreter(cnn).run(inputs);
+  const RunResult reused = reuse.run(inputs);
+  for (const auto& [name, t] : kept.updates) {
+    INFO(name);
+    CHECK(at::equal(t, reused.updates.at(name)));
+  }
+}
+
 // spmd::fused_adam (lowered for CUDA; its kernel runs only there, see
 // bench/gpu_precision_parity.sh) runs in place over the parameters, moments
 // and steps when the update is their last reader, and on copies otherwise.

@@ -95,7 +95,7 @@ class GroupCollectives : public Collectives {
   std::vector<at::Tensor> runNode(const Node& node, const std::vector<at::Tensor>& tensors, bool mayReuseInput) {
     switch (collectiveKind(node.op)) {
       case CollectiveKind::Broadcast: {
-        std::vector<at::Tensor> t = {tensors.at(0).clone()};
+        std::vector<at::Tensor> t = {mayReuseInput ? tensors.at(0) : tensors.at(0).clone()};
         c10d::BroadcastOptions opts;
         opts.rootRank = node.args.at(1).i;
         group_->broadcast(t, opts)->wait();

@@ -36,11 +36,11 @@ class ReusePlanner {
   }
 
   // `v` has storage no other value shares: a fresh result of an ATen op (not
-  // a view, nor an op that sometimes returns its input), or a parameter or
-  // state input that the step replaces anyway.
+  // a view, nor an op that sometimes returns its input), or a parameter,
+  // buffer or state input that the step replaces anyway.
   bool ownsStorage(ValueId v) const {
     if (const GraphInput* in = g_.inputOf(v)) {
-      return (in->kind == InputKind::Parameter || in->kind == InputKind::State) && updated_.count(v) > 0;
+      return !isPerStepInput(in->kind) && updated_.count(v) > 0;
     }
     const Node* producer = g_.producer(v);
     if (!producer) return false;
@@ -56,13 +56,15 @@ class ReusePlanner {
     return r < returns.size() && !returns[r].alias_info();
   }
 
-  // A collective may reduce in its input: a fresh tensor (a bucket's
-  // flattened gradients) that dies there.
+  // A collective may work in its input when that dies there and owns its
+  // storage: a fresh tensor (a bucket's flattened gradients), or a state
+  // input the step replaces (a BatchNorm's running statistics, broadcast
+  // from rank 0: in place across ranks, and on one rank no copy at all).
   bool collectiveMayReuse(size_t i) const {
     const Node& node = g_.nodes()[i];
     if (node.args.empty() || node.args[0].kind != Arg::Kind::Value) return false;
     const ValueId v = node.args[0].value;
-    return !isInput(v) && diesAt(v, i) && ownsStorage(v);
+    return diesAt(v, i) && ownsStorage(v);
   }
 
   // The node may run in place over `lists` (the arguments its in-place form
@@ -101,6 +103,8 @@ void Interpreter::planInPlace(const std::vector<int>& lastUse) {
     const Node& node = graph_.nodes()[i];
     if (isCollective(node.op)) {
       reusesInput_[i] = planner.collectiveMayReuse(i);
+      const ValueId first = reusesInput_[i] ? node.args[0].value : kNoValue;
+      if (first != kNoValue && planner.isInput(first)) overwritten_.push_back(graph_.value(first).name);
       continue;
     }
     std::vector<size_t> lists = listsWrittenInPlace(node.op);  // ops/op_traits.h
