@@ -28,8 +28,8 @@ trace (.pt) from the same weights, and each file goes through
   spmd-run step.spmd --device DEV --steps 3 --data data.pt --save-params ours.pt
 
 beside a copy of the eager model trained 3 steps by torch.optim.SGD on the
-same batches, and once more from weights one ulp up: how far rounding alone
-carries the model (the floor); on CUDA both in full fp32 (no TF32
+same batches, and twice more from weights one ulp up and one ulp down: how
+far rounding alone carries the model (the floor, the farther of the two); on CUDA both in full fp32 (no TF32
 convolutions: spmd-run --no-cudnn-tf32). A file's result is one of
 - trains: the parameters within rtol 1e-3 / atol 1e-5 of eager's, or no
   farther off than FLOOR_MARGIN (4) times the floor;
@@ -491,14 +491,16 @@ def train_eager(model, data, inputs, device):
     return {n: p.detach().cpu() for n, p in model.named_parameters()}
 
 
-def compare(got, eager, floor):
-    """(trains, worst abs difference, the floor's worst)."""
+def compare(got, eager, floors):
+    """(trains, worst abs difference, the floor's worst: the farthest of the
+    nudged runs `floors`)."""
     torch, _ = torch_modules()
     missing = [n for n in eager if n not in got]
     if missing:
         return False, float("inf"), 0.0, f"spmd-run saved no parameter {missing[0]}"
     worst = max((float((got[n].double() - p.double()).abs().max()) for n, p in eager.items()), default=0.0)
-    floor_worst = max((float((floor[n].double() - p.double()).abs().max()) for n, p in eager.items()), default=0.0)
+    floor_worst = max((float((floor[n].double() - p.double()).abs().max()) for floor in floors
+                       for n, p in eager.items()), default=0.0)
     close = all(torch.allclose(got[n].float(), p.float(), rtol=1e-3, atol=1e-5) for n, p in eager.items())
     ok = close or worst <= FLOOR_MARGIN * floor_worst
     return ok, worst, floor_worst, "" if ok else f"parameters differ from eager's by up to {worst:.3g} " \
@@ -545,7 +547,7 @@ def check(entry, bin_dir, work, device, formats, timeout, progress=None):
                 mark("training it in eager")
                 begun = time.monotonic()
                 eager = train_eager(copy.deepcopy(model), data, inputs, device)
-                floor = train_eager(nudged(model), data, inputs, device)
+                floor = [train_eager(nudged(model, direction), data, inputs, device) for direction in (1, -1)]
                 times["eager"] = round(time.monotonic() - begun, 1)
             ok, worst, floor_worst, why = compare(torch.load(ours), eager, floor)
             row.update(result="trains" if ok else "failed", stage="" if ok else "parity", why=why,
@@ -568,13 +570,13 @@ def write_format(model, example, fmt, path):
         torch.jit.trace(model, example, check_trace=False, strict=False).save(path)
 
 
-def nudged(model):
-    """A copy of `model` with every weight one ulp up."""
+def nudged(model, direction):
+    """A copy of `model` with every weight one ulp up (direction 1) or down (-1)."""
     torch, _ = torch_modules()
     other = copy.deepcopy(model)
     with torch.no_grad():
         for p in other.parameters():
-            p.copy_(torch.nextafter(p, torch.full_like(p, math.inf)))
+            p.copy_(torch.nextafter(p, torch.full_like(p, direction * math.inf)))
     return other
 
 
