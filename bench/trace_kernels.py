@@ -3,12 +3,18 @@
 (torch.profiler's). Prints the device time and launches a step, by kind (GEMMs, spmd's generated
 kernels, Triton's, ATen's others, copies) and by kernel, slowest first.
 
-    python3 bench/trace_kernels.py TRACE.json [--top N] [--json FILE]
+    python3 bench/trace_kernels.py TRACE.json [--top N] [--json FILE] [--by-op]
 
 A trace names its step count under "spmd" (both writers put it there). Device time is the sum of
 the kernels' own durations: where streams overlap it is more than the wall time. --json also writes
 the sums a step to FILE ({"steps", "device", "device_ms", "kernels" (kernels and copies), "by_kind":
 {kind: {"ms", "calls"}}}), which bench.sh records as the step's device time.
+
+--by-op adds a table of the device work by the op that launched it: the outermost op on the
+launching thread (spmd-run's node, or an ATen op of torch's step) and the op under it that made
+the call (aten::copy_ inside spmd::fused_attention_backward, say), with the kernel's name. A kernel
+is tied to its op through the trace's correlation ids (spmd-run's "launched_by" and "correlation",
+torch.profiler's "External id"); one the trace does not tie is listed as not mapped.
 
 Host-to-device copies on a stream other than the one that ran most of the work are listed as
 "overlapped upload" and left out of the device time: they are spmd-run's copies of the next step's
@@ -107,16 +113,65 @@ def per_step(trace, source):
                         for kind, (us, calls) in by_kind.items()}}
 
 
+def cpu_ops(trace):
+    """{link id: (the op, the outermost op around it on its thread)} of the trace's CPU events."""
+    by_thread = collections.defaultdict(list)
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") == "X" and e.get("cat") not in DEVICE_CATEGORIES:
+            by_thread[(e.get("pid"), e.get("tid"))].append(e)
+    ops = {}
+    for events in by_thread.values():
+        events.sort(key=lambda e: (float(e.get("ts", 0.0)), -float(e.get("dur", 0.0))))
+        outer, outer_end = None, -1.0
+        for e in events:
+            start = float(e.get("ts", 0.0))
+            if start >= outer_end:
+                outer, outer_end = e, start + float(e.get("dur", 0.0))
+            if re.match(r"cuda[A-Z]|cu[A-Z]", e["name"]):
+                continue  # a CUDA API call: its correlation ids count apart from the ops'
+            args = e.get("args") or {}
+            for link in (args.get("correlation"), args.get("External id")):
+                if link:
+                    ops[link] = (e["name"], outer["name"])
+    return ops
+
+
+def by_op(trace):
+    """{"OUTER > OP: kernel": [us, calls]} of the device work."""
+    ops = cpu_ops(trace)
+    rows = collections.defaultdict(lambda: [0.0, 0])
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATEGORIES:
+            continue
+        args = e.get("args") or {}
+        launcher = ops.get(args.get("launched_by")) or ops.get(args.get("External id"))
+        if launcher is None:
+            where = "(not mapped)"
+        else:
+            op, outer = launcher
+            where = outer if op == outer else outer + " > " + op
+        acc = rows[where + ": " + e["name"]]
+        acc[0] += float(e.get("dur", 0.0))
+        acc[1] += 1
+    return rows
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("trace")
     p.add_argument("--top", type=int, default=40, help="kernels listed (default 40)")
     p.add_argument("--json", metavar="FILE", help="also write the sums a step to FILE as JSON")
+    p.add_argument("--by-op", action="store_true", help="also sum the device work by the op that launched it")
     args = p.parse_args(argv)
     try:
         with open(args.trace) as f:
             trace = json.load(f)
         sys.stdout.write(summarize(trace, args.top, args.trace))
+        if args.by_op:
+            steps = step_count(trace, args.trace)
+            total, _ = step_totals(sums(trace)[1])
+            sys.stdout.write("\n".join(["# by op (outermost > launching op: kernel)"] +
+                                        table(by_op(trace), steps, total, args.top)) + "\n")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(per_step(trace, args.trace), f)

@@ -27,8 +27,14 @@ double startUs(const kineto::KinetoEvent& event) { return static_cast<double>(ev
 
 // One Chrome trace "complete" event. CPU events (ATen ops, CUDA runtime
 // calls) go on their thread; device events (kernels, copies) on their stream.
+// An op's "correlation" and a kernel's "launched_by" (the correlation of
+// the op that launched it) tie each kernel to its op, as torch.profiler
+// ties them (bench/trace_kernels.py --by-op).
 nlohmann::ordered_json traceEvent(const kineto::KinetoEvent& event, double originUs) {
   const bool onCpu = event.deviceType() == c10::DeviceType::CPU;
+  nlohmann::ordered_json args = nlohmann::ordered_json::object();
+  if (onCpu && event.correlationId() != 0) args["correlation"] = event.correlationId();
+  if (!onCpu && event.linkedCorrelationId() != 0) args["launched_by"] = event.linkedCorrelationId();
   return {{"name", event.name()},
           {"cat", onCpu ? "cpu" : "gpu"},
           {"ph", "X"},
@@ -36,7 +42,8 @@ nlohmann::ordered_json traceEvent(const kineto::KinetoEvent& event, double origi
           {"dur", static_cast<double>(event.durationNs()) / 1e3},
           {"pid", onCpu ? std::string("cpu") : c10::DeviceTypeName(event.deviceType(), true) + ":" +
                                                    std::to_string(static_cast<int>(event.deviceIndex()))},
-          {"tid", onCpu ? static_cast<int64_t>(event.startThreadId()) : event.deviceResourceId()}};
+          {"tid", onCpu ? static_cast<int64_t>(event.startThreadId()) : event.deviceResourceId()},
+          {"args", args}};
 }
 
 // Kineto's own save() exists only in builds with Kineto (not Debian's
