@@ -255,12 +255,12 @@ run_spmd() {
 }
 
 # record_device_time SYSTEM MODEL N PRECISION TAG: bench/trace_kernels.py's sums of the trace
-# WORK/traces/TAG.json as a device_time line (its table of kernels in logs/TAG.kernels.txt);
-# the trace, large for the big models, is removed.
+# WORK/traces/TAG.json as a device_time line (its table of kernels, and of the ops that
+# launched them, in logs/TAG.kernels.txt); the trace, large for the big models, is removed.
 record_device_time() {
   local tag=$5
-  "$PY" bench/trace_kernels.py "$WORK/traces/$tag.json" --json "$WORK/logs/$tag.kernels.json" \
-      > "$WORK/logs/$tag.kernels.txt" \
+  "$PY" bench/trace_kernels.py "$WORK/traces/$tag.json" --json "$WORK/logs/$tag.kernels.json" --by-op \
+      --top 80 > "$WORK/logs/$tag.kernels.txt" \
     && record device-time --system "$1" --model "$2" --ranks "$3" --precision "$4" \
       --sums "$WORK/logs/$tag.kernels.json" \
     && rm -f "$WORK/traces/$tag.json"
