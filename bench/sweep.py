@@ -660,8 +660,11 @@ def table(env, rows, done):
 def put_table(path, text, section=None):
     """`text` between the file's sweep markers (`<!-- sweep:begin -->`, or
     with a section `<!-- sweep:SECTION:begin -->`, and their ends)."""
-    with open(path) as f:
-        content = f.read()
+    try:
+        with open(path) as f:
+            content = f.read()
+    except OSError as e:
+        raise SystemExit(f"sweep.py: error: {path}: {e.strerror}")
     name = f"sweep:{section}" if section else "sweep"
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in content or end not in content:
