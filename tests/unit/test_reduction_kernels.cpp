@@ -31,8 +31,9 @@ using namespace spmd;
 namespace {
 
 // LayerNorm over [B, T, C] (rows = B * T) of a sum with a bf16 residual,
-// its cast to bf16, and the backward with dy arriving in bf16 and a
-// residual gradient added to dx; then an f32 LayerNorm of that.
+// its cast to bf16, and the backward with dy arriving in bf16, a residual
+// gradient added to dx and that sum cast to bf16 too; then an f32 LayerNorm
+// of the sum.
 Graph layerNormGraph(int64_t b, int64_t t, int64_t c) {
   std::string text = R"(graph
   input %x0: f32[B,T,C] data
@@ -47,8 +48,9 @@ Graph layerNormGraph(int64_t b, int64_t t, int64_t c) {
   %dy: f32[B,T,C] = aten::_to_copy(%dy16, torch.float32, None, None, None, False, None)
   %dx: f32[B,T,C], %dw: f32[C], %db: f32[C] = aten::native_layer_norm_backward(%dy, %x, [C], %mean, %rstd, %w, %bias, [True, True, True])
   %sum: f32[B,T,C] = aten::add.Tensor(%dx, %res, 1)
+  %sum16: bf16[B,T,C] = aten::_to_copy(%sum, torch.bfloat16, None, None, None, False, None)
   %y2: f32[B,T,C], %mean2: f32[B,T,1], %rstd2: f32[B,T,1] = aten::native_layer_norm(%sum, [C], %w, %bias, 1e-05)
-  return (%y16, %sum, %dw, %db, %y2, %mean2, %rstd2, %x)
+  return (%y16, %sum, %dw, %db, %y2, %mean2, %rstd2, %x, %sum16)
 )";
   text = std::regex_replace(text, std::regex("\\bB\\b"), std::to_string(b));
   text = std::regex_replace(text, std::regex("\\bT\\b"), std::to_string(t));
@@ -69,7 +71,7 @@ Ran runBoth(int64_t b, int64_t t, int64_t c, const at::Device& device) {
   const Graph plain = layerNormGraph(b, t, c);
   Graph fused = plain;
   runPasses(fused, {"layer-norm-to-kernel"}, PipelineOptions{}, DebugOptions{});
-  // Both LayerNorms, the backward, both casts and both adds: none of them left as ATen's.
+  // Both LayerNorms, the backward, the three casts and both adds: none of them left as ATen's.
   REQUIRE(countOps(fused, "spmd::layer_norm") == 2);
   REQUIRE(countOps(fused, "spmd::layer_norm_backward") == 1);
   REQUIRE(countOps(fused, "aten::_to_copy") == 0);
@@ -88,7 +90,7 @@ Ran runBoth(int64_t b, int64_t t, int64_t c, const at::Device& device) {
   return {Interpreter(plain).run(inputs).outputs, Interpreter(fused).run(inputs).outputs};
 }
 
-const char* kOutputs[] = {"y (bf16)", "dx + residual", "dw", "db", "y", "mean", "rstd", "x0 + r16"};
+const char* kOutputs[] = {"y (bf16)", "dx + residual", "dw", "db", "y", "mean", "rstd", "x0 + r16", "dx+res (bf16)"};
 
 }  // namespace
 
@@ -221,10 +223,10 @@ TEST_CASE("generated LayerNorm kernels match ATen's CUDA kernels", "[fused][cuda
       std::printf("layer norm %lld x %lld x %lld %-14s largest difference %.3g (largest |value| %.3g)\n",
                   static_cast<long long>(b), static_cast<long long>(t), static_cast<long long>(c), kOutputs[k], worst,
                   scale);
-      // bf16 y: one rounding apart at most; the gradients' sums over rows
-      // are added in other orders than ATen's.
+      // bf16 y and dx: one rounding apart at most; the gradients' sums
+      // over rows are added in other orders than ATen's.
       const double rows = static_cast<double>(b * t);
-      const double tolerance = k == 0 ? scale / 128 : k == 2 || k == 3 ? 1e-6 * (1 + scale) * std::sqrt(rows) : 2e-5 * (1 + scale);
+      const double tolerance = k == 0 || k == 8 ? scale / 128 : k == 2 || k == 3 ? 1e-6 * (1 + scale) * std::sqrt(rows) : 2e-5 * (1 + scale);
       CHECK(worst <= tolerance);
     }
   }

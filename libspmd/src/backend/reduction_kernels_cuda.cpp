@@ -60,10 +60,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layerNormCuda(const a
   return {y, mean, rstd, sum};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCuda(const at::Tensor& grad, const at::Tensor& input,
-                                                                     const at::Tensor& mean, const at::Tensor& rstd,
-                                                                     const at::Tensor& weight,
-                                                                     const c10::optional<at::Tensor>& residual) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCuda(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
+    const at::Tensor& weight, const c10::optional<at::Tensor>& residual, bool bf16Copy) {
   constexpr const char* op = "spmd::layer_norm_backward";
   checkRows(op, input, weight);
   const bool withResidual = given(residual);
@@ -72,20 +71,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCuda(const at::T
               op, ": a gradient, and an fp32 residual, of the input's shape");
   const int64_t features = input.size(-1), rows = input.numel() / std::max<int64_t>(features, 1);
   const LayerNormBackwardKernelSpec spec = generatedSpec(op, [&] {
-    return LayerNormBackwardKernelSpec::forCall(IValueCallArgs({grad, input, mean, rstd, weight, residual}));
+    return LayerNormBackwardKernelSpec::forCall(IValueCallArgs({grad, input, mean, rstd, weight, residual, bf16Copy}));
   });
   const at::Tensor dy = aligned(grad), x = aligned(input), w = aligned(weight);
   const at::Tensor m = mean.contiguous(), r = rstd.contiguous();
   const at::Tensor add = withResidual ? aligned(*residual) : at::Tensor();
   at::Tensor dx = at::empty(input.sizes(), input.options());
+  at::Tensor dx16 = bf16Copy ? at::empty(input.sizes(), input.options().dtype(at::kBFloat16)) : at::Tensor();
   const int64_t blocks = layerNormBackwardBlocks(rows);
   at::Tensor partial = at::empty({blocks, 2, features}, input.options());
   at::Tensor dw = at::empty_like(w), db = at::empty_like(w);
   launchGenerated(op, spec, spec.rowsLaunch(rows), x.device(),
                   {dy.data_ptr(), x.data_ptr(), m.data_ptr(), r.data_ptr(), w.data_ptr(),
-                   withResidual ? add.data_ptr() : nullptr, dx.data_ptr(), partial.data_ptr()});
+                   withResidual ? add.data_ptr() : nullptr, dx.data_ptr(), bf16Copy ? dx16.data_ptr() : nullptr,
+                   partial.data_ptr()});
   launchGenerated(op, spec, spec.paramsLaunch(rows), x.device(), {partial.data_ptr(), dw.data_ptr(), db.data_ptr()});
-  return {dx, dw, db};
+  return {dx, dw, db, dx16};
 }
 
 at::Tensor columnSumCuda(const at::Tensor& input, bool keepdim) {

@@ -81,7 +81,7 @@ __device__ __forceinline__ void spmd_prefetch_l2(const void* p) {
 // again from L1 where it is used, not held.
 extern "C" __global__ void __launch_bounds__(kThreads, 2) spmd_layer_norm_backward(
     const spmd_grad* dy, const float* x, const float* mean, const float* rstd, const float* weight,
-    const float* residual, float* dx, float* partial, long long rows) {
+    const float* residual, float* dx, spmd_copy* dx_copy, float* partial, long long rows) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   // This lane's columns summed over its warp's rows: dy * xhat and dy.
   float sum_gx[kChunks][4], sum_g[kChunks][4];
@@ -131,6 +131,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 2) spmd_layer_norm_backwa
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[e] = rs * (g[j][e] * w[e] - mean_g - xhat[j][e] * mean_gx) + add[e];
         spmd_store_f32(dx + row * kFeatures, c, o);
+        if (kCopy) spmd_store_copy(dx_copy + row * kFeatures, c, o);
       }
     }
   }
@@ -242,11 +243,11 @@ std::string layerNormKey(int64_t features, double eps, c10::ScalarType outDtype,
          " out=" + (isBf16(outDtype) ? "bf16" : "f32") + " res=" + residualText(residual);
 }
 
-std::string layerNormBackwardKey(int64_t features, c10::ScalarType gradDtype, bool residual) {
+std::string layerNormBackwardKey(int64_t features, c10::ScalarType gradDtype, bool residual, bool bf16Copy) {
   checkFeatures(features);
   checkDtype(gradDtype, "an incoming gradient");
   return "layer_norm_backward f=" + std::to_string(features) + " grad=" + (isBf16(gradDtype) ? "bf16" : "f32") +
-         " res=" + (residual ? "1" : "0");
+         " res=" + (residual ? "1" : "0") + (bf16Copy ? " copy=bf16" : "");
 }
 
 // The last dimension of a call's input.
@@ -293,14 +294,16 @@ std::string LayerNormKernelSpec::generateSource() const {
   return src + kForward;
 }
 
-LayerNormBackwardKernelSpec::LayerNormBackwardKernelSpec(int64_t features, c10::ScalarType gradDtype, bool residual)
-    : KernelSpec(layerNormBackwardKey(features, gradDtype, residual)),
+LayerNormBackwardKernelSpec::LayerNormBackwardKernelSpec(int64_t features, c10::ScalarType gradDtype, bool residual,
+                                                         bool bf16Copy)
+    : KernelSpec(layerNormBackwardKey(features, gradDtype, residual, bf16Copy)),
       features_(features),
       grad_(gradDtype),
-      residual_(residual) {}
+      residual_(residual),
+      bf16Copy_(bf16Copy) {}
 
 LayerNormBackwardKernelSpec LayerNormBackwardKernelSpec::forCall(const KernelCallArgs& call) {
-  return LayerNormBackwardKernelSpec(featuresOf(call, 1), call.dtype(0), call.given(5));
+  return LayerNormBackwardKernelSpec(featuresOf(call, 1), call.dtype(0), call.given(5), call.flag(6));
 }
 
 KernelLaunch LayerNormBackwardKernelSpec::rowsLaunch(int64_t rows) const {
@@ -315,16 +318,20 @@ KernelLaunch LayerNormBackwardKernelSpec::paramsLaunch(int64_t rows) const {
 std::string LayerNormBackwardKernelSpec::generateSource() const {
   std::string src = header(std::string("layer norm backward over ") + std::to_string(features_) +
                                " features, incoming gradient " + (isBf16(grad_) ? "bf16" : "f32") +
-                               (residual_ ? ", a residual gradient added" : ""),
+                               (residual_ ? ", a residual gradient added" : "") +
+                               (bf16Copy_ ? ", dx also written in bf16" : ""),
                            features_);
   src += "constexpr int kRowsPerWarp = " + std::to_string(kLayerNormRowsPerWarp) + ";\n";
   src += "constexpr int kParamsThreads = " + std::to_string(kLayerNormParamsThreads) + ";\n";
-  src += std::string("constexpr bool kResidual = ") + (residual_ ? "true" : "false") + ";\n\n";
-  if (isBf16(grad_)) src += bfloat16Helpers();
+  src += std::string("constexpr bool kResidual = ") + (residual_ ? "true" : "false") + ";\n";
+  src += std::string("constexpr bool kCopy = ") + (bf16Copy_ ? "true" : "false") + ";\n\n";
+  if (isBf16(grad_) || bf16Copy_) src += bfloat16Helpers();
   src += sharedHelpers();
   src += fourLoadFunction("spmd_load_f32", "spmd_f32", c10::ScalarType::Float);
   src += fourLoadFunction("spmd_load_grad", "spmd_grad", grad_);
   src += fourStoreFunction("spmd_store_f32", "spmd_f32", c10::ScalarType::Float);
+  src += fourStoreFunction("spmd_store_copy", "spmd_copy",
+                           bf16Copy_ ? c10::ScalarType::BFloat16 : c10::ScalarType::Float);
   return src + kBackward;
 }
 

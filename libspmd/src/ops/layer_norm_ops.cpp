@@ -7,8 +7,10 @@
 // skip connection's add, fused; undefined without one). The
 // backward's incoming gradient may be bf16 (the cast back to fp32 fused), and
 // its optional `residual` is added to the input's gradient (the skip
-// connection's gradient, fused). mean and rstd are shaped as ATen's: the
-// input's shape with the last dimension 1.
+// connection's gradient, fused); with `bf16_copy` it also returns the
+// input's gradient rounded to bf16 (the cast autocast puts before the GEMM
+// that reads it, fused; undefined without). mean and rstd are shaped as
+// ATen's: the input's shape with the last dimension 1.
 //
 // CUDA runs the generated kernels (ops/layer_norm_codegen.h, launched in
 // backend/reduction_kernels_cuda.cpp); the CPU kernels here are the reference they are
@@ -34,16 +36,17 @@ Forward layerNormCpu(const at::Tensor& input, const c10::optional<at::Tensor>& r
   return {out.to(dtype), mean, rstd, sum};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardCpu(const at::Tensor& grad, const at::Tensor& input,
-                                                                    const at::Tensor& mean, const at::Tensor& rstd,
-                                                                    const at::Tensor& weight,
-                                                                    const c10::optional<at::Tensor>& residual) {
+using Backward = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+Backward layerNormBackwardCpu(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean,
+                              const at::Tensor& rstd, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& residual, bool bf16Copy) {
   // ATen reads only the bias's shape and options (for its gradient), which
   // are the weight's.
   auto [gradInput, gradWeight, gradBias] = at::native_layer_norm_backward(
       grad.to(input.scalar_type()), input, {input.size(-1)}, mean, rstd, weight, weight, {true, true, true});
   if (given(residual)) gradInput = gradInput + *residual;
-  return {gradInput, gradWeight, gradBias};
+  return {gradInput, gradWeight, gradBias, bf16Copy ? gradInput.to(at::kBFloat16) : at::Tensor()};
 }
 
 Forward layerNormMeta(const at::Tensor& input, const c10::optional<at::Tensor>& residual, const at::Tensor& weight,
@@ -56,14 +59,14 @@ Forward layerNormMeta(const at::Tensor& input, const c10::optional<at::Tensor>& 
           at::empty(layerNormStatsShape(input), f32), given(residual) ? at::empty(input.sizes(), f32) : at::Tensor()};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layerNormBackwardMeta(const at::Tensor& grad, const at::Tensor& input,
-                                                                     const at::Tensor& mean, const at::Tensor& rstd,
-                                                                     const at::Tensor& weight,
-                                                                     const c10::optional<at::Tensor>& residual) {
+Backward layerNormBackwardMeta(const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean,
+                               const at::Tensor& rstd, const at::Tensor& weight,
+                               const c10::optional<at::Tensor>& residual, bool bf16Copy) {
   TORCH_CHECK(grad.sizes() == input.sizes() && mean.sizes() == rstd.sizes() && weight.dim() == 1 &&
                   weight.size(0) == input.size(-1) && (!given(residual) || residual->sizes() == input.sizes()),
               "spmd::layer_norm_backward: a gradient, and a residual, of the input's shape");
-  return {at::empty_like(input), at::empty_like(weight), at::empty_like(weight)};
+  return {at::empty_like(input), at::empty_like(weight), at::empty_like(weight),
+          bf16Copy ? at::empty_like(input, input.options().dtype(at::kBFloat16)) : at::Tensor()};
 }
 
 }  // namespace
@@ -75,8 +78,8 @@ void ensureLayerNormOpsRegistered() {}
 TORCH_LIBRARY_FRAGMENT(spmd, m) {
   m.def("layer_norm(Tensor input, Tensor? residual, Tensor weight, Tensor bias, float eps, ScalarType dtype) "
         "-> (Tensor out, Tensor mean, Tensor rstd, Tensor sum)");
-  m.def("layer_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor rstd, Tensor weight, Tensor? residual) "
-        "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def("layer_norm_backward(Tensor grad, Tensor input, Tensor mean, Tensor rstd, Tensor weight, Tensor? residual, "
+        "bool bf16_copy) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias, Tensor grad_input_bf16)");
 }
 
 TORCH_LIBRARY_IMPL(spmd, CPU, m) {

@@ -11,14 +11,17 @@
 //   %dy = aten::_to_copy(%dy16, torch.float32, ...)       (if dy's only reader is the backward)
 //   %dx, %dw, %db = aten::native_layer_norm_backward(%dy, %x, [C], %mean, %rstd, %w, %b, [True, True, True])
 //   %sum = aten::add.Tensor(%dx, %other, 1)                (if dx's only reader; %other made earlier)
-//     -> %sum, %dw, %db = spmd::layer_norm_backward(%dy16, %x, %mean, %rstd, %w, %other)
+//   %sum16 = aten::_to_copy(%sum, torch.bfloat16, ...)     (autocast's cast for the GEMM before, a reader)
+//     -> %sum, %dw, %db, %sum16 = spmd::layer_norm_backward(%dy16, %x, %mean, %rstd, %w, %other, True)
 //
 // The weight's and the bias's gradients are summed in the backward's own
 // kernels (no separate column reduction). Taken: fp32 input over its last
 // dimension only, with a weight and a bias, the features a multiple of 4 and
 // at most kLayerNormMaxFeatures; other LayerNorms stay ATen's, with a note.
-// The values keep their names. Not done here: the cast of the backward's
-// result to bf16 (fuse-pointwise leaves it a kernel of its own).
+// The values keep their names. The backward's bf16 copy of its result is
+// taken in where a cast to bf16 reads it, whatever else reads it (the
+// residual stream's fp32 gradient goes on to the LayerNorm before): the
+// kernel writes both, and no kernel reads the fp32 result again to round it.
 #include "cast_match.h"
 #include "spmd/ir/builder.h"
 #include "spmd/ir/rewrite.h"
@@ -120,6 +123,17 @@ MatchResult fuseForward(Graph& g, const Node& n, Counts& counts) {
   return MatchResult::success();
 }
 
+// A reader of the backward's `dx` that casts it to bf16 in the backward's
+// schedule (the first, if several), or null.
+const Node* bf16CastReading(const Graph& g, ValueId dx, const Node& backward) {
+  for (const Node* user : g.users(dx)) {
+    if (isCastTo(*user, c10::ScalarType::BFloat16) && user->args[0].value == dx && sameSchedule(*user, backward)) {
+      return user;
+    }
+  }
+  return nullptr;
+}
+
 // native_layer_norm_backward(grad, input, normalized_shape, mean, rstd, weight, bias, output_mask).
 MatchResult fuseBackward(Graph& g, const Node& n, Counts& counts) {
   static const OpName kAdd = OpName::known("aten::add.Tensor");
@@ -148,9 +162,17 @@ MatchResult fuseBackward(Graph& g, const Node& n, Counts& counts) {
       ++counts.residualGradients;
     }
   }
+  const Node* copy = outputs[0] == kNoValue ? nullptr : bf16CastReading(g, outputs[0], n);
+  if (copy) {
+    outputs.resize(3, kNoValue);
+    outputs.push_back(copy->outputs[0]);
+    g.extract(*copy);
+    ++counts.casts;
+  }
   GraphBuilder b(g);
   b.setMeta(n.meta);
-  b.replace(n, "spmd::layer_norm_backward", {grad, n.args[1], n.args[3], n.args[4], n.args[5], residual}, outputs);
+  b.replace(n, "spmd::layer_norm_backward",
+            {grad, n.args[1], n.args[3], n.args[4], n.args[5], residual, Arg::ofBool(copy != nullptr)}, outputs);
   if (castIn) {
     g.erase(*gradCast);
     ++counts.casts;

@@ -13,12 +13,15 @@
 //     the cast that autocast puts after an fp32 LayerNorm, fused).
 //   spmd_layer_norm_backward(const GRAD* dy, const float* x, const float* mean,
 //                            const float* rstd, const float* weight,
-//                            const float* residual, float* dx, float* partial,
-//                            long long rows)
+//                            const float* residual, float* dx, COPY* dx_copy,
+//                            float* partial, long long rows)
 //     dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * weight
 //     and xhat = (x - mean) * rstd (ATen's formula), plus `residual` when the
 //     source adds one (the gradient that the skip connection adds to dx,
-//     fused); each block also writes its rows' column sums of dy * xhat and
+//     fused), and dx rounded to bf16 into dx_copy when the source writes a copy
+//     (the cast autocast puts before the GEMM that reads dx, fused; COPY is
+//     f32 and dx_copy unused otherwise); each block also writes its rows'
+//     column sums of dy * xhat and
 //     dy to partial[block][0 or 1][feature].
 //   spmd_layer_norm_backward_params(const float* partial, float* dweight,
 //                                   float* dbias, long long blocks)
@@ -86,16 +89,17 @@ class LayerNormKernelSpec final : public KernelSpec {
   std::optional<c10::ScalarType> residual_;
 };
 
-// spmd::layer_norm_backward's kernels: the rows' length, dy's dtype and
-// whether an f32 residual gradient is added to dx. Key
-// "layer_norm_backward f=768 grad=bf16 res=1".
+// spmd::layer_norm_backward's kernels: the rows' length, dy's dtype,
+// whether an f32 residual gradient is added to dx and whether dx is also
+// written in bf16. Key "layer_norm_backward f=768 grad=bf16 res=1" (and
+// " copy=bf16" after it with the copy).
 class LayerNormBackwardKernelSpec final : public KernelSpec {
  public:
   // Throws std::invalid_argument as LayerNormKernelSpec's.
-  LayerNormBackwardKernelSpec(int64_t features, c10::ScalarType gradDtype, bool residual);
-  // spmd::layer_norm_backward(grad, input, mean, rstd, weight, residual?):
-  // the input's last dimension, the gradient's dtype, whether a residual
-  // is given.
+  LayerNormBackwardKernelSpec(int64_t features, c10::ScalarType gradDtype, bool residual, bool bf16Copy = false);
+  // spmd::layer_norm_backward(grad, input, mean, rstd, weight, residual?,
+  // bf16_copy): the input's last dimension, the gradient's dtype, whether
+  // a residual is given, bf16_copy.
   static LayerNormBackwardKernelSpec forCall(const KernelCallArgs& call);
   // The row kernel (each block writes its partial sums:
   // layerNormBackwardBlocks(rows) of [2, features] floats), then the params
@@ -109,6 +113,7 @@ class LayerNormBackwardKernelSpec final : public KernelSpec {
   int64_t features_;
   c10::ScalarType grad_;
   bool residual_;
+  bool bf16Copy_;
 };
 
 }  // namespace spmd
