@@ -2,7 +2,7 @@
 pipeline against eager PyTorch: does each one train, and if not, why.
 
   python3 bench/sweep.py BIN_DIR OUT_DIR [--tier ci|families|all] [--device cpu|cuda]
-      [--format pt2 --format pt] [--only NAME ...] [--library LIB ...] [--jobs N] [--timeout S] [--table FILE [--section NAME]]
+      [--format pt2 --format pt] [--only NAME ...] [--library LIB ...] [--keep-files] [--jobs N] [--timeout S] [--table FILE [--section NAME]]
       [--list]
   python3 bench/sweep.py --merge SWEEP.json [SWEEP.json ...] [--table FILE [--section NAME]]
 
@@ -38,7 +38,8 @@ convolutions: spmd-run --no-cudnn-tf32). A file's result is one of
 - not made: torch.export or torch.jit.trace cannot make the file (torch's
   limit, not spmd's; its first line is kept).
 
-Writes OUT_DIR/sweep.json and OUT_DIR/sweep.md (the table, with date,
+A model's files (OUT_DIR/models/NAME) are removed once its results are in, unless
+--keep-files. Writes OUT_DIR/sweep.json and OUT_DIR/sweep.md (the table, with date,
 commit, machine and library versions), rewritten as results come; --table
 FILE puts the table between FILE's `<!-- sweep:begin -->` and
 `<!-- sweep:end -->` lines (with --section NAME, `<!-- sweep:NAME:begin -->` and
@@ -719,6 +720,8 @@ def main(argv):
                    help="only this library's entries (repeatable)")
     p.add_argument("--jobs", type=int, default=1, help="models at once (1)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per model (900)")
+    p.add_argument("--keep-files", action="store_true",
+                   help="keep each model's files (OUT_DIR/models/NAME: its .pt2, .pt, data, step and saved parameters)")
     p.add_argument("--budget", type=int, default=0,
                    help="start no model after this many seconds (0: no limit); the rest are listed as not run")
     p.add_argument("--table", metavar="FILE", help="also put the table into FILE's sweep section")
@@ -768,6 +771,8 @@ def main(argv):
             proc.join()
             del running[proc]
             rows += finished(entry, result, formats, proc.exitcode, late, a.timeout)
+            if not a.keep_files:  # a model's files take up to 10 GB (regnet_y_128gf): --tier all fills a disk
+                shutil.rmtree(os.path.join(work, entry["name"]), ignore_errors=True)
             for r in rows[-len(formats):]:
                 print(f"{r['result']:8} {r['name']} ({r['format']}) {r.get('stage', '')} {r.get('why', '')} "
                       f"{json.dumps(r.get('times', {}))}", flush=True)
