@@ -29,8 +29,9 @@ trace (.pt) from the same weights, and each file goes through
 
 beside a copy of the eager model trained 3 steps by torch.optim.SGD on the
 same batches, and twice more from weights one ulp up and one ulp down: how
-far rounding alone carries the model (the floor, the farther of the two); on CUDA both in full fp32 (no TF32
-convolutions: spmd-run --no-cudnn-tf32). A file's result is one of
+far rounding alone carries the model (the floor, the farther of the two); on
+CUDA both in full fp32 (no TF32 convolutions: spmd-run --no-cudnn-tf32). A
+file's result is one of
 - trains: the parameters within rtol 1e-3 / atol 1e-5 of eager's, or no
   farther off than FLOOR_MARGIN (4) times the floor;
 - refused: spmd-expand exits 1 with one line saying what it does not take;

@@ -116,9 +116,10 @@ bool viewTheStridesRefuse(const Graph& g, const std::vector<at::Tensor>& meta, c
 }
 
 // The conversions whose input is already channels-last, gone (their readers
-// read the input); how many.
-int dropConversionsOfChannelsLast(Graph& g, const std::vector<const Node*>& conversions) {
-  const std::vector<at::Tensor> meta = metaValues(g);
+// read the input); how many. Dropping one changes no value's strides, so
+// `meta` stays good for what follows.
+int dropConversionsOfChannelsLast(Graph& g, const std::vector<at::Tensor>& meta,
+                                  const std::vector<const Node*>& conversions) {
   int dropped = 0;
   for (const Node* n : conversions) {
     const at::Tensor& in = meta[n->args[0].value];
@@ -130,9 +131,8 @@ int dropConversionsOfChannelsLast(Graph& g, const std::vector<const Node*>& conv
   return dropped;
 }
 
-// Views that the new layouts refuse, as reshapes; how many.
-int reshapeRefusedViews(Graph& g) {
-  const std::vector<at::Tensor> meta = metaValues(g);
+// Views that the new layouts (`meta`) refuse, as reshapes; how many.
+int reshapeRefusedViews(Graph& g, const std::vector<at::Tensor>& meta) {
   std::vector<const Node*> refused;
   for (const Node& n : g.nodes()) {
     if (viewTheStridesRefuse(g, meta, n)) refused.push_back(&n);
@@ -187,11 +187,12 @@ class ChannelsLastPass final : public Pass {
       }
     }
     count("convolution(s) in channels-last memory order", static_cast<int64_t>(convolutions.size()));
-    const int dropped = dropConversionsOfChannelsLast(g, conversionNodes);
+    const std::vector<at::Tensor> meta = metaValues(g);
+    const int dropped = dropConversionsOfChannelsLast(g, meta, conversionNodes);
     count("conversion(s) to channels-last", static_cast<int64_t>(conversionNodes.size()) - dropped);
     count("conversion(s) of values already channels-last left out", dropped);
     count("cast(s) writing channels-last", casts);
-    count("view(s) of channels-last values as reshapes", reshapeRefusedViews(g));
+    count("view(s) of channels-last values as reshapes", reshapeRefusedViews(g, meta));
     return true;
   }
 
